@@ -1,0 +1,255 @@
+/*
+ * tdt.h - warp-tdt: the TDT (Token-and-Duration Transducer) and RNN-T losses, on the CPU
+ * (OpenMP) and on NVIDIA GPUs (CUDA), behind one C interface.
+ *
+ * This is the only public header. It is C (C99 and later, and C++), with every name prefixed
+ * tdt_ / TDT_ except the warp-family entry point compute_tdt_loss().
+ *
+ * The loss, in one paragraph (docs/math.md has the derivation): for sample b with T frames and
+ * U labels y_1..y_U, the lattice has nodes (t, u), 0 <= t < T, 0 <= u <= U. From node (t, u) and
+ * for every duration d_k, a label arc (u < U) emits y_{u+1} and goes to (t + d_k, u + 1); a blank
+ * arc (d_k > 0) goes to (t + d_k, u), or ends the utterance when u == U and t + d_k == T exactly.
+ * An arc's log-weight is log_softmax(token logits)[token] - sigma + log_softmax(duration
+ * logits)[k]. The cost is -log of the sum over all complete paths. Without duration logits the
+ * plain RNN-T lattice is used instead: label arcs (t, u) -> (t, u + 1), blank arcs
+ * (t, u) -> (t + 1, u), and the terminal blank from (T - 1, U).
+ *
+ * Dimension names, used throughout: B batch, T frames (padded: max_frames), U labels (padded:
+ * max_labels; the lattice has U + 1 rows), V vocabulary including blank, D = num_durations.
+ *
+ * Memory spaces: every pointer argument lives in the memory of the compute location chosen in
+ * tdt_options_t.location (host memory for TDT_LOCATION_CPU, device memory of one GPU for
+ * TDT_LOCATION_GPU), except tdt_options_t.durations, which is always a host array, and the
+ * structs themselves, which are read on the host during the call and may be freed on return.
+ *
+ * The library never allocates, never prints, never exits, and never changes global OpenMP or
+ * CUDA state (thread counts go through OpenMP's num_threads clause; the GPU path restores the
+ * caller's current device before returning).
+ */
+#ifndef TDT_H
+#define TDT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions. The macros give the header this program was compiled with; tdt_version() gives the
+ * library that was loaded. Compare the two to catch a stale shared library.
+ * ------------------------------------------------------------------------------------------- */
+#define TDT_VERSION_MAJOR 0
+#define TDT_VERSION_MINOR 1
+#define TDT_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
+#define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
+
+/* Most durations a TDT model may use (tdt_options_t.num_durations). Parakeet-TDT uses 5. */
+#define TDT_MAX_DURATIONS 32
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. The numbers are pinned: they are never renumbered, new ones are only appended.
+ * tdt_status_string() names each; tdt_last_error() says which argument and which value.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum tdt_status {
+    TDT_STATUS_SUCCESS = 0,
+    TDT_STATUS_NULL_POINTER = 1,          /* a required pointer is NULL */
+    TDT_STATUS_INVALID_SIZE = 2,          /* batch, max_frames, max_labels < 0, or vocab_size < 1 */
+    TDT_STATUS_INVALID_BLANK = 3,         /* blank outside [0, vocab_size) */
+    TDT_STATUS_INVALID_DURATIONS = 4,     /* a negative or a duplicated duration */
+    TDT_STATUS_NO_POSITIVE_DURATION = 5,  /* no duration > 0: no blank arc can ever advance */
+    TDT_STATUS_TOO_MANY_DURATIONS = 6,    /* num_durations < 1 or > TDT_MAX_DURATIONS (TDT mode) */
+    TDT_STATUS_INVALID_STRIDES = 7,       /* negative, overflowing or overlapping strides */
+    TDT_STATUS_INVALID_DTYPE = 8,         /* dtype not one of tdt_dtype_t */
+    TDT_STATUS_WORKSPACE_TOO_SMALL = 9,   /* workspace_bytes < tdt_get_workspace_size() */
+    TDT_STATUS_BACKEND_NOT_BUILT = 10,    /* GPU asked of a library built without CUDA */
+    TDT_STATUS_INVALID_LENGTH = 11,       /* a frame length outside [0, max_frames] or a label
+                                             length outside [0, max_labels] (CPU check) */
+    TDT_STATUS_INVALID_LABEL = 12,        /* a label outside [0, vocab_size) or equal to blank
+                                             (CPU check) */
+    TDT_STATUS_INVALID_OPTION = 13,       /* location, input kind, num_threads, or a non-finite or
+                                             negative sigma / fastemit_lambda / clamp */
+    TDT_STATUS_INVALID_WORKSPACE = 14,    /* tdt_backward() on a CPU workspace that does not hold
+                                             tdt_forward() of the same problem */
+    TDT_STATUS_CUDA_ERROR = 15,           /* a CUDA call or launch failed; tdt_last_error() has
+                                             CUDA's own message */
+    TDT_STATUS_UNKNOWN_ERROR = 99
+} tdt_status_t;
+
+/* Where the computation runs and where every data pointer lives. */
+typedef enum tdt_location {
+    TDT_LOCATION_CPU = 0, /* OpenMP backend; host pointers */
+    TDT_LOCATION_GPU = 1  /* CUDA backend; device pointers of one GPU, the caller's stream */
+} tdt_location_t;
+
+/* Element type of the logits and of the gradients written. float16 and bfloat16 are read and
+ * written as their 16-bit IEEE / bfloat16 bit patterns and accumulate in float32; float32
+ * accumulates V-wide sums in float32; float64 is computed in float64 end to end (use it for
+ * gradient checking). The lattice (alpha, beta, occupancies) is float64 for every dtype. */
+typedef enum tdt_dtype {
+    TDT_DTYPE_FLOAT32 = 0,
+    TDT_DTYPE_FLOAT64 = 1,
+    TDT_DTYPE_FLOAT16 = 2,
+    TDT_DTYPE_BFLOAT16 = 3
+} tdt_dtype_t;
+
+/* What the token / duration inputs hold. */
+typedef enum tdt_input_kind {
+    TDT_INPUT_LOGITS = 0,   /* raw logits: log_softmax is fused into the loss (default) */
+    TDT_INPUT_LOG_PROBS = 1 /* already log-probabilities: used as they are, and the gradient is
+                               the derivative with respect to those log-probabilities */
+} tdt_input_kind_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Options. Zero-initialise (tdt_options_t o = {0};) and set what you need: every zero field
+ * means its documented default.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tdt_options {
+    tdt_location_t location; /* default TDT_LOCATION_CPU */
+    int num_threads;         /* CPU: OpenMP threads for this call; 0 = omp_get_max_threads().
+                                Must be >= 0. Ignored on the GPU. */
+    void *stream;            /* GPU: the cudaStream_t to enqueue on; NULL = the legacy default
+                                stream. Ignored on the CPU. */
+    int blank;               /* index of the blank token in [0, vocab_size); default 0.
+                                Parakeet-TDT uses vocab_size - 1. */
+    const int *durations;    /* TDT: host array of num_durations distinct non-negative
+                                durations, any order, at least one > 0; durations[k] belongs to
+                                duration-logit k. Ignored (may be NULL) for RNN-T. */
+    int num_durations;       /* D, 1..TDT_MAX_DURATIONS for TDT */
+    double sigma;            /* logit undernormalisation: subtracted from every token log-prob
+                                (never from durations). >= 0; default 0. */
+    double fastemit_lambda;  /* FastEmit: label-arc occupancies scaled by (1 + lambda) in the
+                                token gradient; cost reported as (1 + lambda) * (-log p). >= 0. */
+    double clamp;            /* > 0: each token-gradient element clipped to [-clamp, clamp] before
+                                the upstream scale; 0 = off. Duration gradients are not clamped. */
+    tdt_input_kind_t input_kind; /* default TDT_INPUT_LOGITS */
+} tdt_options_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * The problem: shapes, logits, labels and lengths. All strides are in elements, not bytes.
+ *
+ * Token logits of sample b, frame t, lattice row u, token v are at
+ *     token_logits[b * token_strides[0] + t * token_strides[1] + u * token_strides[2] + v]
+ * for v in [0, vocab_size): the last dimension is contiguous, the others are free (non-negative),
+ * so the two slices of one joint tensor (B, max_frames, max_labels + 1, vocab_size + D) are
+ * passed without a copy: token_logits = joint, duration_logits = joint + vocab_size, both with
+ * the joint tensor's strides. Duration logits likewise, with k in [0, num_durations).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tdt_problem {
+    int64_t batch;           /* B >= 0 */
+    int64_t max_frames;      /* padded T >= 0 */
+    int64_t max_labels;      /* padded U >= 0; the lattice has max_labels + 1 rows */
+    int64_t vocab_size;      /* V >= 1, blank included */
+    tdt_dtype_t dtype;       /* of both logits tensors and of both gradients */
+    const void *token_logits;    /* (B, max_frames, max_labels + 1, V), strided as above */
+    int64_t token_strides[3];
+    const void *duration_logits; /* (B, max_frames, max_labels + 1, D), or NULL for plain RNN-T */
+    int64_t duration_strides[3];
+    const int32_t *labels;        /* (B, max_labels), row-major and contiguous: the labels of
+                                     sample b are labels[b * max_labels + i], i < label_lengths[b];
+                                     the padding beyond is never read. May be NULL when
+                                     max_labels == 0. */
+    const int32_t *frame_lengths; /* (B): T_b in [0, max_frames] */
+    const int32_t *label_lengths; /* (B): U_b in [0, max_labels] */
+} tdt_problem_t;
+
+/* Where gradients go. Same layout rules as the logits: element (b, t, u, v) of the token
+ * gradient is token_grads[b * token_strides[0] + t * token_strides[1] + u * token_strides[2] + v].
+ * Every element of the (B, max_frames, max_labels + 1, V or D) extent is overwritten (nodes
+ * outside a sample's lattice, and every node of an infeasible sample, get exactly 0); nothing
+ * else is touched. The strides may differ from the logits' strides, so both gradients can be
+ * written into one joint-shaped buffer. A NULL pointer skips that gradient.
+ *
+ * In place: a gradient pointer may equal its logits pointer, with identical strides; the
+ * logits are then overwritten by their gradient. Any other overlap between a gradient and an
+ * input, or between the two gradients, is undefined. */
+typedef struct tdt_gradients {
+    void *token_grads;       /* (B, max_frames, max_labels + 1, V) or NULL */
+    int64_t token_strides[3];
+    void *duration_grads;    /* (B, max_frames, max_labels + 1, D) or NULL (always NULL-able) */
+    int64_t duration_strides[3];
+} tdt_gradients_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Costs and upstream gradients have the accumulate type of the dtype: double for
+ * TDT_DTYPE_FLOAT64, float for the three others. An infeasible sample (T_b == 0, or no path that
+ * ends exactly at T_b, or every path of probability 0) gets cost +inf and all-zero gradients.
+ *
+ * GPU and bad data: on the GPU, lengths and labels are in device memory and are not read by the
+ * host. A sample whose frame length, label length or labels are out of range gets cost NaN and
+ * all-zero gradients; no memory outside that sample's slices is read or written, and the other
+ * samples are unaffected. Check costs for NaN (torch.isnan) to catch it. NaN or inf in a
+ * sample's logits gives that sample a NaN cost (and gradient) on either backend and leaves
+ * the others alone.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Bytes of workspace that the calls below need for this problem. Reads only batch, max_frames
+ * and max_labels of problem, and num_durations and location of options (nothing is
+ * dereferenced but the two structs), so it can be called before any tensor exists. The same
+ * size serves TDT and RNN-T, the one-shot call and the forward/backward pair. Any alignment of
+ * the workspace pointer is accepted (the size includes slack for alignment). */
+tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem, const tdt_options_t *options,
+                                    size_t *workspace_bytes);
+
+/* One-shot loss, warp-ctc style: writes costs[b] for every sample and, when grads is non-NULL
+ * and has a non-NULL gradient pointer, that gradient of sum_b costs[b] (upstream gradient 1).
+ *
+ * costs:     (B) of float / double (see above), overwritten; in the location's memory.
+ * grads:     NULL for costs only.
+ * workspace: workspace_bytes of scratch in the location's memory, owned by the caller.
+ * CPU: returns when done. GPU: returns once the work is enqueued on options->stream; no host
+ * synchronisation, no allocation, capturable in a CUDA graph.
+ * Every argument is validated before any work; on any status but SUCCESS nothing was written. */
+tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t *options,
+                              void *costs, const tdt_gradients_t *grads, void *workspace,
+                              size_t workspace_bytes);
+
+/* Forward half of an autograd pair: writes costs[b] and keeps in the workspace what
+ * tdt_backward() needs (per-node log-probabilities and normalisers, alpha and beta). The
+ * workspace must then be left untouched until tdt_backward() of the same problem and options.
+ * Memory, streams and validation as compute_tdt_loss(). */
+tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
+                         void *workspace, size_t workspace_bytes);
+
+/* Backward half: writes the gradients of sum_b grad_costs[b] * costs[b], the per-sample upstream
+ * gradient folded into the one pass that writes each gradient element (no second pass).
+ * problem and options must describe the same call as the tdt_forward() that filled workspace
+ * (the logits are read again, so they must still hold the same values unless the gradient is
+ * written in place, which reads each logit before overwriting it).
+ *
+ * grad_costs: (B) of float / double in the location's memory, or NULL for all ones.
+ * On the CPU a workspace that does not hold a forward pass of this problem is refused with
+ * TDT_STATUS_INVALID_WORKSPACE; the GPU cannot check it without a host synchronisation. */
+tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
+                          const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
+                          size_t workspace_bytes);
+
+/* A static string naming the status, e.g. "TDT_STATUS_INVALID_LABEL: a label is outside
+ * [0, vocab_size) or equals blank". Never NULL; unknown values give a generic string. */
+const char *tdt_status_string(tdt_status_t status);
+
+/* Human-readable detail of the last failed call made from this thread, naming the argument
+ * and the value (e.g. "labels[1][3] = 7 equals blank 7"). Empty string after a successful
+ * call. The pointer is thread-local and valid until the next call from this thread. */
+const char *tdt_last_error(void);
+
+/* Version of the loaded library: TDT_VERSION_NUMBER as it was when the library was built. */
+int tdt_version(void);
+
+/* "MAJOR.MINOR.PATCH" of the loaded library, a static string. */
+const char *tdt_version_string(void);
+
+/* 1 if the library was built with this backend, 0 otherwise. */
+int tdt_backend_built(tdt_location_t location);
+
+/* Number of usable CUDA devices; TDT_STATUS_BACKEND_NOT_BUILT in a build without CUDA. A
+ * machine without a GPU or driver gives 0 and TDT_STATUS_SUCCESS. */
+tdt_status_t tdt_gpu_device_count(int *count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TDT_H */

@@ -1,0 +1,71 @@
+/*
+ * dtype.h - float16 / bfloat16 <-> float32 conversions on bit patterns, host and device.
+ *
+ * Plain integer code so the C backend needs no compiler extension (_Float16, __bf16) and both
+ * backends convert identically. Narrowing rounds to nearest, ties to even, like PyTorch's
+ * .half() and .bfloat16(); NaN stays NaN and overflow gives inf.
+ */
+#ifndef TDT_COMMON_DTYPE_H
+#define TDT_COMMON_DTYPE_H
+
+#include <string.h>
+
+#include "hd.h"
+
+TDT_HD float tdt_bits_to_float(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+TDT_HD uint32_t tdt_float_to_bits(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return bits;
+}
+
+/* bfloat16 is the upper half of a float32. */
+TDT_HD float tdt_bf16_to_float(uint16_t h) { return tdt_bits_to_float((uint32_t)h << 16); }
+
+TDT_HD uint16_t tdt_float_to_bf16(float f) {
+    uint32_t bits = tdt_float_to_bits(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u); /* NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(bits >> 16);
+}
+
+TDT_HD float tdt_fp16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1fu) return tdt_bits_to_float(sign | 0x7f800000u | (man << 13)); /* inf, NaN */
+    if (exp == 0) {
+        /* zero or subnormal: man * 2^-24, exact in float32 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    return tdt_bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+TDT_HD uint16_t tdt_float_to_fp16(float f) {
+    uint32_t bits = tdt_float_to_bits(f);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    uint32_t absb = bits & 0x7fffffffu;
+    if (absb > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+    if (absb >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
+    if (absb < 0x38800000u) {
+        /* below 2^-14: subnormal half; scale so the result's integer part is the mantissa,
+           and let float rounding (to nearest even) do the work */
+        float a = tdt_bits_to_float(absb) * 16777216.0f; /* * 2^24 */
+        uint32_t m = (uint32_t)a;
+        float frac = a - (float)m;
+        if (frac > 0.5f || (frac == 0.5f && (m & 1u))) m++;
+        return (uint16_t)(sign | m);
+    }
+    /* normal: rebias the exponent, round the 13 dropped bits to nearest even */
+    uint32_t r = absb - (112u << 23);
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+#endif /* TDT_COMMON_DTYPE_H */

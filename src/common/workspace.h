@@ -1,0 +1,106 @@
+/*
+ * workspace.h - the one workspace layout, used by the size query and by both backends.
+ *
+ * The caller's buffer is first rounded up to TDT_WS_ALIGN; every sub-buffer then starts on a
+ * TDT_WS_ALIGN boundary (256 bytes: a CUDA allocation's alignment, and whole cache lines):
+ *
+ *   base (aligned) -> | header            | tdt_ws_header_t: what filled the workspace  |
+ *                     | lp_blank [N]      | double, N = B * max_frames * (max_labels + 1) |
+ *                     | lp_label [N]      | double                                      |
+ *                     | lse      [N]      | double: token log-normaliser per node       |
+ *                     | alpha    [N]      | double                                      |
+ *                     | beta     [N]      | double                                      |
+ *                     | lp_dur   [N * Dw] | double, Dw = max(num_durations, 1)          |
+ *                     | ll       [B]      | double: log p(y|x) per sample               |
+ *                     | state    [B]      | int32: per-sample state flags (GPU)         |
+ *
+ * tdt_get_workspace_size() returns layout total + TDT_WS_ALIGN (slack for an unaligned pointer).
+ */
+#ifndef TDT_COMMON_WORKSPACE_H
+#define TDT_COMMON_WORKSPACE_H
+
+#include "hd.h"
+
+#define TDT_WS_ALIGN ((size_t)256)
+#define TDT_WS_MAGIC 0x5444545f46574431ull /* "TDT_FWD1": a forward pass filled this */
+
+/* Written by the CPU forward pass, checked by the CPU backward pass. */
+typedef struct tdt_ws_header {
+    uint64_t magic;
+    int64_t batch, max_frames, max_labels;
+    int64_t num_durations; /* 0 for RNN-T */
+} tdt_ws_header_t;
+
+/* Byte offsets from the aligned base. */
+typedef struct tdt_ws_layout {
+    size_t header, lp_blank, lp_label, lse, alpha, beta, lp_dur, ll, state;
+    size_t total; /* bytes from the aligned base to the end */
+    int64_t nodes;       /* N */
+    int64_t dur_stride;  /* Dw */
+} tdt_ws_layout_t;
+
+/* Pointers into one carved workspace. */
+typedef struct tdt_ws {
+    tdt_ws_header_t *header;
+    double *lp_blank, *lp_label, *lse, *alpha, *beta, *lp_dur, *ll;
+    int32_t *state;
+} tdt_ws_t;
+
+TDT_HD size_t tdt_align_up(size_t x) { return (x + TDT_WS_ALIGN - 1) & ~(TDT_WS_ALIGN - 1); }
+
+/* a * b into *out, 0 on overflow of size_t or of int64 (sizes must also index as int64). */
+TDT_HD int tdt_mul_size(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > (size_t)INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Appends a sub-buffer of count elements of elem bytes at *cursor; 0 on overflow. */
+TDT_HD int tdt_ws_take(size_t *cursor, size_t count, size_t elem, size_t *offset) {
+    size_t bytes;
+    if (!tdt_mul_size(count, elem, &bytes)) return 0;
+    *offset = *cursor;
+    if (bytes > (size_t)INT64_MAX - *cursor - TDT_WS_ALIGN) return 0;
+    *cursor = tdt_align_up(*cursor + bytes);
+    return 1;
+}
+
+/* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T). 0 on overflow. */
+TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_labels,
+                                int64_t num_durations, tdt_ws_layout_t *l) {
+    size_t nodes, dur_elems, cursor = 0;
+    int64_t dw = num_durations > 1 ? num_durations : 1;
+    if (!tdt_mul_size((size_t)batch, (size_t)max_frames, &nodes)) return 0;
+    if (!tdt_mul_size(nodes, (size_t)max_labels + 1, &nodes)) return 0;
+    if (!tdt_mul_size(nodes, (size_t)dw, &dur_elems)) return 0;
+    int ok = tdt_ws_take(&cursor, 1, sizeof(tdt_ws_header_t), &l->header) &&
+             tdt_ws_take(&cursor, nodes, sizeof(double), &l->lp_blank) &&
+             tdt_ws_take(&cursor, nodes, sizeof(double), &l->lp_label) &&
+             tdt_ws_take(&cursor, nodes, sizeof(double), &l->lse) &&
+             tdt_ws_take(&cursor, nodes, sizeof(double), &l->alpha) &&
+             tdt_ws_take(&cursor, nodes, sizeof(double), &l->beta) &&
+             tdt_ws_take(&cursor, dur_elems, sizeof(double), &l->lp_dur) &&
+             tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll) &&
+             tdt_ws_take(&cursor, (size_t)batch, sizeof(int32_t), &l->state);
+    if (!ok) return 0;
+    l->total = cursor;
+    l->nodes = (int64_t)nodes;
+    l->dur_stride = dw;
+    return 1;
+}
+
+/* Carves an (unaligned) workspace pointer into its sub-buffers. */
+TDT_HD void tdt_workspace_carve(const tdt_ws_layout_t *l, void *workspace, tdt_ws_t *ws) {
+    char *base = (char *)tdt_align_up((size_t)(uintptr_t)workspace);
+    ws->header = (tdt_ws_header_t *)(base + l->header);
+    ws->lp_blank = (double *)(base + l->lp_blank);
+    ws->lp_label = (double *)(base + l->lp_label);
+    ws->lse = (double *)(base + l->lse);
+    ws->alpha = (double *)(base + l->alpha);
+    ws->beta = (double *)(base + l->beta);
+    ws->lp_dur = (double *)(base + l->lp_dur);
+    ws->ll = (double *)(base + l->ll);
+    ws->state = (int32_t *)(base + l->state);
+}
+
+#endif /* TDT_COMMON_WORKSPACE_H */

@@ -1,0 +1,59 @@
+/*
+ * internal.h - what the dispatch layer hands a backend: one validated call.
+ *
+ * The dispatch layer (src/tdt.c) checks every argument, builds the arc set and the workspace
+ * layout, and then calls exactly one backend entry. Backends trust what they are given here:
+ * pointers non-NULL where required, sizes in range, strides non-negative and free of int64
+ * overflow, durations valid, workspace large enough. The CPU backend also gets lengths and
+ * labels that were checked; the GPU backend must guard its own reads of them (they live in
+ * device memory).
+ */
+#ifndef TDT_INTERNAL_H
+#define TDT_INTERNAL_H
+
+#include "tdt.h"
+
+#include "common/lattice.h"
+#include "common/workspace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tdt_call {
+    tdt_problem_t p;          /* as the caller gave it */
+    tdt_options_t o;          /* as the caller gave it */
+    tdt_arcs_t arcs;          /* TDT durations or the RNN-T rule */
+    int tdt_mode;             /* 1: duration logits given */
+    int num_durations;        /* D in TDT mode, 0 for RNN-T */
+    tdt_ws_layout_t layout;   /* of the workspace */
+    void *workspace;          /* the caller's pointer (carve with tdt_workspace_carve) */
+    int do_forward;           /* fill the workspace and write costs */
+    int do_backward;          /* write the gradients from a filled workspace */
+    void *costs;              /* (B) accumulate type; forward output */
+    const void *grad_costs;   /* (B) accumulate type, or NULL for ones; backward input */
+    tdt_gradients_t g;        /* gradients to write (NULL pointers skipped) */
+} tdt_call_t;
+
+/* Backends. Each returns SUCCESS or a status after setting the error detail. */
+tdt_status_t tdt_cpu_run(const tdt_call_t *call);
+tdt_status_t tdt_gpu_run(const tdt_call_t *call);
+tdt_status_t tdt_gpu_count(int *count);
+int tdt_gpu_built(void);
+
+/* Records the detail returned by tdt_last_error() for this thread (printf-style). */
+void tdt_set_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+void tdt_clear_error(void);
+
+/* Accumulate-type helpers for costs and upstream gradients. */
+static inline int tdt_acc_is_double(tdt_dtype_t dtype) { return dtype == TDT_DTYPE_FLOAT64; }
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TDT_INTERNAL_H */
