@@ -36,6 +36,15 @@
 extern "C" {
 #endif
 
+/* Marks the exported functions (the library is built with hidden visibility otherwise). */
+#if defined(_WIN32)
+#define TDT_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define TDT_API __attribute__((visibility("default")))
+#else
+#define TDT_API
+#endif
+
 /* ---------------------------------------------------------------------------------------------
  * Versions. The macros give the header this program was compiled with; tdt_version() gives the
  * library that was loaded. Compare the two to catch a stale shared library.
@@ -190,7 +199,7 @@ typedef struct tdt_gradients {
  * dereferenced but the two structs), so it can be called before any tensor exists. The same
  * size serves TDT and RNN-T, the one-shot call and the forward/backward pair. Any alignment of
  * the workspace pointer is accepted (the size includes slack for alignment). */
-tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem, const tdt_options_t *options,
+TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem, const tdt_options_t *options,
                                     size_t *workspace_bytes);
 
 /* One-shot loss, warp-ctc style: writes costs[b] for every sample and, when grads is non-NULL
@@ -202,7 +211,7 @@ tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem, const tdt_opti
  * CPU: returns when done. GPU: returns once the work is enqueued on options->stream; no host
  * synchronisation, no allocation, capturable in a CUDA graph.
  * Every argument is validated before any work; on any status but SUCCESS nothing was written. */
-tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t *options,
+TDT_API tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t *options,
                               void *costs, const tdt_gradients_t *grads, void *workspace,
                               size_t workspace_bytes);
 
@@ -210,7 +219,7 @@ tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t 
  * tdt_backward() needs (per-node log-probabilities and normalisers, alpha and beta). The
  * workspace must then be left untouched until tdt_backward() of the same problem and options.
  * Memory, streams and validation as compute_tdt_loss(). */
-tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
+TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
                          void *workspace, size_t workspace_bytes);
 
 /* Backward half: writes the gradients of sum_b grad_costs[b] * costs[b], the per-sample upstream
@@ -222,31 +231,31 @@ tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *opti
  * grad_costs: (B) of float / double in the location's memory, or NULL for all ones.
  * On the CPU a workspace that does not hold a forward pass of this problem is refused with
  * TDT_STATUS_INVALID_WORKSPACE; the GPU cannot check it without a host synchronisation. */
-tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
+TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
                           const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
                           size_t workspace_bytes);
 
 /* A static string naming the status, e.g. "TDT_STATUS_INVALID_LABEL: a label is outside
  * [0, vocab_size) or equals blank". Never NULL; unknown values give a generic string. */
-const char *tdt_status_string(tdt_status_t status);
+TDT_API const char *tdt_status_string(tdt_status_t status);
 
 /* Human-readable detail of the last failed call made from this thread, naming the argument
  * and the value (e.g. "labels[1][3] = 7 equals blank 7"). Empty string after a successful
  * call. The pointer is thread-local and valid until the next call from this thread. */
-const char *tdt_last_error(void);
+TDT_API const char *tdt_last_error(void);
 
 /* Version of the loaded library: TDT_VERSION_NUMBER as it was when the library was built. */
-int tdt_version(void);
+TDT_API int tdt_version(void);
 
 /* "MAJOR.MINOR.PATCH" of the loaded library, a static string. */
-const char *tdt_version_string(void);
+TDT_API const char *tdt_version_string(void);
 
 /* 1 if the library was built with this backend, 0 otherwise. */
-int tdt_backend_built(tdt_location_t location);
+TDT_API int tdt_backend_built(tdt_location_t location);
 
 /* Number of usable CUDA devices; TDT_STATUS_BACKEND_NOT_BUILT in a build without CUDA. A
  * machine without a GPU or driver gives 0 and TDT_STATUS_SUCCESS. */
-tdt_status_t tdt_gpu_device_count(int *count);
+TDT_API tdt_status_t tdt_gpu_device_count(int *count);
 
 #ifdef __cplusplus
 }

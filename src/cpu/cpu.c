@@ -1,0 +1,341 @@
+/*
+ * cpu.c - the OpenMP backend: the readable reference of the loss (docs/math.md).
+ *
+ * Three passes, each parallel over independent work and deterministic (every value is computed
+ * by one thread in a fixed order, so any thread count gives the same bits):
+ *
+ *   1. node pass (forward), over rows (b, t) and nodes u <= U_b of each row: the token row's
+ *      log-normaliser lse = log sum_v exp(z_v) (fused log-softmax: log-probs are never stored),
+ *      lp_blank, lp_label, and the duration log-softmax, into the workspace;
+ *   2. lattice pass (forward), over 2B tasks: alpha of sample b, beta of sample b, each a
+ *      sequential float64 sweep with the shared recurrences of src/common/lattice.h; then costs;
+ *   3. gradient pass (backward), over rows (b, t) of the padded extent: node occupancies from
+ *      alpha and beta, then one read of the token row and one write of its gradient (scaled by
+ *      the upstream gradient there), and the duration gradient; zeros outside each lattice.
+ *
+ * Memory traffic is the floor of DESIGN.md section 4: logits read in passes 1 and 3, gradient
+ * written once. Float32/16/bf16 rows are reduced in float32 with a vectorisable exp; float64
+ * rows in float64 with libm's exp.
+ */
+#include <omp.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "internal.h"
+
+/* ---- a vectorisable float exp --------------------------------------------------------------- */
+
+/* exp(x) for x <= 88, within 2 ulp; 0 below -87 (where exp underflows to the subnormal range),
+ * NaN for NaN. Branch-free so the compiler vectorises the row loops that call it. Cody-Waite
+ * range reduction x = n ln2 + r, |r| <= ln2 / 2, and Cephes' degree-6 polynomial for exp(r). */
+static inline float cpu_expf(float x) {
+    float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = floorf(xc * 1.44269504088896341f + 0.5f);
+    n = n == n ? n : 0.0f; /* NaN: keep the integer conversion defined; r carries the NaN */
+    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    float y = p * tdt_bits_to_float((uint32_t)((int32_t)n + 127) << 23);
+    return x < -87.0f ? 0.0f : y;
+}
+
+/* ---- row kernels per dtype ------------------------------------------------------------------ */
+
+/* For each element type E with conversion LOAD(e) -> float and STORE(float) -> E:
+ *   row_lse_E:  log sum_v exp(z_v) over a row, in float32; NaN if the row holds NaN or +inf
+ *   row_grad_E: g_v = scale * clip(exp(z_v - lse) * occ), the token gradient away from the blank
+ *               and label positions (the caller patches those two). g may equal z. */
+#define TDT_DEFINE_ROW_KERNELS(NAME, E, LOAD, STORE)                                    \
+    static double row_lse_##NAME(const E *z, int64_t V) {                              \
+        float m = -INFINITY;                                                             \
+        int bad = 0;                                                                     \
+        _Pragma("omp simd reduction(max : m) reduction(| : bad)")                       \
+        for (int64_t v = 0; v < V; ++v) {                                                \
+            float x = LOAD(z[v]);                                                        \
+            m = x > m ? x : m;                                                           \
+            bad |= (x != x) | (x == INFINITY);                                           \
+        }                                                                                \
+        if (bad) return NAN;                                                             \
+        if (m == -INFINITY) return -INFINITY;                                            \
+        float s = 0.0f;                                                                  \
+        _Pragma("omp simd reduction(+ : s)")                                            \
+        for (int64_t v = 0; v < V; ++v) s += cpu_expf(LOAD(z[v]) - m);                   \
+        return (double)m + log((double)s);                                               \
+    }                                                                                    \
+    static void row_grad_##NAME(const E *z, E *g, int64_t V, float lse, float occ,       \
+                                float clamp, float scale) {                              \
+        if (clamp > 0.0f) {                                                              \
+            _Pragma("omp simd")                                                          \
+            for (int64_t v = 0; v < V; ++v) {                                            \
+                float x = cpu_expf(LOAD(z[v]) - lse) * occ;                              \
+                x = x > clamp ? clamp : x;                                               \
+                g[v] = STORE(scale * x);                                                 \
+            }                                                                            \
+        } else {                                                                         \
+            _Pragma("omp simd")                                                          \
+            for (int64_t v = 0; v < V; ++v) g[v] = STORE(scale * occ * cpu_expf(LOAD(z[v]) - lse)); \
+        }                                                                                \
+    }
+
+#define TDT_ID(x) (x)
+TDT_DEFINE_ROW_KERNELS(f32, float, TDT_ID, TDT_ID)
+TDT_DEFINE_ROW_KERNELS(f16, uint16_t, tdt_fp16_to_float, tdt_float_to_fp16)
+TDT_DEFINE_ROW_KERNELS(bf16, uint16_t, tdt_bf16_to_float, tdt_float_to_bf16)
+
+/* float64 rows: the same, in float64 with libm's exp. */
+static double row_lse_f64(const double *z, int64_t V) {
+    double m = -INFINITY;
+    int bad = 0;
+    for (int64_t v = 0; v < V; ++v) {
+        m = z[v] > m ? z[v] : m;
+        bad |= (z[v] != z[v]) | (z[v] == INFINITY);
+    }
+    if (bad) return NAN;
+    if (m == -INFINITY) return -INFINITY;
+    double s = 0.0;
+    for (int64_t v = 0; v < V; ++v) s += exp(z[v] - m);
+    return m + log(s);
+}
+
+static void row_grad_f64(const double *z, double *g, int64_t V, double lse, double occ,
+                         double clamp, double scale) {
+    for (int64_t v = 0; v < V; ++v) {
+        double x = exp(z[v] - lse) * occ;
+        g[v] = scale * (clamp > 0.0 && x > clamp ? clamp : x);
+    }
+}
+
+/* ---- element access for scalars ------------------------------------------------------------- */
+
+static size_t dtype_size(tdt_dtype_t dtype) {
+    return dtype == TDT_DTYPE_FLOAT64 ? 8 : dtype == TDT_DTYPE_FLOAT32 ? 4 : 2;
+}
+
+static double load_one(const void *base, int64_t i, tdt_dtype_t dtype) {
+    switch (dtype) {
+    case TDT_DTYPE_FLOAT64: return ((const double *)base)[i];
+    case TDT_DTYPE_FLOAT16: return tdt_fp16_to_float(((const uint16_t *)base)[i]);
+    case TDT_DTYPE_BFLOAT16: return tdt_bf16_to_float(((const uint16_t *)base)[i]);
+    default: return ((const float *)base)[i];
+    }
+}
+
+static void store_one(void *base, int64_t i, tdt_dtype_t dtype, double x) {
+    switch (dtype) {
+    case TDT_DTYPE_FLOAT64: ((double *)base)[i] = x; break;
+    case TDT_DTYPE_FLOAT16: ((uint16_t *)base)[i] = tdt_float_to_fp16((float)x); break;
+    case TDT_DTYPE_BFLOAT16: ((uint16_t *)base)[i] = tdt_float_to_bf16((float)x); break;
+    default: ((float *)base)[i] = (float)x; break;
+    }
+}
+
+static const void *elem_ptr(const void *base, int64_t i, tdt_dtype_t dtype) {
+    return (const char *)base + i * (int64_t)dtype_size(dtype);
+}
+
+static double row_lse(const void *z, int64_t V, tdt_dtype_t dtype) {
+    switch (dtype) {
+    case TDT_DTYPE_FLOAT64: return row_lse_f64((const double *)z, V);
+    case TDT_DTYPE_FLOAT16: return row_lse_f16((const uint16_t *)z, V);
+    case TDT_DTYPE_BFLOAT16: return row_lse_bf16((const uint16_t *)z, V);
+    default: return row_lse_f32((const float *)z, V);
+    }
+}
+
+/* Writes the token-gradient row of a lattice node: the softmax term everywhere (none for
+ * log-prob inputs), then the blank and label elements from the full formula. z may equal g:
+ * the two patched logits are read before the row is overwritten. */
+static void token_grad_row(const tdt_call_t *c, const void *z, void *g, double lse,
+                           const tdt_node_grad_t *ng, int32_t label, double scale) {
+    const int64_t V = c->p.vocab_size;
+    const tdt_dtype_t dt = c->p.dtype;
+    const int blank = c->o.blank;
+    const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
+    double zb = load_one(z, blank, dt), zl = label >= 0 ? load_one(z, label, dt) : 0.0;
+    if (!logits) {
+        memset(g, 0, (size_t)V * dtype_size(dt));
+    } else {
+        float occ = (float)ng->tok_occ, cl = (float)c->o.clamp, sc = (float)scale;
+        switch (dt) {
+        case TDT_DTYPE_FLOAT64:
+            row_grad_f64((const double *)z, (double *)g, V, lse, ng->tok_occ, c->o.clamp, scale);
+            break;
+        case TDT_DTYPE_FLOAT16:
+            row_grad_f16((const uint16_t *)z, (uint16_t *)g, V, (float)lse, occ, cl, sc);
+            break;
+        case TDT_DTYPE_BFLOAT16:
+            row_grad_bf16((const uint16_t *)z, (uint16_t *)g, V, (float)lse, occ, cl, sc);
+            break;
+        default: row_grad_f32((const float *)z, (float *)g, V, (float)lse, occ, cl, sc); break;
+        }
+    }
+    double pb = logits ? exp(zb - lse) : 0.0;
+    store_one(g, blank, dt, scale * tdt_token_grad(ng, pb, 1, 0, c->o.clamp));
+    if (label >= 0) {
+        double pl = logits ? exp(zl - lse) : 0.0;
+        store_one(g, label, dt, scale * tdt_token_grad(ng, pl, 0, 1, c->o.clamp));
+    }
+}
+
+/* ---- pass 1: per-node log-probabilities ----------------------------------------------------- */
+
+static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
+    const tdt_problem_t *p = &c->p;
+    const int64_t row = p->max_labels + 1, D = c->num_durations, Dw = c->layout.dur_stride;
+    const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
+#pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
+    for (int64_t b = 0; b < p->batch; ++b) {
+        for (int64_t t = 0; t < p->max_frames; ++t) {
+            const int64_t T = p->frame_lengths[b], U = p->label_lengths[b];
+            if (t >= T) continue;
+            const int32_t *y = p->labels + b * p->max_labels;
+            for (int64_t u = 0; u <= U; ++u) {
+                int64_t n = tdt_sample_offset(b, p->max_frames, row) + tdt_node_index(row, t, u);
+                const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
+                double lse = logits ? row_lse(z, p->vocab_size, p->dtype) : 0.0;
+                ws->lse[n] = lse;
+                ws->lp_blank[n] = load_one(z, c->o.blank, p->dtype) - lse - c->o.sigma;
+                ws->lp_label[n] = u < U ? load_one(z, y[u], p->dtype) - lse - c->o.sigma : -INFINITY;
+                if (D > 0) {
+                    const void *h = elem_ptr(p->duration_logits,
+                                             tdt_row_offset(p->duration_strides, b, t, u), p->dtype);
+                    double *lp = ws->lp_dur + n * Dw;
+                    for (int64_t k = 0; k < D; ++k) lp[k] = load_one(h, k, p->dtype);
+                    if (logits) tdt_log_softmax_small(lp, (int)D);
+                }
+            }
+        }
+    }
+}
+
+/* ---- pass 2: alpha, beta, costs ------------------------------------------------------------- */
+
+static tdt_lattice_t sample_lattice(const tdt_call_t *c, const tdt_ws_t *ws, int64_t b) {
+    const int64_t row = c->p.max_labels + 1;
+    const int64_t off = tdt_sample_offset(b, c->p.max_frames, row);
+    tdt_lattice_t L;
+    L.lp_blank = ws->lp_blank + off;
+    L.lp_label = ws->lp_label + off;
+    L.lp_dur = ws->lp_dur + off * c->layout.dur_stride;
+    L.row = row;
+    L.T = c->p.frame_lengths[b];
+    L.U = c->p.label_lengths[b];
+    return L;
+}
+
+static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
+    const int64_t B = c->p.batch, row = c->p.max_labels + 1;
+    /* the lattice's lp_dur is indexed n * arcs.count + k, which matches dur_stride for TDT */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t task = 0; task < 2 * B; ++task) {
+        const int64_t b = task % B;
+        tdt_lattice_t L = sample_lattice(c, ws, b);
+        const int64_t off = tdt_sample_offset(b, c->p.max_frames, row);
+        if (task < B) {
+            double *alpha = ws->alpha + off;
+            for (int64_t t = 0; t < L.T; ++t)
+                for (int64_t u = 0; u <= L.U; ++u)
+                    alpha[tdt_node_index(row, t, u)] = tdt_alpha_node(&L, &c->arcs, alpha, t, u);
+            ws->ll[b] = tdt_log_likelihood(&L, &c->arcs, alpha);
+        } else {
+            double *beta = ws->beta + off;
+            for (int64_t t = L.T - 1; t >= 0; --t)
+                for (int64_t u = L.U; u >= 0; --u)
+                    beta[tdt_node_index(row, t, u)] = tdt_beta_node(&L, &c->arcs, beta, t, u);
+        }
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        double ll = ws->ll[b];
+        double cost = ll == -INFINITY ? INFINITY : -(1.0 + c->o.fastemit_lambda) * ll;
+        if (tdt_acc_is_double(c->p.dtype))
+            ((double *)c->costs)[b] = cost;
+        else
+            ((float *)c->costs)[b] = (float)cost;
+    }
+}
+
+/* ---- pass 3: gradients ---------------------------------------------------------------------- */
+
+static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
+    const tdt_problem_t *p = &c->p;
+    const int64_t row = p->max_labels + 1, D = c->num_durations, Dw = c->layout.dur_stride;
+    const size_t esz = dtype_size(p->dtype);
+    const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
+#pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
+    for (int64_t b = 0; b < p->batch; ++b) {
+        for (int64_t t = 0; t < p->max_frames; ++t) {
+            const int64_t T = p->frame_lengths[b], U = p->label_lengths[b];
+            const double ll = ws->ll[b];
+            double scale = 1.0;
+            if (c->grad_costs)
+                scale = tdt_acc_is_double(p->dtype) ? ((const double *)c->grad_costs)[b]
+                                                    : ((const float *)c->grad_costs)[b];
+            const int feasible = ll != -INFINITY;
+            tdt_lattice_t L = sample_lattice(c, ws, b);
+            const int64_t off = tdt_sample_offset(b, p->max_frames, row);
+            const int32_t *y = p->labels + b * p->max_labels;
+            for (int64_t u = 0; u < row; ++u) {
+                void *gz = c->g.token_grads
+                               ? (char *)c->g.token_grads + tdt_row_offset(c->g.token_strides, b, t, u) * (int64_t)esz
+                               : NULL;
+                void *gh = c->g.duration_grads
+                               ? (char *)c->g.duration_grads + tdt_row_offset(c->g.duration_strides, b, t, u) * (int64_t)esz
+                               : NULL;
+                if (!feasible || t >= T || u > U) {
+                    if (gz) memset(gz, 0, (size_t)p->vocab_size * esz);
+                    if (gh) memset(gh, 0, (size_t)D * esz);
+                    continue;
+                }
+                tdt_node_grad_t ng;
+                tdt_node_grad(&L, &c->arcs, ws->alpha + off, ws->beta + off, t, u, ll,
+                              c->o.fastemit_lambda, &ng);
+                int64_t n = off + tdt_node_index(row, t, u);
+                if (gz) {
+                    const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
+                    token_grad_row(c, z, gz, ws->lse[n], &ng, u < U ? y[u] : -1, scale);
+                }
+                if (gh) {
+                    const double *lp = ws->lp_dur + n * Dw;
+                    for (int64_t k = 0; k < D; ++k) {
+                        double q = logits ? exp(lp[k]) : 0.0;
+                        store_one(gh, k, p->dtype, scale * tdt_duration_grad(&ng, q, (int)k));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- entry ---------------------------------------------------------------------------------- */
+
+tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
+    tdt_ws_t ws;
+    tdt_workspace_carve(&c->layout, c->workspace, &ws);
+    const int nthreads = c->o.num_threads > 0 ? c->o.num_threads : omp_get_max_threads();
+    if (c->do_forward) {
+        node_pass(c, &ws, nthreads);
+        lattice_pass(c, &ws, nthreads);
+        ws.header->magic = TDT_WS_MAGIC;
+        ws.header->batch = c->p.batch;
+        ws.header->max_frames = c->p.max_frames;
+        ws.header->max_labels = c->p.max_labels;
+        ws.header->num_durations = c->num_durations;
+    } else {
+        const tdt_ws_header_t *h = ws.header;
+        if (h->magic != TDT_WS_MAGIC || h->batch != c->p.batch || h->max_frames != c->p.max_frames ||
+            h->max_labels != c->p.max_labels || h->num_durations != c->num_durations) {
+            tdt_set_error("workspace does not hold tdt_forward() of this problem (batch %lld, "
+                          "max_frames %lld, max_labels %lld, num_durations %d)",
+                          (long long)c->p.batch, (long long)c->p.max_frames,
+                          (long long)c->p.max_labels, c->num_durations);
+            return TDT_STATUS_INVALID_WORKSPACE;
+        }
+    }
+    if (c->do_backward) grad_pass(c, &ws, nthreads);
+    return TDT_STATUS_SUCCESS;
+}

@@ -1,0 +1,20 @@
+/*
+ * stub.c - the GPU entry points of a build without CUDA: every GPU request is answered
+ * TDT_STATUS_BACKEND_NOT_BUILT, never with a print or a crash.
+ */
+#include "internal.h"
+
+tdt_status_t tdt_gpu_run(const tdt_call_t *call) {
+    (void)call;
+    tdt_set_error("options->location = TDT_LOCATION_GPU, but this library was built without "
+                  "CUDA (configure with nvcc available, or -DTDT_CUDA=ON)");
+    return TDT_STATUS_BACKEND_NOT_BUILT;
+}
+
+tdt_status_t tdt_gpu_count(int *count) {
+    *count = 0;
+    tdt_set_error("this library was built without CUDA");
+    return TDT_STATUS_BACKEND_NOT_BUILT;
+}
+
+int tdt_gpu_built(void) { return 0; }

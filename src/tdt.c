@@ -1,0 +1,305 @@
+/*
+ * tdt.c - the dispatch layer: validates every argument before any work, then routes the call
+ * to one backend (warp-ctc's entry-point pattern).
+ *
+ * Nothing is written on any status but SUCCESS (except the thread's error detail). Checks run
+ * in a fixed order: structs, options, sizes, dtype, blank, durations, pointers, strides,
+ * workspace, backend; then, on the CPU only, the data (lengths and labels).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* One failed check: record the detail and return its status. */
+#define TDT_FAIL(status, ...)          \
+    do {                               \
+        tdt_set_error(__VA_ARGS__);    \
+        return (status);               \
+    } while (0)
+
+#define TDT_CHECK(expr)                        \
+    do {                                       \
+        tdt_status_t tdt_check_s_ = (expr);    \
+        if (tdt_check_s_ != TDT_STATUS_SUCCESS) return tdt_check_s_; \
+    } while (0)
+
+/* ---- options and shapes ----------------------------------------------------------------------- */
+
+static tdt_status_t check_option_value(const char *name, double value) {
+    if (!isfinite(value) || value < 0.0)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->%s = %g must be finite and >= 0", name, value);
+    return TDT_STATUS_SUCCESS;
+}
+
+static tdt_status_t check_options(const tdt_options_t *o) {
+    if (o->location != TDT_LOCATION_CPU && o->location != TDT_LOCATION_GPU)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->location = %d is not a tdt_location_t",
+                 (int)o->location);
+    if (o->num_threads < 0)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->num_threads = %d must be >= 0 (0 = default)",
+                 o->num_threads);
+    if (o->input_kind != TDT_INPUT_LOGITS && o->input_kind != TDT_INPUT_LOG_PROBS)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->input_kind = %d is not a tdt_input_kind_t",
+                 (int)o->input_kind);
+    TDT_CHECK(check_option_value("sigma", o->sigma));
+    TDT_CHECK(check_option_value("fastemit_lambda", o->fastemit_lambda));
+    TDT_CHECK(check_option_value("clamp", o->clamp));
+    if (o->location == TDT_LOCATION_GPU && !tdt_gpu_built()) return tdt_gpu_run(NULL);
+    return TDT_STATUS_SUCCESS;
+}
+
+static tdt_status_t check_sizes(const tdt_problem_t *p) {
+    if (p->batch < 0) TDT_FAIL(TDT_STATUS_INVALID_SIZE, "problem->batch = %lld must be >= 0", (long long)p->batch);
+    if (p->max_frames < 0)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "problem->max_frames = %lld must be >= 0", (long long)p->max_frames);
+    if (p->max_labels < 0 || p->max_labels >= INT32_MAX)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "problem->max_labels = %lld must be in [0, 2^31 - 1)",
+                 (long long)p->max_labels);
+    if (p->vocab_size < 1)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "problem->vocab_size = %lld must be >= 1", (long long)p->vocab_size);
+    return TDT_STATUS_SUCCESS;
+}
+
+static tdt_status_t check_durations(const tdt_options_t *o) {
+    if (o->num_durations < 1 || o->num_durations > TDT_MAX_DURATIONS)
+        TDT_FAIL(TDT_STATUS_TOO_MANY_DURATIONS,
+                 "options->num_durations = %d must be in [1, %d] when duration logits are given",
+                 o->num_durations, TDT_MAX_DURATIONS);
+    if (!o->durations)
+        TDT_FAIL(TDT_STATUS_NULL_POINTER, "options->durations is NULL but duration logits are given");
+    int any_positive = 0;
+    for (int k = 0; k < o->num_durations; ++k) {
+        if (o->durations[k] < 0)
+            TDT_FAIL(TDT_STATUS_INVALID_DURATIONS, "options->durations[%d] = %d is negative", k,
+                     o->durations[k]);
+        for (int j = 0; j < k; ++j)
+            if (o->durations[j] == o->durations[k])
+                TDT_FAIL(TDT_STATUS_INVALID_DURATIONS,
+                         "options->durations[%d] = %d duplicates options->durations[%d]", k,
+                         o->durations[k], j);
+        any_positive |= o->durations[k] > 0;
+    }
+    if (!any_positive)
+        TDT_FAIL(TDT_STATUS_NO_POSITIVE_DURATION,
+                 "options->durations has no duration > 0: no blank arc could advance a frame");
+    return TDT_STATUS_SUCCESS;
+}
+
+/* ---- strides ---------------------------------------------------------------------------------- */
+
+/* Checks a strided (B, max_frames, max_labels + 1, width) tensor: strides >= 0 and the largest
+ * element offset fits int64; with disjoint != 0 also that no two elements share an address
+ * (required of gradients; inputs may broadcast). */
+static tdt_status_t check_strides(const char *name, const int64_t *strides,
+                                  const tdt_problem_t *p, int64_t width, int disjoint) {
+    int64_t extent[3] = {p->batch, p->max_frames, p->max_labels + 1};
+    int64_t span = width; /* elements from a row's first element to past its last */
+    for (int i = 0; i < 3; ++i) {
+        if (strides[i] < 0)
+            TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides[%d] = %lld is negative", name, i,
+                     (long long)strides[i]);
+        int64_t reach;
+        if (extent[i] > 1 && (__builtin_mul_overflow(strides[i], extent[i] - 1, &reach) ||
+                              __builtin_add_overflow(span, reach, &span)))
+            TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides overflow 64-bit offsets", name);
+    }
+    if (!disjoint) return TDT_STATUS_SUCCESS;
+    /* Disjoint iff, with the dimensions of extent > 1 sorted by stride, each stride clears
+     * everything spanned by the dimensions inside it. */
+    int order[3], n = 0;
+    for (int i = 0; i < 3; ++i)
+        if (extent[i] > 1) order[n++] = i;
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && strides[order[j]] < strides[order[j - 1]]; --j) {
+            int tmp = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = tmp;
+        }
+    int64_t inner = width;
+    for (int i = 0; i < n; ++i) {
+        int d = order[i];
+        if (strides[d] < inner)
+            TDT_FAIL(TDT_STATUS_INVALID_STRIDES,
+                     "%s_strides[%d] = %lld makes rows overlap (needs >= %lld for a row of %lld)",
+                     name, d, (long long)strides[d], (long long)inner, (long long)width);
+        inner = strides[d] * (extent[d] - 1) + inner;
+    }
+    return TDT_STATUS_SUCCESS;
+}
+
+/* A gradient that aliases its logits must use the logits' strides exactly. */
+static tdt_status_t check_in_place(const char *name, const void *grad, const int64_t *gs,
+                                   const void *logits, const int64_t *ls, const tdt_problem_t *p) {
+    int64_t extent[3] = {p->batch, p->max_frames, p->max_labels + 1};
+    if (grad != logits) return TDT_STATUS_SUCCESS;
+    for (int i = 0; i < 3; ++i)
+        if (extent[i] > 1 && gs[i] != ls[i])
+            TDT_FAIL(TDT_STATUS_INVALID_STRIDES,
+                     "%s is written in place over the logits but its stride %d is %lld, the "
+                     "logits' is %lld", name, i, (long long)gs[i], (long long)ls[i]);
+    return TDT_STATUS_SUCCESS;
+}
+
+/* ---- data (CPU only: on the GPU these live in device memory) ------------------------------ */
+
+static tdt_status_t check_data(const tdt_problem_t *p, int blank) {
+    for (int64_t b = 0; b < p->batch; ++b) {
+        int32_t T = p->frame_lengths[b], U = p->label_lengths[b];
+        if (T < 0 || T > p->max_frames)
+            TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "frame_lengths[%lld] = %d is outside [0, %lld] (max_frames)",
+                     (long long)b, T, (long long)p->max_frames);
+        if (U < 0 || U > p->max_labels)
+            TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "label_lengths[%lld] = %d is outside [0, %lld] (max_labels)",
+                     (long long)b, U, (long long)p->max_labels);
+        const int32_t *y = p->labels + b * p->max_labels;
+        for (int32_t i = 0; i < U; ++i) {
+            if (y[i] < 0 || y[i] >= p->vocab_size)
+                TDT_FAIL(TDT_STATUS_INVALID_LABEL, "labels[%lld][%d] = %d is outside [0, %lld) (vocab_size)",
+                         (long long)b, i, y[i], (long long)p->vocab_size);
+            if (y[i] == blank)
+                TDT_FAIL(TDT_STATUS_INVALID_LABEL, "labels[%lld][%d] = %d equals blank %d",
+                         (long long)b, i, y[i], blank);
+        }
+    }
+    return TDT_STATUS_SUCCESS;
+}
+
+/* ---- the call --------------------------------------------------------------------------------- */
+
+/* Validates everything a call reads, fills *c, and returns SUCCESS or the first failure. */
+static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
+                            const tdt_options_t *options, void *costs, const void *grad_costs,
+                            const tdt_gradients_t *grads, void *workspace, size_t workspace_bytes,
+                            int do_forward, int do_backward) {
+    memset(c, 0, sizeof *c);
+    if (!problem) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem is NULL");
+    if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
+    c->p = *problem;
+    c->o = *options;
+    const tdt_problem_t *p = &c->p;
+    const tdt_options_t *o = &c->o;
+    TDT_CHECK(check_options(o));
+    TDT_CHECK(check_sizes(p));
+    if (p->dtype != TDT_DTYPE_FLOAT32 && p->dtype != TDT_DTYPE_FLOAT64 &&
+        p->dtype != TDT_DTYPE_FLOAT16 && p->dtype != TDT_DTYPE_BFLOAT16)
+        TDT_FAIL(TDT_STATUS_INVALID_DTYPE, "problem->dtype = %d is not a tdt_dtype_t", (int)p->dtype);
+    if (o->blank < 0 || o->blank >= p->vocab_size)
+        TDT_FAIL(TDT_STATUS_INVALID_BLANK, "options->blank = %d is outside [0, %lld) (vocab_size)",
+                 o->blank, (long long)p->vocab_size);
+    c->tdt_mode = p->duration_logits != NULL;
+    if (c->tdt_mode) {
+        TDT_CHECK(check_durations(o));
+        c->num_durations = o->num_durations;
+        tdt_arcs_tdt(&c->arcs, o->durations, o->num_durations);
+    } else {
+        tdt_arcs_rnnt(&c->arcs);
+    }
+
+    /* pointers: tensors of no element may be NULL */
+    int any_rows = p->batch > 0 && p->max_frames > 0;
+    if (!p->token_logits && any_rows) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->token_logits is NULL");
+    if (p->batch > 0 && !p->frame_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->frame_lengths is NULL");
+    if (p->batch > 0 && !p->label_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->label_lengths is NULL");
+    if (p->batch > 0 && p->max_labels > 0 && !p->labels)
+        TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->labels is NULL but max_labels = %lld", (long long)p->max_labels);
+    if (do_forward && p->batch > 0 && !costs) TDT_FAIL(TDT_STATUS_NULL_POINTER, "costs is NULL");
+    if (!workspace) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace is NULL");
+
+    /* strides */
+    TDT_CHECK(check_strides("problem->token", p->token_strides, p, p->vocab_size, 0));
+    if (c->tdt_mode)
+        TDT_CHECK(check_strides("problem->duration", p->duration_strides, p, c->num_durations, 0));
+    if (grads) c->g = *grads;
+    if (!c->tdt_mode) c->g.duration_grads = NULL; /* RNN-T has no duration gradient */
+    if (c->g.token_grads) {
+        TDT_CHECK(check_strides("grads->token", c->g.token_strides, p, p->vocab_size, 1));
+        TDT_CHECK(check_in_place("grads->token_grads", c->g.token_grads, c->g.token_strides,
+                                 p->token_logits, p->token_strides, p));
+    }
+    if (c->g.duration_grads) {
+        TDT_CHECK(check_strides("grads->duration", c->g.duration_strides, p, c->num_durations, 1));
+        TDT_CHECK(check_in_place("grads->duration_grads", c->g.duration_grads, c->g.duration_strides,
+                                 p->duration_logits, p->duration_strides, p));
+    }
+
+    /* workspace */
+    if (!tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, o->num_durations > 0 ? o->num_durations : 0,
+                              &c->layout))
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace for batch %lld x max_frames %lld x (max_labels %lld + 1) "
+                 "overflows 64-bit sizes", (long long)p->batch, (long long)p->max_frames, (long long)p->max_labels);
+    if (workspace_bytes < c->layout.total + TDT_WS_ALIGN)
+        TDT_FAIL(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes = %zu < %zu (tdt_get_workspace_size)",
+                 workspace_bytes, c->layout.total + TDT_WS_ALIGN);
+
+    if (o->location == TDT_LOCATION_CPU && p->batch > 0) TDT_CHECK(check_data(p, o->blank));
+
+    c->workspace = workspace;
+    c->costs = costs;
+    c->grad_costs = grad_costs;
+    c->do_forward = do_forward;
+    c->do_backward = do_backward && (c->g.token_grads || c->g.duration_grads);
+    return TDT_STATUS_SUCCESS;
+}
+
+static tdt_status_t run(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
+                        const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
+                        size_t workspace_bytes, int do_forward, int do_backward) {
+    tdt_call_t c;
+    tdt_status_t s = prepare(&c, problem, options, costs, grad_costs, grads, workspace,
+                             workspace_bytes, do_forward, do_backward);
+    if (s != TDT_STATUS_SUCCESS) return s;
+    tdt_clear_error();
+    if (!c.do_forward && !c.do_backward) return TDT_STATUS_SUCCESS;
+    return c.o.location == TDT_LOCATION_GPU ? tdt_gpu_run(&c) : tdt_cpu_run(&c);
+}
+
+/* ---- the public entry points -------------------------------------------------------------- */
+
+TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem,
+                                            const tdt_options_t *options, size_t *workspace_bytes) {
+    tdt_ws_layout_t layout;
+    if (!problem) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem is NULL");
+    if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
+    if (!workspace_bytes) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace_bytes is NULL");
+    TDT_CHECK(check_sizes(problem));
+    if (options->num_durations < 0 || options->num_durations > TDT_MAX_DURATIONS)
+        TDT_FAIL(TDT_STATUS_TOO_MANY_DURATIONS, "options->num_durations = %d must be in [0, %d]",
+                 options->num_durations, TDT_MAX_DURATIONS);
+    if (!tdt_workspace_layout(problem->batch, problem->max_frames, problem->max_labels,
+                              options->num_durations, &layout))
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace size overflows 64-bit sizes");
+    *workspace_bytes = layout.total + TDT_WS_ALIGN;
+    tdt_clear_error();
+    return TDT_STATUS_SUCCESS;
+}
+
+TDT_API tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t *options,
+                                      void *costs, const tdt_gradients_t *grads, void *workspace,
+                                      size_t workspace_bytes) {
+    return run(problem, options, costs, NULL, grads, workspace, workspace_bytes, 1, 1);
+}
+
+TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options,
+                                 void *costs, void *workspace, size_t workspace_bytes) {
+    return run(problem, options, costs, NULL, NULL, workspace, workspace_bytes, 1, 0);
+}
+
+TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
+                                  const void *grad_costs, const tdt_gradients_t *grads,
+                                  void *workspace, size_t workspace_bytes) {
+    return run(problem, options, NULL, grad_costs, grads, workspace, workspace_bytes, 0, 1);
+}
+
+TDT_API int tdt_backend_built(tdt_location_t location) {
+    if (location == TDT_LOCATION_CPU) return 1;
+    if (location == TDT_LOCATION_GPU) return tdt_gpu_built();
+    return 0;
+}
+
+TDT_API tdt_status_t tdt_gpu_device_count(int *count) {
+    if (!count) TDT_FAIL(TDT_STATUS_NULL_POINTER, "count is NULL");
+    tdt_status_t s = tdt_gpu_count(count);
+    if (s == TDT_STATUS_SUCCESS) tdt_clear_error();
+    return s;
+}
