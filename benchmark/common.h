@@ -1,0 +1,218 @@
+/*
+ * common.h - what tdt_demo and tdt_bench share: a random joint-tensor problem (Parakeet
+ * layout: blank = V - 1, duration logits after the token logits in one (B, T, U+1, V+D) row),
+ * dtype conversion, timing, and checked library calls.
+ */
+#ifndef TDT_BENCH_COMMON_H
+#define TDT_BENCH_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tdt.h"
+
+/* A problem on the host, in the run dtype. */
+typedef struct bench_problem {
+    int64_t B, T, U, V, D;
+    int durations[TDT_MAX_DURATIONS];
+    tdt_dtype_t dtype;
+    int rnnt;             /* 1: plain RNN-T (no duration logits) */
+    void *joint;          /* (B, T, U+1, V+D) logits in dtype */
+    int32_t *labels, *frame_lengths, *label_lengths;
+} bench_problem_t;
+
+static inline size_t bench_dtype_size(tdt_dtype_t d) {
+    return d == TDT_DTYPE_FLOAT64 ? 8 : d == TDT_DTYPE_FLOAT32 ? 4 : 2;
+}
+
+static inline const char *bench_dtype_name(tdt_dtype_t d) {
+    switch (d) {
+    case TDT_DTYPE_FLOAT64: return "float64";
+    case TDT_DTYPE_FLOAT16: return "float16";
+    case TDT_DTYPE_BFLOAT16: return "bfloat16";
+    default: return "float32";
+    }
+}
+
+static inline int bench_parse_dtype(const char *s, tdt_dtype_t *d) {
+    if (!strcmp(s, "f32") || !strcmp(s, "float32")) *d = TDT_DTYPE_FLOAT32;
+    else if (!strcmp(s, "f64") || !strcmp(s, "float64")) *d = TDT_DTYPE_FLOAT64;
+    else if (!strcmp(s, "f16") || !strcmp(s, "float16")) *d = TDT_DTYPE_FLOAT16;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *d = TDT_DTYPE_BFLOAT16;
+    else return 0;
+    return 1;
+}
+
+/* "0,1,2,3,4" -> durations; returns the count or -1. */
+static inline int bench_parse_durations(const char *s, int *out) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || n == TDT_MAX_DURATIONS) return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+/* splitmix64: a small deterministic generator, so a seed repeats a problem everywhere. */
+static inline uint64_t bench_rand(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline double bench_uniform(uint64_t *state) {
+    return ((double)(bench_rand(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* Rounds x to dtype and stores it at element i. */
+static inline void bench_store(void *base, size_t i, tdt_dtype_t d, double x) {
+    float f = (float)x;
+    uint32_t bits;
+    switch (d) {
+    case TDT_DTYPE_FLOAT64: ((double *)base)[i] = x; return;
+    case TDT_DTYPE_FLOAT32: ((float *)base)[i] = f; return;
+    case TDT_DTYPE_BFLOAT16:
+        memcpy(&bits, &f, 4);
+        bits += 0x7fffu + ((bits >> 16) & 1u);
+        ((uint16_t *)base)[i] = (uint16_t)(bits >> 16);
+        return;
+    case TDT_DTYPE_FLOAT16: {
+        /* via the normal range only: the generated logits are small and finite */
+        memcpy(&bits, &f, 4);
+        uint32_t sign = (bits >> 16) & 0x8000u, a = bits & 0x7fffffffu;
+        if (a < 0x38800000u) { ((uint16_t *)base)[i] = (uint16_t)sign; return; }
+        uint32_t r = a - (112u << 23);
+        r += 0xfffu + ((r >> 13) & 1u);
+        ((uint16_t *)base)[i] = (uint16_t)(sign | (r >> 13));
+        return;
+    }
+    }
+}
+
+static inline double bench_load(const void *base, size_t i, tdt_dtype_t d) {
+    uint32_t bits;
+    float f;
+    switch (d) {
+    case TDT_DTYPE_FLOAT64: return ((const double *)base)[i];
+    case TDT_DTYPE_FLOAT32: return ((const float *)base)[i];
+    case TDT_DTYPE_BFLOAT16:
+        bits = (uint32_t)((const uint16_t *)base)[i] << 16;
+        memcpy(&f, &bits, 4);
+        return f;
+    case TDT_DTYPE_FLOAT16: {
+        uint16_t h = ((const uint16_t *)base)[i];
+        uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, s = (uint32_t)(h & 0x8000u) << 16;
+        if (e == 0) return (s ? -1.0 : 1.0) * m * 5.9604644775390625e-8;
+        bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112u) << 23) | (m << 13));
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    }
+    return 0.0;
+}
+
+/* Random problem: normal logits, labels uniform in [0, V-1), blank V-1; lengths full when
+ * ragged == 0, else T_b in [T/2, T] and U_b in [U/2, U]. */
+static inline int bench_make(bench_problem_t *p, uint64_t seed, int ragged) {
+    uint64_t st = seed;
+    int64_t W = p->V + (p->rnnt ? 0 : p->D), rows = p->B * p->T * (p->U + 1);
+    size_t n = (size_t)rows * (size_t)W;
+    p->joint = malloc(n * bench_dtype_size(p->dtype));
+    p->labels = (int32_t *)malloc((size_t)(p->B * (p->U > 0 ? p->U : 1)) * sizeof(int32_t));
+    p->frame_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
+    p->label_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
+    if (!p->joint || !p->labels || !p->frame_lengths || !p->label_lengths) return 0;
+    for (size_t i = 0; i < n; i += 2) {
+        /* Box-Muller gives two normals per pair of uniforms */
+        double r = sqrt(-2.0 * log(bench_uniform(&st))), a = 6.283185307179586 * bench_uniform(&st);
+        bench_store(p->joint, i, p->dtype, r * cos(a));
+        if (i + 1 < n) bench_store(p->joint, i + 1, p->dtype, r * sin(a));
+    }
+    for (int64_t i = 0; i < p->B * p->U; ++i)
+        p->labels[i] = (int32_t)(bench_rand(&st) % (uint64_t)(p->V > 1 ? p->V - 1 : 1));
+    for (int64_t b = 0; b < p->B; ++b) {
+        p->frame_lengths[b] = (int32_t)(ragged ? p->T / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->T - p->T / 2 + 1)) : p->T);
+        p->label_lengths[b] = (int32_t)(ragged ? p->U / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->U - p->U / 2 + 1)) : p->U);
+    }
+    return 1;
+}
+
+static inline void bench_free(bench_problem_t *p) {
+    free(p->joint);
+    free(p->labels);
+    free(p->frame_lengths);
+    free(p->label_lengths);
+}
+
+/* The library's view of a joint tensor at base (dtype elements). */
+static inline tdt_problem_t bench_view(const bench_problem_t *p, const void *base,
+                                       const int32_t *labels, const int32_t *T, const int32_t *U) {
+    tdt_problem_t v;
+    int64_t W = p->V + (p->rnnt ? 0 : p->D);
+    memset(&v, 0, sizeof v);
+    v.batch = p->B;
+    v.max_frames = p->T;
+    v.max_labels = p->U;
+    v.vocab_size = p->V;
+    v.dtype = p->dtype;
+    v.token_logits = base;
+    v.token_strides[0] = p->T * (p->U + 1) * W;
+    v.token_strides[1] = (p->U + 1) * W;
+    v.token_strides[2] = W;
+    if (!p->rnnt) {
+        v.duration_logits = (const char *)base + (size_t)p->V * bench_dtype_size(p->dtype);
+        memcpy(v.duration_strides, v.token_strides, sizeof v.token_strides);
+    }
+    v.labels = labels;
+    v.frame_lengths = T;
+    v.label_lengths = U;
+    return v;
+}
+
+/* Gradients written into one joint-shaped buffer. */
+static inline tdt_gradients_t bench_grads(const bench_problem_t *p, void *base) {
+    tdt_gradients_t g;
+    int64_t W = p->V + (p->rnnt ? 0 : p->D);
+    memset(&g, 0, sizeof g);
+    g.token_grads = base;
+    g.token_strides[0] = p->T * (p->U + 1) * W;
+    g.token_strides[1] = (p->U + 1) * W;
+    g.token_strides[2] = W;
+    if (!p->rnnt) {
+        g.duration_grads = (char *)base + (size_t)p->V * bench_dtype_size(p->dtype);
+        memcpy(g.duration_strides, g.token_strides, sizeof g.token_strides);
+    }
+    return g;
+}
+
+static inline size_t bench_joint_elems(const bench_problem_t *p) {
+    return (size_t)(p->B * p->T * (p->U + 1)) * (size_t)(p->V + (p->rnnt ? 0 : p->D));
+}
+
+static inline double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Exits with the library's own words when a call fails (programs, not the library, may exit). */
+#define BENCH_CHECK(call)                                                                    \
+    do {                                                                                     \
+        tdt_status_t bench_s_ = (call);                                                      \
+        if (bench_s_ != TDT_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,      \
+                    tdt_status_string(bench_s_), tdt_last_error());                          \
+            exit(2);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+#endif /* TDT_BENCH_COMMON_H */
