@@ -1,0 +1,269 @@
+"""Tensor plumbing: PyTorch tensors in, one tdt_forward() / tdt_backward() call out.
+
+Everything that touches raw pointers lives here, shared by the eager autograd.Function
+(_autograd.py) and the torch.compile custom ops (_ops.py). Callers hand over tensors that
+functional.py has already checked for shape, dtype and device: logits with a contiguous last
+dimension, int32 contiguous labels (B, U) and lengths (B,) on the logits' device.
+
+Three layouts of the logits (Spec.mode):
+  "separate": token logits (B, T, U+1, V) and duration logits (B, T, U+1, D), two tensors.
+  "joint":    one tensor (B, T, U+1, V + D); token logits are [..., :V], durations [..., V:].
+              Both gradients are written into one joint-shaped buffer, with no copy.
+  "rnnt":     token logits only (plain RNN-T lattice).
+A TDT call whose omega draw chose RNN-T (``as_rnnt``) runs the RNN-T lattice on the token part,
+without sigma, and gives the duration logits a zero gradient.
+"""
+
+import ctypes
+from typing import NamedTuple, Tuple
+
+import torch
+
+from . import _lib
+
+__all__ = ["Spec", "forward", "backward", "validate_data", "workspace_bound", "acc_dtype"]
+
+_DTYPES = {
+    torch.float32: _lib.DTYPE_FLOAT32,
+    torch.float64: _lib.DTYPE_FLOAT64,
+    torch.float16: _lib.DTYPE_FLOAT16,
+    torch.bfloat16: _lib.DTYPE_BFLOAT16,
+}
+
+
+class Spec(NamedTuple):
+    """Everything about a call that is not a tensor (hashable, so it can key caches)."""
+
+    mode: str  # "separate" | "joint" | "rnnt"
+    vocab_size: int  # V, blank included
+    durations: Tuple[int, ...]  # () for plain RNN-T
+    blank: int
+    sigma: float
+    fastemit_lambda: float
+    clamp: float  # > 0 clips token gradients; 0 = off
+    log_probs: bool  # inputs are log-probabilities (TDT_INPUT_LOG_PROBS)
+
+
+def acc_dtype(dtype):
+    """Accumulate type of costs and upstream gradients: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def workspace_bound(batch, max_frames, rows, num_durations):
+    """A closed-form upper bound of tdt_get_workspace_size(), in bytes.
+
+    Used where the size must be known from (possibly symbolic) shapes alone: the fake
+    implementation of the torch.compile custom op. It mirrors the layout drawn in
+    src/common/workspace.h (five per-node double arrays, Dw per-node duration doubles, two (B)
+    arrays, a small header, one alignment pad per sub-buffer plus the pointer slack), and every
+    real call checks it against the library's own answer, so a layout change cannot go unnoticed.
+    """
+    nodes = batch * max_frames * rows
+    dw = max(int(num_durations), 1)
+    return 8 * nodes * (5 + dw) + 12 * batch + 64 + 11 * 256
+
+
+# Data pointers of the last gradient buffers written (token, duration): lets the tests check
+# that the gradient autograd hands on is the very buffer the library wrote.
+last_grad_ptrs = (0, 0)
+
+
+def _strides3(t):
+    s = t.stride()
+    return (int(s[0]), int(s[1]), int(s[2]))
+
+
+def _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt):
+    """The tdt_problem_t and tdt_options_t of a call, plus the objects they point into."""
+    B, T, rows = (int(x) for x in logits.shape[:3])
+    V = spec.vocab_size
+    p = _lib.Problem()
+    p.batch, p.max_frames, p.max_labels, p.vocab_size = B, T, rows - 1, V
+    p.dtype = _DTYPES[logits.dtype]
+    p.token_logits = logits.data_ptr()
+    p.token_strides = _strides3(logits)
+    tdt = spec.mode != "rnnt" and not as_rnnt
+    if tdt:
+        if spec.mode == "joint":
+            p.duration_logits = logits.data_ptr() + V * logits.element_size()
+            p.duration_strides = _strides3(logits)
+        else:
+            p.duration_logits = duration.data_ptr()
+            p.duration_strides = _strides3(duration)
+    p.labels = labels.data_ptr() if labels.numel() > 0 else None
+    p.frame_lengths = frame_lengths.data_ptr()
+    p.label_lengths = label_lengths.data_ptr()
+
+    o = _lib.Options()
+    o.location = _lib.LOCATION_GPU if logits.is_cuda else _lib.LOCATION_CPU
+    o.num_threads = 0
+    o.blank = spec.blank
+    keep = None
+    if tdt:
+        keep = (ctypes.c_int * len(spec.durations))(*spec.durations)
+        o.durations = ctypes.cast(keep, ctypes.POINTER(ctypes.c_int))
+        o.num_durations = len(spec.durations)
+        o.sigma = spec.sigma
+    o.fastemit_lambda = spec.fastemit_lambda
+    o.clamp = spec.clamp if spec.clamp > 0 else 0.0
+    o.input_kind = _lib.INPUT_LOG_PROBS if spec.log_probs else _lib.INPUT_LOGITS
+    return p, o, keep
+
+
+def _workspace_size(p, o):
+    n = ctypes.c_size_t(0)
+    _lib.check("tdt_get_workspace_size",
+               _lib.load().tdt_get_workspace_size(ctypes.byref(p), ctypes.byref(o), ctypes.byref(n)))
+    return int(n.value)
+
+
+def _call(fn_name, logits, o, *args):
+    """Runs one C entry point on the logits' device and current stream."""
+    fn = getattr(_lib.load(), fn_name)
+    if logits.is_cuda:
+        with torch.cuda.device(logits.device):
+            o.stream = torch.cuda.current_stream(logits.device).cuda_stream
+            status = fn(*args)
+    else:
+        status = fn(*args)
+    _lib.check(fn_name, status)
+
+
+def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
+            workspace_bytes=None, zero_workspace=False):
+    """Costs (B,) in the accumulate type, and the workspace that backward() needs.
+
+    workspace_bytes: the size to allocate (the custom op passes workspace_bound() so that its
+    fake and real outputs agree); None allocates exactly what the library asks for.
+    zero_workspace: zero-fill it first, so its bytes are a function of the inputs alone.
+    """
+    B = int(logits.shape[0])
+    acc = acc_dtype(logits.dtype)
+    p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+    need = _workspace_size(p, o)
+    size = need if workspace_bytes is None else int(workspace_bytes)
+    if size < need:
+        raise RuntimeError(
+            "warp_tdt: internal error: workspace bound %d bytes < tdt_get_workspace_size() = %d "
+            "for B=%d T=%d U+1=%d D=%d; the library's workspace layout grew, update "
+            "_core.workspace_bound()" % (size, need, B, logits.shape[1], logits.shape[2],
+                                        len(spec.durations)))
+    alloc = torch.zeros if zero_workspace else torch.empty
+    workspace = alloc(size, dtype=torch.uint8, device=logits.device)
+    costs = torch.empty(B, dtype=acc, device=logits.device)
+    if B == 0:
+        return costs, workspace
+    if logits.numel() == 0:  # T == 0: every sample infeasible, nothing to read
+        costs.fill_(float("inf"))
+        return costs, workspace
+    _call("tdt_forward", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
+          workspace.data_ptr(), size)
+    del keep
+    return costs, workspace
+
+
+def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_lengths, workspace,
+             as_rnnt=False, need_logits=True, need_duration=True, in_place=False):
+    """Gradients of sum_b grad_costs[b] * costs[b], written once, in the logits' dtype.
+
+    Returns (grad_logits, grad_duration). grad_logits has the shape of ``logits`` (joint-shaped in
+    joint mode, holding both gradients); grad_duration is None unless mode is "separate" and
+    need_duration. With in_place the gradients overwrite the logits and the logits tensors
+    themselves (detached) are returned.
+    """
+    global last_grad_ptrs
+    acc = acc_dtype(logits.dtype)
+    g = grad_costs.to(device=logits.device, dtype=acc).contiguous()
+    separate = spec.mode == "separate"
+    joint = spec.mode == "joint"
+    if not separate:
+        need_duration = False
+    if in_place:
+        g_logits = logits.detach() if need_logits or joint else None
+        g_dur = duration.detach() if need_duration else None
+    else:
+        g_logits = (torch.empty_like(logits, memory_format=torch.preserve_format)
+                    if need_logits or (joint and need_duration) else None)
+        g_dur = torch.empty_like(duration, memory_format=torch.preserve_format) if need_duration else None
+    if logits.shape[0] == 0 or logits.numel() == 0:
+        if g_logits is not None:
+            g_logits.zero_()
+        if g_dur is not None:
+            g_dur.zero_()
+        return g_logits, g_dur
+
+    p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+    grads = _lib.Gradients()
+    tdt = spec.mode != "rnnt" and not as_rnnt
+    if g_logits is not None:
+        grads.token_grads = g_logits.data_ptr()
+        grads.token_strides = _strides3(g_logits)
+        if joint and tdt:
+            grads.duration_grads = g_logits.data_ptr() + spec.vocab_size * g_logits.element_size()
+            grads.duration_strides = _strides3(g_logits)
+    if g_dur is not None and tdt:
+        grads.duration_grads = g_dur.data_ptr()
+        grads.duration_strides = _strides3(g_dur)
+    _call("tdt_backward", logits, o, ctypes.byref(p), ctypes.byref(o), g.data_ptr(),
+          ctypes.byref(grads), workspace.data_ptr(), workspace.numel())
+    del keep
+    if as_rnnt and spec.mode != "rnnt":
+        # The RNN-T draw of omega: the duration logits get an exact zero gradient.
+        if joint and g_logits is not None:
+            g_logits[..., spec.vocab_size:].zero_()
+        if g_dur is not None:
+            g_dur.zero_()
+    last_grad_ptrs = (grads.token_grads or 0, grads.duration_grads or 0)
+    return g_logits, g_dur
+
+
+# ---- data checks (lengths and labels) ---------------------------------------------------------
+
+
+def validate_data(spec, logits, labels, frame_lengths, label_lengths, names):
+    """Raises ValueError naming the first bad length or label. One host sync on CUDA.
+
+    names: dict with keys logits, targets, logit_lengths, target_lengths, blank (the user-facing
+    argument names of the calling function).
+    """
+    B = labels.shape[0]
+    if B == 0:
+        return
+    T = int(logits.shape[1])
+    U = int(logits.shape[2]) - 1
+    V = spec.vocab_size
+    fl = frame_lengths.to(torch.int64)
+    ll = label_lengths.to(torch.int64)
+    bad_f = (fl < 0) | (fl > T)
+    bad_l = (ll < 0) | (ll > U)
+    if U > 0:
+        pos = torch.arange(U, device=labels.device).unsqueeze(0)
+        inside = pos < ll.clamp(0, U).unsqueeze(1)
+        lab = labels.to(torch.int64)
+        bad_range = inside & ((lab < 0) | (lab >= V))
+        bad_blank = inside & (lab == spec.blank)
+    else:
+        bad_range = bad_blank = torch.zeros(B, 0, dtype=torch.bool, device=labels.device)
+    flags = torch.stack([bad_f.any(), bad_l.any(), bad_range.any(), bad_blank.any()])
+    flags = flags.cpu().tolist()  # the one host sync
+    if not any(flags):
+        return
+    if flags[0]:
+        b = int(bad_f.nonzero()[0, 0])
+        raise ValueError(
+            "%s[%d] = %d is outside [0, %d]: a frame length must not exceed the padded frame "
+            "count %s.shape[1] = %d" % (names["logit_lengths"], b, int(fl[b]), T, names["logits"], T))
+    if flags[1]:
+        b = int(bad_l.nonzero()[0, 0])
+        raise ValueError(
+            "%s[%d] = %d is outside [0, %d]: a label length must not exceed %s.shape[2] - 1 = %d "
+            "(the lattice has U + 1 rows)" % (names["target_lengths"], b, int(ll[b]), U,
+                                              names["logits"], U))
+    if flags[2]:
+        b, i = (int(x) for x in bad_range.nonzero()[0])
+        raise ValueError(
+            "%s[%d][%d] = %d is outside [0, %d) (the vocabulary size, blank included)"
+            % (names["targets"], b, i, int(labels[b, i]), V))
+    b, i = (int(x) for x in bad_blank.nonzero()[0])
+    raise ValueError("%s[%d][%d] = %d equals %s = %d; the blank cannot be a target label"
+                     % (names["targets"], b, i, int(labels[b, i]), names["blank"], spec.blank))

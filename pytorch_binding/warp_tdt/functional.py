@@ -1,0 +1,416 @@
+"""The public losses: tdt_loss (transformers' signature), tdt_loss_joint, rnnt_loss (torchaudio's).
+
+Each function checks its arguments (raising ValueError that names the argument and the value),
+converts targets and lengths to small int32 tensors on the logits' device, picks the layout
+(separate token/duration tensors, or one joint tensor when the two are slices of it), runs the
+library through autograd and applies the reduction to the (B,) costs. Reductions are plain torch
+ops on the (B,) costs, so autograd hands the library its per-sample weights (1/(B*U_b) for
+"mean", ...) as the upstream gradient, folded into the one pass that writes each gradient element.
+"""
+
+import math
+import sys
+
+import torch
+
+from . import _autograd, _core, _ops
+
+__all__ = ["tdt_loss", "tdt_loss_joint", "rnnt_loss"]
+
+TDT_REDUCTIONS = ("mean_volume", "mean_batch", "mean", "sum", "none")
+RNNT_REDUCTIONS = ("none", "mean", "sum")
+
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_MAX_DURATIONS = 32
+
+# Tests set this to route eager calls through the torch.compile custom ops (torch >= 2.4).
+_FORCE_CUSTOM_OPS = False
+
+_TDT_NAMES = {"logits": "token_logits", "targets": "targets", "logit_lengths": "logit_lengths",
+              "target_lengths": "target_lengths", "blank": "blank_token_id"}
+_RNNT_NAMES = {"logits": "logits", "targets": "targets", "logit_lengths": "logit_lengths",
+               "target_lengths": "target_lengths", "blank": "blank"}
+
+
+def _is_compiling():
+    compiler = getattr(torch, "compiler", None)
+    fn = getattr(compiler, "is_compiling", None)
+    if fn is not None:
+        return bool(fn())
+    dynamo = sys.modules.get("torch._dynamo")  # torch 2.0 - 2.2; never imported by us
+    fn = getattr(dynamo, "is_compiling", None)
+    return bool(fn()) if fn is not None else False
+
+
+def _capturing(t):
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+# ---- argument checks ---------------------------------------------------------------------------
+
+
+def _check_reduction(reduction, allowed):
+    if reduction not in allowed:
+        raise ValueError('Invalid reduction mode "%s". Expected one of %s.'
+                         % (reduction, ", ".join(repr(r) for r in allowed)))
+
+
+def _check_logits(x, name):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError("%s must be a torch.Tensor, got %s" % (name, type(x).__name__))
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError("%s must be float32, float64, float16 or bfloat16, got %s"
+                         % (name, x.dtype))
+    if x.dim() != 4:
+        raise ValueError("%s must be 4-D (batch, T, U + 1, %s), got shape %s"
+                         % (name, "num_durations" if name == "duration_logits" else "vocab_size",
+                            tuple(x.shape)))
+
+
+def _check_number(value, name, minimum=0.0, maximum=None, allow_negative=False):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a number, got %r" % (name, value)) from None
+    if not math.isfinite(v) or (not allow_negative and v < minimum) or (maximum is not None and v > maximum):
+        rng = "[%g, %g]" % (minimum, maximum) if maximum is not None else ">= %g" % minimum
+        raise ValueError("%s = %r is invalid: it must be finite and %s" % (name, value, rng))
+    return v
+
+
+def _as_durations(durations):
+    if isinstance(durations, torch.Tensor):
+        if durations.dtype.is_floating_point or durations.dim() != 1:
+            raise ValueError("durations must be a 1-D integer tensor or a list of ints, got %s of "
+                             "shape %s" % (durations.dtype, tuple(durations.shape)))
+        durations = durations.tolist()
+    try:
+        ds = [int(d) for d in durations]
+    except (TypeError, ValueError):
+        raise TypeError("durations must be a list of ints, got %r" % (durations,)) from None
+    if any(int(d) != d for d in durations):
+        raise ValueError("durations = %r must hold integers" % (list(durations),))
+    if not 1 <= len(ds) <= _MAX_DURATIONS:
+        raise ValueError("durations = %r must hold 1 to %d values" % (ds, _MAX_DURATIONS))
+    neg = [d for d in ds if d < 0]
+    if neg:
+        raise ValueError("durations = %r holds a negative duration %d" % (ds, neg[0]))
+    seen = set()
+    for d in ds:
+        if d in seen:
+            raise ValueError("durations = %r holds the duration %d twice" % (ds, d))
+        seen.add(d)
+    if max(ds) <= 0:
+        raise ValueError("durations = %r has no positive duration: no blank arc could ever "
+                         "advance a frame" % (ds,))
+    return tuple(ds)
+
+
+def _int_tensor(x, name, device, dim):
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.tensor(x, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError("%s must be an integer tensor, got %r" % (name, type(x).__name__)) from None
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise ValueError("%s must be an integer tensor, got dtype %s" % (name, x.dtype))
+    if x.dim() != dim:
+        raise ValueError("%s must be %d-D, got shape %s" % (name, dim, tuple(x.shape)))
+    if x.device != device:
+        if x.device.type != "cpu":
+            raise ValueError("%s is on %s but the logits are on %s; move them to one device"
+                             % (name, x.device, device))
+    return x
+
+
+def _lengths(x, name, batch, device):
+    x = _int_tensor(x, name, device, 1)
+    if x.shape[0] != batch:
+        raise ValueError("%s has shape %s but the batch size is %d" % (name, tuple(x.shape), batch))
+    return x.to(device=device, dtype=torch.int32).contiguous()
+
+
+def _labels(x, name, batch, max_labels, device):
+    """(B, max_labels) int32 contiguous labels from targets (B, L) with any L, and L."""
+    x = _int_tensor(x, name, device, 2)
+    if x.shape[0] != batch:
+        raise ValueError("%s has shape %s but the batch size is %d" % (name, tuple(x.shape), batch))
+    cols = int(x.shape[1])
+    if cols >= max_labels:
+        return x[:, :max_labels].to(device=device, dtype=torch.int32).contiguous(), cols
+    out = torch.zeros(batch, max_labels, dtype=torch.int32, device=device)
+    out[:, :cols] = x.to(device=device, dtype=torch.int32)
+    return out, cols
+
+
+def _check_label_columns(label_lengths, cols, rows, ref, validate):
+    """Targets narrower than U: every U_b must fit in them (they were zero-padded to U)."""
+    if not validate or cols >= rows - 1 or _is_compiling() or _capturing(ref):
+        return
+    over = label_lengths.to(torch.int64) > cols
+    if bool(over.any()):
+        b = int(over.nonzero()[0, 0])
+        raise ValueError("target_lengths[%d] = %d exceeds targets.shape[1] = %d"
+                         % (b, int(label_lengths[b]), cols))
+
+
+def _last_dim_ok(x):
+    """Contiguous last dimension and non-overlapping leading dims, as the library reads them."""
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        return False
+    extent = x.shape[-1]
+    for size, stride in sorted(((x.shape[i], x.stride(i)) for i in range(x.dim() - 1) if x.shape[i] > 1),
+                               key=lambda p: p[1]):
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
+
+
+def _readable(x):
+    return x if _last_dim_ok(x) else x.contiguous()
+
+
+def _joint_of(token, duration):
+    """The joint (B, T, U+1, V+D) tensor whose two slices token and duration are, or None.
+
+    Taken when token = J[..., :V] and duration = J[..., V:] for one tensor J that autograd can
+    differentiate directly: J is the slices' base itself, or a contiguous base viewed as J. Then
+    the loss runs on J, and its gradient is written once, joint-shaped, with no slice-backward
+    zero fill and copy.
+    """
+    base = token._base
+    if base is None or duration._base is not base:
+        return None
+    if token.dtype != duration.dtype or token.requires_grad != base.requires_grad \
+            or duration.requires_grad != base.requires_grad:
+        return None
+    B, T, rows, V = token.shape
+    D = duration.shape[-1]
+    if tuple(duration.shape[:3]) != (B, T, rows) or token.stride()[:3] != duration.stride()[:3]:
+        return None
+    if (V > 1 and token.stride(-1) != 1) or (D > 1 and duration.stride(-1) != 1):
+        return None
+    if duration.storage_offset() != token.storage_offset() + V:
+        return None
+    shape = (B, T, rows, V + D)
+    if tuple(base.shape) == shape and base.storage_offset() == token.storage_offset() \
+            and base.stride() == tuple(token.stride()[:3]) + (1,) and _last_dim_ok(base):
+        return base
+    C = V + D
+    if base.is_contiguous() and base.numel() == B * T * rows * C \
+            and base.storage_offset() == token.storage_offset() \
+            and all(token.stride(i) == s for i, s in enumerate((T * rows * C, rows * C, C))
+                    if token.shape[i] > 1):
+        return base.view(shape)
+    return None
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+def _costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega, in_place,
+           validate, names):
+    use_ops = _ops.AVAILABLE and not in_place and (_FORCE_CUSTOM_OPS or _is_compiling())
+    if use_ops:
+        return _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
+                          validate)
+    if validate and not _capturing(logits):
+        _core.validate_data(spec, logits, labels, frame_lengths, label_lengths, names)
+    as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
+    return _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
+                                        spec, as_rnnt, in_place)
+
+
+def _tdt_reduce(costs, label_lengths, reduction):
+    if reduction == "none":
+        return costs
+    if reduction == "sum":
+        return costs.sum()
+    if reduction == "mean":  # NeMo / transformers: mean over the batch of loss_b / U_b
+        return (costs / label_lengths.to(costs.dtype)).mean()
+    if reduction == "mean_batch":
+        return costs.mean()
+    return costs.sum() / label_lengths.sum().to(costs.dtype)  # mean_volume
+
+
+def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
+         durations, sigma, reduction, fastemit_lambda, clamp, omega, in_place, fuse_joint,
+         validate, joint=None):
+    _check_reduction(reduction, TDT_REDUCTIONS)
+    durations = _as_durations(durations)
+    D = len(durations)
+    if joint is not None:
+        _check_logits(joint, "joint_logits")
+        if joint.shape[-1] <= D:
+            raise ValueError("joint_logits.shape[-1] = %d must exceed len(durations) = %d (it holds "
+                             "vocab_size token logits, then the duration logits)"
+                             % (joint.shape[-1], D))
+        ref, V = joint, joint.shape[-1] - D
+        names = dict(_TDT_NAMES, logits="joint_logits")
+    else:
+        _check_logits(token_logits, "token_logits")
+        _check_logits(duration_logits, "duration_logits")
+        if token_logits.device != duration_logits.device:
+            raise ValueError("token_logits is on %s but duration_logits is on %s"
+                             % (token_logits.device, duration_logits.device))
+        if tuple(duration_logits.shape[:3]) != tuple(token_logits.shape[:3]):
+            raise ValueError("duration_logits has shape %s but token_logits has shape %s: the first "
+                             "three dims (batch, T, U + 1) must agree"
+                             % (tuple(duration_logits.shape), tuple(token_logits.shape)))
+        if duration_logits.shape[-1] != D:
+            raise ValueError("duration_logits.shape[-1] = %d but len(durations) = %d (durations = %s)"
+                             % (duration_logits.shape[-1], D, list(durations)))
+        ref, V = token_logits, token_logits.shape[-1]
+        names = _TDT_NAMES
+    if V < 1:
+        raise ValueError("%s.shape[-1] = 0: the vocabulary must hold at least the blank"
+                         % names["logits"])
+    B, T, rows = (int(x) for x in ref.shape[:3])
+    if rows < 1:
+        raise ValueError("%s.shape[2] = 0: it must be U + 1 >= 1 (the lattice rows)" % names["logits"])
+    if isinstance(blank_token_id, torch.Tensor):
+        blank_token_id = int(blank_token_id)
+    if not isinstance(blank_token_id, int) or not 0 <= blank_token_id < V:
+        raise ValueError("blank_token_id = %r is outside [0, %d) (%s.shape[-1] = %d tokens)"
+                         % (blank_token_id, V, names["logits"], V))
+    sigma = _check_number(sigma, "sigma")
+    fastemit_lambda = _check_number(fastemit_lambda, "fastemit_lambda")
+    clamp = _check_number(clamp, "clamp", allow_negative=True)
+    omega = _check_number(omega, "omega", 0.0, 1.0)
+    device = ref.device
+    labels, cols = _labels(targets, "targets", B, rows - 1, device)
+    frame_lengths = _lengths(logit_lengths, "logit_lengths", B, device)
+    label_lengths = _lengths(target_lengths, "target_lengths", B, device)
+    _check_label_columns(label_lengths, cols, rows, ref, validate)
+
+    if joint is None and fuse_joint and not _is_compiling():
+        joint = _joint_of(token_logits, duration_logits)
+    if joint is not None:
+        if token_logits is not None and token_logits.dtype != duration_logits.dtype:
+            joint = None
+    if joint is not None:
+        spec = _core.Spec("joint", V, durations, blank_token_id, sigma, fastemit_lambda, clamp,
+                          False)
+        costs = _costs(spec, _readable(joint), None, labels, frame_lengths, label_lengths, omega,
+                       in_place, validate, names)
+    else:
+        tok, dur = token_logits, duration_logits
+        if tok.dtype != dur.dtype:
+            common = torch.promote_types(tok.dtype, dur.dtype)
+            tok, dur = tok.to(common), dur.to(common)
+        spec = _core.Spec("separate", V, durations, blank_token_id, sigma, fastemit_lambda, clamp,
+                          False)
+        costs = _costs(spec, _readable(tok), _readable(dur), labels, frame_lengths, label_lengths,
+                       omega, in_place, validate, names)
+    return _tdt_reduce(costs, label_lengths, reduction)
+
+
+def tdt_loss(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
+             durations, sigma=0.0, reduction="mean", *, fastemit_lambda=0.0, clamp=0.0, omega=0.0,
+             in_place=False, fuse_joint=True, validate=True):
+    """TDT (Token-and-Duration Transducer) loss, https://arxiv.org/abs/2304.06795.
+
+    The signature and semantics of ``transformers.loss.loss_tdt.tdt_loss`` (and of the
+    kernels-community ``tdt-loss`` layer), computed by the warp-tdt C library on the CPU or GPU.
+
+    Args:
+        token_logits: ``(batch, T, U + 1, vocab_size)`` raw logits, blank included; float32,
+            float64, float16 or bfloat16. Only the last dim must be contiguous (slices of a joint
+            tensor are read in place).
+        duration_logits: ``(batch, T, U + 1, num_durations)``, same device (and dtype).
+        targets: ``(batch, U)`` labels, any integer dtype; only ``targets[b, :target_lengths[b]]``
+            is read, so padding may hold anything.
+        logit_lengths: ``(batch,)`` frames per sample, ``0 <= T_b <= T``.
+        target_lengths: ``(batch,)`` labels per sample, ``0 <= U_b <= U``.
+        blank_token_id: index of the blank in ``[0, vocab_size)``.
+        durations: distinct non-negative ints (list or 1-D tensor), e.g. ``[0, 1, 2, 3, 4]``,
+            one per duration logit, at least one positive.
+        sigma: logit under-normalisation, subtracted from every token log-prob.
+        reduction: ``"mean"`` (mean over the batch of ``loss_b / U_b``, the NeMo / transformers
+            meaning; a sample with ``U_b == 0`` makes it inf, as there), ``"sum"``, ``"none"``,
+            ``"mean_batch"`` (mean of ``loss_b``) or ``"mean_volume"`` (``sum(loss_b) / sum(U_b)``).
+        fastemit_lambda: FastEmit regularisation (label-arc occupancies scaled by ``1 + lambda``
+            in the token gradient; reported loss ``(1 + lambda) * -log p``).
+        clamp: ``> 0`` clips each token-gradient element to ``[-clamp, clamp]`` (before the
+            reduction's scale); ``<= 0`` is off.
+        omega: probability, per call, of computing the plain RNN-T loss on the token logits
+            instead (no sigma, zero duration gradient); drawn from torch's default generator.
+        in_place: write the gradient over the logits (saves the gradient's memory; the logits are
+            destroyed by the backward pass, which can then run only once).
+        fuse_joint: when the two logits are the token / duration slices of one joint tensor, run
+            autograd on that tensor, so its gradient is written once with no slice-backward copies
+            (hooks on the slice views then see no gradient; pass False to keep them).
+        validate: check lengths and labels on the data (one host sync on CUDA; skipped while a
+            CUDA graph is being captured). Without it the GPU gives a bad sample a NaN loss.
+
+    Returns:
+        float32 loss (float64 for float64 logits): a scalar, or ``(batch,)`` for ``"none"``.
+        An infeasible sample (``T_b == 0``, or no alignment ending exactly at ``T_b``) has loss
+        ``inf`` and an exact zero gradient.
+    """
+    return _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths,
+                blank_token_id, durations, sigma, reduction, fastemit_lambda, clamp, omega,
+                in_place, fuse_joint, validate)
+
+
+def tdt_loss_joint(joint_logits, targets, logit_lengths, target_lengths, blank_token_id, durations,
+                   sigma=0.0, reduction="mean", *, fastemit_lambda=0.0, clamp=0.0, omega=0.0,
+                   in_place=False, validate=True):
+    """tdt_loss() on one joint tensor ``(batch, T, U + 1, vocab_size + len(durations))``: token
+    logits first, then the duration logits. The gradient is written once, joint-shaped; unlike the
+    slice detection of tdt_loss() this also holds under torch.compile."""
+    return _tdt(None, None, targets, logit_lengths, target_lengths, blank_token_id, durations,
+                sigma, reduction, fastemit_lambda, clamp, omega, in_place, False, validate,
+                joint=joint_logits)
+
+
+def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1, reduction="mean",
+              fused_log_softmax=True, *, fastemit_lambda=0.0, in_place=False, validate=True):
+    """Plain RNN-T loss with the signature and semantics of ``torchaudio.functional.rnnt_loss``.
+
+    Args:
+        logits: ``(batch, T, U + 1, vocab_size)``; raw logits, or log-probabilities when
+            ``fused_log_softmax=False`` (then the gradient is the derivative with respect to those
+            log-probabilities, which torchaudio does not give but which equals its result once
+            passed back through a log_softmax).
+        targets: ``(batch, U)`` labels, any integer dtype.
+        logit_lengths, target_lengths: ``(batch,)``.
+        blank: blank index; negative counts from the end (``-1``: the last token).
+        clamp: ``> 0`` clips each gradient element to ``[-clamp, clamp]``; ``<= 0`` is off.
+        reduction: ``"mean"`` (mean over the batch), ``"sum"`` or ``"none"``.
+        fastemit_lambda, in_place, validate: as in tdt_loss().
+
+    Returns:
+        The loss in the dtype of ``logits``: a scalar, or ``(batch,)`` for ``"none"``.
+    """
+    if reduction not in RNNT_REDUCTIONS:
+        raise ValueError("reduction should be one of 'none', 'mean', or 'sum', got %r" % (reduction,))
+    _check_logits(logits, "logits")
+    B, T, rows, V = (int(x) for x in logits.shape)
+    if V < 1 or rows < 1:
+        raise ValueError("logits has shape %s: it must be (batch, T, U + 1 >= 1, vocab_size >= 1)"
+                         % (tuple(logits.shape),))
+    if isinstance(blank, torch.Tensor):
+        blank = int(blank)
+    if not isinstance(blank, int):
+        raise TypeError("blank must be an int, got %r" % (blank,))
+    b = blank + V if blank < 0 else blank
+    if not 0 <= b < V:
+        raise ValueError("blank = %d is outside [-%d, %d) (logits.shape[-1] = %d tokens)"
+                         % (blank, V, V, V))
+    clamp = _check_number(clamp, "clamp", allow_negative=True)
+    fastemit_lambda = _check_number(fastemit_lambda, "fastemit_lambda")
+    device = logits.device
+    labels, cols = _labels(targets, "targets", B, rows - 1, device)
+    frame_lengths = _lengths(logit_lengths, "logit_lengths", B, device)
+    label_lengths = _lengths(target_lengths, "target_lengths", B, device)
+    _check_label_columns(label_lengths, cols, rows, logits, validate)
+    spec = _core.Spec("rnnt", V, (), b, 0.0, fastemit_lambda, clamp, not fused_log_softmax)
+    costs = _costs(spec, _readable(logits), None, labels, frame_lengths, label_lengths, 0.0,
+                   in_place, validate, _RNNT_NAMES)
+    if reduction == "mean":
+        costs = costs.mean()
+    elif reduction == "sum":
+        costs = costs.sum()
+    return costs.to(logits.dtype)
