@@ -1,0 +1,81 @@
+/*
+ * basic.c - computing a TDT loss and its gradients on the CPU with warp-tdt.
+ *
+ * A Parakeet-style setup: blank is the last token (V - 1) and the durations are {0,1,2,3,4}.
+ * The joint network's output is one (B, T, U + 1, V + D) tensor; here it is filled with
+ * made-up numbers, and its token and duration parts are passed as two strided slices of it.
+ *
+ * Build: cc -std=c99 basic.c -I include -L build -lwarptdt -lm
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tdt.h"
+
+enum { B = 2, T = 6, U = 3, V = 8, D = 5 }; /* batch, frames, labels, vocabulary, durations */
+
+int main(void) {
+    static const int durations[D] = {0, 1, 2, 3, 4};
+    const int32_t labels[B * U] = {1, 5, 2, /* sample 1: */ 3, 3, 0 /* padding */};
+    const int32_t frame_lengths[B] = {6, 4};
+    const int32_t label_lengths[B] = {3, 2};
+    const size_t joint_elems = (size_t)B * T * (U + 1) * (V + D);
+    float *joint = malloc(joint_elems * sizeof *joint);      /* the joint network's output */
+    float *joint_grad = malloc(joint_elems * sizeof *joint_grad);
+    float costs[B];
+    size_t i, workspace_bytes = 0;
+    void *workspace = NULL;
+    tdt_status_t status;
+    int b, k;
+
+    if (!joint || !joint_grad) return 1;
+    for (i = 0; i < joint_elems; ++i) joint[i] = (float)sin(0.37 * (double)i); /* stand-in logits */
+
+    /* Options: zero means default (CPU, all OpenMP threads, raw logits, no sigma...). */
+    tdt_options_t options = {0};
+    options.blank = V - 1;
+    options.durations = durations;
+    options.num_durations = D;
+
+    /* The problem: token logits are joint[..., :V], duration logits joint[..., V:]. */
+    tdt_problem_t problem = {0};
+    problem.batch = B;
+    problem.max_frames = T;
+    problem.max_labels = U;
+    problem.vocab_size = V;
+    problem.dtype = TDT_DTYPE_FLOAT32;
+    problem.token_logits = joint;
+    problem.duration_logits = joint + V;
+    problem.token_strides[0] = problem.duration_strides[0] = (int64_t)T * (U + 1) * (V + D);
+    problem.token_strides[1] = problem.duration_strides[1] = (int64_t)(U + 1) * (V + D);
+    problem.token_strides[2] = problem.duration_strides[2] = V + D;
+    problem.labels = labels;
+    problem.frame_lengths = frame_lengths;
+    problem.label_lengths = label_lengths;
+
+    /* Gradients land in one joint-shaped buffer, laid out like the logits. */
+    tdt_gradients_t grads = {0};
+    grads.token_grads = joint_grad;
+    grads.duration_grads = joint_grad + V;
+    for (k = 0; k < 3; ++k) grads.token_strides[k] = grads.duration_strides[k] = problem.token_strides[k];
+
+    /* Ask for the workspace size, allocate it, compute. */
+    status = tdt_get_workspace_size(&problem, &options, &workspace_bytes);
+    if (status == TDT_STATUS_SUCCESS) {
+        workspace = malloc(workspace_bytes);
+        if (!workspace) return 1;
+        status = compute_tdt_loss(&problem, &options, costs, &grads, workspace, workspace_bytes);
+    }
+    if (status != TDT_STATUS_SUCCESS) {
+        fprintf(stderr, "warp-tdt: %s\n  %s\n", tdt_status_string(status), tdt_last_error());
+        return 1;
+    }
+    for (b = 0; b < B; ++b) printf("cost[%d] = %.6f\n", b, costs[b]);
+    printf("d cost / d joint[0, 0, 0, :3] = %.6f %.6f %.6f\n", joint_grad[0], joint_grad[1], joint_grad[2]);
+
+    free(workspace);
+    free(joint_grad);
+    free(joint);
+    return isfinite(costs[0]) && isfinite(costs[1]) ? 0 : 1;
+}

@@ -1,0 +1,307 @@
+/*
+ * test_edge.cc - edge cases of the lattice, memory layouts, the call shapes and determinism.
+ */
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+using namespace tdt_test;
+
+namespace {
+
+const std::vector<tdt_dtype_t> kAllDtypes = {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT16,
+                                             TDT_DTYPE_BFLOAT16};
+std::string dtype_param_name(const ::testing::TestParamInfo<tdt_dtype_t> &i) { return dtype_name(i.param); }
+
+Output lib(const Problem &p, tdt_dtype_t dtype = TDT_DTYPE_FLOAT64) {
+    RunOptions ro;
+    ro.dtype = dtype;
+    return run_lib(p, ro);
+}
+
+// Library vs reference plus the "exactly zero outside the lattices, no NaN" rule.
+void check(const Problem &p, const std::string &what, tdt_dtype_t dtype = TDT_DTYPE_FLOAT64) {
+    const Output got = lib(p, dtype);
+    expect_near(got, run_ref(p), p, tol_for(dtype), what);
+    if (got.status == TDT_STATUS_SUCCESS) expect_zero_outside_lattices(got, p);
+}
+
+}  // namespace
+
+// ---- lattice edge cases --------------------------------------------------------------------------
+
+TEST(Edge, NoLabelsAtAll) {  // max_labels = 0: labels may be NULL; only blank paths
+    check(random_problem(41, 3, 6, 0, 5, {0, 1, 2}, 4), "TDT, U = 0 (labels NULL)");
+    check(random_problem(42, 3, 6, 0, 5, {}, 0), "RNN-T, U = 0 (labels NULL)");
+}
+
+TEST(Edge, EmptyLabelSequenceInABatch) {
+    Problem p = random_problem(43, 3, 7, 4, 6, {0, 1, 2, 3}, 5);
+    p.U[1] = 0;
+    check(p, "TDT, sample 1 has U = 0");
+    Problem r = random_problem(44, 3, 7, 4, 6, {}, 0);
+    r.U[2] = 0;
+    check(r, "RNN-T, sample 2 has U = 0");
+}
+
+TEST(Edge, SingleFrame) {  // T = 1: every label on frame 0 (duration 0), then the final blank
+    check(random_problem(45, 2, 1, 3, 5, {0, 1, 2}, 0), "TDT, T = 1");
+    check(random_problem(46, 2, 1, 3, 5, {}, 0), "RNN-T, T = 1");
+}
+
+// Durations {0, 4} cannot land exactly on T = 3: +inf, all-zero gradients, no NaN; the
+// feasible sample next to it is unaffected.
+TEST(Edge, InfeasibleSample) {
+    const Problem p = random_problem(47, 2, 4, 2, 5, {0, 4}, 4, 1.0, 1, {3, 4});
+    const Output got = lib(p);
+    ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+    EXPECT_TRUE(std::isinf(got.costs[0]) && got.costs[0] > 0) << "cost " << got.costs[0];
+    EXPECT_TRUE(std::isfinite(got.costs[1])) << "cost " << got.costs[1];
+    for (int64_t t = 0; t < p.maxT; ++t)
+        for (int64_t u = 0; u <= p.maxU; ++u) {
+            const int64_t n = p.node(0, t, u);
+            for (int64_t v = 0; v < p.V; ++v) EXPECT_EQ(got.gtok[n * p.V + v], 0.0) << "token grad (0," << t << "," << u << "," << v << ")";
+            for (int k = 0; k < p.D(); ++k) EXPECT_EQ(got.gdur[n * p.D() + k], 0.0) << "duration grad (0," << t << "," << u << "," << k << ")";
+        }
+    check(p, "durations {0, 4}, T = {3, 4}");
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT16, TDT_DTYPE_BFLOAT16}) {
+        Problem q = p;
+        quantize_inputs(q, dt);
+        check(q, std::string("infeasible, ") + dtype_name(dt), dt);
+    }
+}
+
+TEST(Edge, ZeroFrames) {  // T_b = 0 is infeasible in both modes, and so is max_frames = 0
+    Problem p = random_problem(48, 3, 5, 2, 4, {0, 1, 2}, 0);
+    p.T[1] = 0;
+    check(p, "TDT, sample 1 has T = 0");
+    Problem r = random_problem(49, 3, 5, 2, 4, {}, 0);
+    r.T[2] = 0;
+    check(r, "RNN-T, sample 2 has T = 0");
+    Problem z = random_problem(50, 2, 0, 2, 4, {0, 1}, 0);
+    const Output got = lib(z);
+    ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+    for (double c : got.costs) EXPECT_TRUE(std::isinf(c) && c > 0) << c;
+}
+
+// Unreachable nodes inside a feasible lattice get exactly 0: durations {0, 2} from frame 0 only
+// ever visit even frames.
+TEST(Edge, UnreachableNodesExactlyZero) {
+    const Problem q = random_problem(51, 1, 5, 2, 4, {0, 2}, 0);  // T = 5 is odd: infeasible
+    // T = 4 of max_frames 5: frames 0..3 are the lattice, the terminal blank leaves frame 2.
+    const Problem f = random_problem(51, 1, 5, 2, 4, {0, 2}, 0, 1.0, 1, {4});
+    const Output got = lib(f);
+    ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+    ASSERT_TRUE(std::isfinite(got.costs[0]));
+    for (int64_t t : {1, 3})
+        for (int64_t u = 0; u <= f.maxU; ++u) {
+            const int64_t n = f.node(0, t, u);
+            for (int64_t v = 0; v < f.V; ++v) EXPECT_EQ(got.gtok[n * f.V + v], 0.0) << "(t=" << t << ", u=" << u << ", v=" << v << ")";
+            for (int k = 0; k < f.D(); ++k) EXPECT_EQ(got.gdur[n * f.D() + k], 0.0) << "(t=" << t << ", u=" << u << ", k=" << k << ")";
+        }
+    check(f, "durations {0, 2}, T = 4");
+    check(q, "durations {0, 2}, T = 5 (infeasible)");
+}
+
+// More labels than a CUDA block has threads: nothing may be tied to U.
+TEST(Edge, MoreThan1024Labels) {
+    const Problem p = random_problem(52, 2, 4, 1100, 6, {0, 1, 2}, 5, 1.0, 1, {4, 3}, {1100, 1030});
+    check(p, "TDT, U = 1100");
+    Problem q = p;
+    quantize_inputs(q, TDT_DTYPE_FLOAT32);
+    check(q, "TDT, U = 1100, float32", TDT_DTYPE_FLOAT32);
+    check(random_problem(53, 1, 3, 1100, 5, {}, 0), "RNN-T, U = 1100");
+}
+
+TEST(Edge, LargeLogits) {  // log-softmax must be computed stably
+    check(random_problem(54, 2, 6, 3, 8, {0, 1, 2}, 7, 40.0), "TDT, logits ~ N(0, 40^2)");
+    check(random_problem(55, 2, 6, 3, 8, {}, 0, 40.0), "RNN-T, logits ~ N(0, 40^2)");
+}
+
+TEST(Edge, BlankPositions) {  // blank first, in the middle and last
+    for (int blank : {0, 3, 6}) {
+        check(random_problem(56 + blank, 3, 6, 3, 7, {0, 1, 2}, blank), "TDT blank " + std::to_string(blank));
+        check(random_problem(66 + blank, 3, 6, 3, 7, {}, blank), "RNN-T blank " + std::to_string(blank));
+    }
+}
+
+TEST(Edge, EmptyBatch) {
+    Problem p = random_problem(57, 0, 4, 2, 5, {0, 1}, 0);
+    const Output got = lib(p);
+    EXPECT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+    EXPECT_TRUE(got.costs.empty());
+}
+
+// ---- padding: garbage in label padding (random_problem always puts it there) and in the logits
+// of every node outside each lattice --------------------------------------------------------------
+
+TEST(Padding, PaddedBatchWithGarbage) {
+    // every sample shorter than max_frames and max_labels
+    const Problem p = random_problem(61, 4, 12, 6, 6, {0, 1, 2, 3}, 5, 1.0, 1, {9, 3, 7, 1}, {4, 2, 0, 5});
+    check(p, "TDT padded batch");
+    const Problem r = random_problem(62, 4, 12, 6, 6, {}, 0, 1.0, 1, {9, 3, 7, 1}, {4, 2, 0, 5});
+    check(r, "RNN-T padded batch");
+}
+
+// NaN in the logits of padding nodes must not leak into costs or gradients.
+TEST(Padding, NaNInLogitsPadding) {
+    for (bool rnnt : {false, true}) {
+        Problem p = random_problem(63, 3, 8, 4, 5, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2}, 0, 1.0, 1,
+                                   {8, 5, 2}, {4, 1, 3});
+        const Output finite = lib(p);
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        for (int64_t b = 0; b < p.B; ++b)
+            for (int64_t t = 0; t < p.maxT; ++t)
+                for (int64_t u = 0; u <= p.maxU; ++u) {
+                    if (t < p.T[b] && u <= p.U[b]) continue;
+                    const int64_t n = p.node(b, t, u);
+                    for (int64_t v = 0; v < p.V; ++v) p.tok[n * p.V + v] = nan;
+                    for (int k = 0; k < p.D(); ++k) p.dur[n * p.D() + k] = nan;
+                }
+        const Output got = lib(p);
+        expect_bitwise(got, finite, p, rnnt ? "RNN-T, NaN vs finite padding" : "TDT, NaN vs finite padding");
+        expect_zero_outside_lattices(got, p);
+    }
+}
+
+// ---- layouts and call shapes, per dtype ----------------------------------------------------------
+
+class Layouts : public ::testing::TestWithParam<tdt_dtype_t> {
+  protected:
+    tdt_dtype_t dtype() const { return GetParam(); }
+    Problem problem(bool rnnt, uint64_t seed = 71) const {
+        Problem p = random_problem(seed, 3, 9, 4, 7, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2, 3, 4}, rnnt ? 0 : 6);
+        quantize_inputs(p, dtype());
+        return p;
+    }
+    Output run(const Problem &p, Layout layout, bool two_phase = false) const {
+        RunOptions ro;
+        ro.dtype = dtype();
+        ro.layout = layout;
+        ro.two_phase = two_phase;
+        return run_lib(p, ro);
+    }
+};
+
+// One (B, T, U+1, V+D) joint tensor sliced by strides, gradients into one joint buffer: the
+// same bits as separate contiguous tensors.
+TEST_P(Layouts, JointTensorSlices) {
+    for (bool rnnt : {false, true}) {
+        const Problem p = problem(rnnt);
+        const Output base = run(p, Layout::Contiguous);
+        expect_near(base, run_ref(p), p, tol_for(dtype()), "contiguous vs reference");
+        expect_bitwise(run(p, Layout::Joint), base, p, rnnt ? "RNN-T joint vs contiguous" : "TDT joint vs contiguous");
+    }
+}
+
+// Rows padded, a spare frame per sample, different gradient strides; gaps hold NaN, must not be
+// read and must not be written.
+TEST_P(Layouts, PaddedStrides) {
+    for (bool rnnt : {false, true}) {
+        const Problem p = problem(rnnt, 72);
+        expect_bitwise(run(p, Layout::Padded), run(p, Layout::Contiguous), p,
+                       rnnt ? "RNN-T padded strides vs contiguous" : "TDT padded strides vs contiguous");
+    }
+}
+
+TEST_P(Layouts, InPlaceGradients) {
+    for (bool rnnt : {false, true}) {
+        const Problem p = problem(rnnt, 73);
+        const Output base = run(p, Layout::Contiguous);
+        expect_bitwise(run(p, Layout::InPlace), base, p, rnnt ? "RNN-T in place, one-shot" : "TDT in place, one-shot");
+        expect_bitwise(run(p, Layout::InPlace, true), base, p,
+                       rnnt ? "RNN-T in place, forward + backward" : "TDT in place, forward + backward");
+    }
+}
+
+TEST_P(Layouts, ForwardBackwardEqualsOneShot) {
+    for (bool rnnt : {false, true}) {
+        Problem p = problem(rnnt, 74);
+        p.sigma = 0.01;
+        p.fastemit = 0.1;
+        expect_bitwise(run(p, Layout::Contiguous, true), run(p, Layout::Contiguous), p,
+                       rnnt ? "RNN-T forward+backward vs one-shot" : "TDT forward+backward vs one-shot");
+        expect_bitwise(run(p, Layout::Joint, true), run(p, Layout::Joint), p, "joint, forward+backward vs one-shot");
+    }
+}
+
+// grad_costs scales each sample's gradients; NULL means ones.
+TEST_P(Layouts, UpstreamGradientScaling) {
+    for (bool rnnt : {false, true}) {
+        Problem p = random_problem(75, 4, 7, 3, 6, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2}, 0);
+        quantize_inputs(p, dtype());
+        const std::vector<double> g = {0.5, -2.0, 0.0, 3.0};
+        RunOptions ro;
+        ro.dtype = dtype();
+        ro.two_phase = true;
+        ro.grad_costs = &g;
+        expect_near(run_lib(p, ro), run_ref(p, &g), p, tol_for(dtype()), "g = {0.5, -2, 0, 3} vs reference");
+        ro.grad_costs = nullptr;
+        expect_bitwise(run_lib(p, ro), run(p, Layout::Contiguous), p, "grad_costs NULL vs one-shot");
+        const std::vector<double> ones(4, 1.0);
+        ro.grad_costs = &ones;
+        expect_bitwise(run_lib(p, ro), run(p, Layout::Contiguous), p, "grad_costs all ones vs one-shot");
+    }
+}
+
+// Only one gradient requested: that one, unchanged.
+TEST_P(Layouts, OneGradientOnly) {
+    const Problem p = problem(false, 76);
+    const Output both = run(p, Layout::Contiguous);
+    RunOptions ro;
+    ro.dtype = dtype();
+    ro.want_dur = false;
+    Output tok = run_lib(p, ro);
+    ASSERT_TRUE(tok.gdur.empty());
+    Output b1 = both;
+    b1.gdur.clear();
+    expect_bitwise(tok, b1, p, "token gradient only");
+    ro.want_dur = true;
+    ro.want_tok = false;
+    Output dur = run_lib(p, ro);
+    Output b2 = both;
+    b2.gtok.clear();
+    expect_bitwise(dur, b2, p, "duration gradient only");
+}
+
+// ---- determinism -------------------------------------------------------------------------------
+
+TEST_P(Layouts, BitwiseDeterministic) {
+    for (bool rnnt : {false, true}) {
+        Problem p = random_problem(77, 6, 24, 9, 33, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2, 3, 4}, rnnt ? 0 : 32);
+        quantize_inputs(p, dtype());
+        p.num_threads = 1;
+        const Output one = run(p, Layout::Contiguous);
+        ASSERT_EQ(one.status, TDT_STATUS_SUCCESS) << one.error;
+        expect_bitwise(run(p, Layout::Contiguous), one, p, "1 thread, twice");
+        p.num_threads = 2;
+        const Output two = run(p, Layout::Contiguous);
+        expect_bitwise(two, one, p, "2 threads vs 1 thread");
+        expect_bitwise(run(p, Layout::Contiguous), two, p, "2 threads, twice");
+        p.num_threads = 3;  // more threads than this machine may have
+        expect_bitwise(run(p, Layout::Contiguous), one, p, "3 threads vs 1 thread");
+        p.num_threads = 0;
+        expect_bitwise(run(p, Layout::Contiguous, true), one, p, "default threads, forward+backward vs 1 thread");
+    }
+}
+
+// Any alignment of the workspace pointer is accepted and changes nothing.
+TEST_P(Layouts, MisalignedWorkspace) {
+    const Problem p = problem(false, 78);
+    const Output base = run(p, Layout::Contiguous);
+    for (size_t m : {1, 3, 8, 100}) {
+        RunOptions ro;
+        ro.dtype = dtype();
+        ro.misalign = m;
+        expect_bitwise(run_lib(p, ro), base, p, "workspace misaligned by " + std::to_string(m));
+        ro.two_phase = true;
+        expect_bitwise(run_lib(p, ro), base, p, "workspace misaligned by " + std::to_string(m) + ", fwd+bwd");
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Layouts, ::testing::ValuesIn(kAllDtypes), dtype_param_name);

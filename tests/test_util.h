@@ -1,0 +1,126 @@
+/*
+ * test_util.h - one helper per call shape, so that each test body is a line or two.
+ *
+ * A Problem is a padded batch held in float64, contiguous: token logits (B, maxT, maxU + 1, V),
+ * duration logits (B, maxT, maxU + 1, D), labels (B, maxU), lengths (B). run_lib() converts it
+ * to the requested dtype and layout, calls the library the requested way, and converts costs and
+ * gradients back to float64 in the same contiguous layout; run_ref() computes the same with the
+ * naive reference (reference.h), sample by sample, zero outside each lattice. The expect_*
+ * helpers compare two Outputs and say which element diverged, where, and by how much.
+ */
+#ifndef TDT_TESTS_TEST_UTIL_H
+#define TDT_TESTS_TEST_UTIL_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tdt.h"
+
+namespace tdt_test {
+
+// ---- 16-bit float conversions (round to nearest even), independent of the library ---------
+uint16_t float_to_half(float f);
+float half_to_float(uint16_t h);
+uint16_t float_to_bfloat16(float f);
+float bfloat16_to_float(uint16_t h);
+size_t dtype_size(tdt_dtype_t dtype);
+const char *dtype_name(tdt_dtype_t dtype);
+// x rounded to the nearest value representable in dtype.
+double quantize(double x, tdt_dtype_t dtype);
+// Stores x as dtype at p[i] / loads p[i] of dtype as double.
+void store(void *p, int64_t i, double x, tdt_dtype_t dtype);
+double load(const void *p, int64_t i, tdt_dtype_t dtype);
+
+// ---- problems ------------------------------------------------------------------------------
+struct Problem {
+    int64_t B = 1, maxT = 1, maxU = 0, V = 2;
+    std::vector<int> durations;    // empty: plain RNN-T (no duration logits)
+    int blank = 0;
+    double sigma = 0.0, fastemit = 0.0, clamp = 0.0;
+    bool log_probs = false;
+    int num_threads = 0;
+    std::vector<double> tok;       // (B, maxT, maxU + 1, V)
+    std::vector<double> dur;       // (B, maxT, maxU + 1, D)
+    std::vector<int32_t> labels;   // (B, maxU)
+    std::vector<int32_t> T, U;     // (B)
+
+    int D() const { return static_cast<int>(durations.size()); }
+    bool rnnt() const { return durations.empty(); }
+    int64_t nodes() const { return B * maxT * (maxU + 1); }
+    int64_t node(int64_t b, int64_t t, int64_t u) const { return (b * maxT + t) * (maxU + 1) + u; }
+    std::string describe() const;  // one line: shape, durations, options
+};
+
+// One sample filling the whole (1, T, U + 1, .) extent, from row-major arrays.
+Problem make_problem(int64_t T, int64_t U, int64_t V, std::vector<int32_t> labels,
+                     std::vector<double> tok, std::vector<double> dur, std::vector<int> durations,
+                     int blank);
+
+// A batch with normal(0, scale) logits, labels uniform over non-blank tokens and lengths drawn
+// in [minT, maxT] x [0, maxU] (sample 0 gets the full maxT and maxU) unless given in Ts / Us.
+// Deterministic in seed.
+Problem random_problem(uint64_t seed, int64_t B, int64_t maxT, int64_t maxU, int64_t V,
+                       std::vector<int> durations, int blank = 0, double scale = 1.0,
+                       int64_t minT = 1, std::vector<int32_t> Ts = {}, std::vector<int32_t> Us = {});
+// All logits of p rounded to what dtype can hold (so the reference sees the same inputs).
+void quantize_inputs(Problem &p, tdt_dtype_t dtype);
+// Replaces p's logits by their log_softmax (token and duration), and sets log_probs.
+void to_log_probs(Problem &p);
+
+// ---- results -------------------------------------------------------------------------------
+struct Output {
+    tdt_status_t status = TDT_STATUS_SUCCESS;
+    std::string error;             // tdt_last_error() after the call
+    std::vector<double> costs;     // (B)
+    std::vector<double> gtok;      // (B, maxT, maxU + 1, V); empty when not requested
+    std::vector<double> gdur;      // (B, maxT, maxU + 1, D); empty when not requested
+};
+
+enum class Layout {
+    Contiguous,   // separate contiguous token / duration buffers, gradients likewise
+    Joint,        // one (B, T, U+1, V+D) logits tensor sliced by strides, gradients into one
+                  // joint-shaped buffer the same way
+    InPlace,      // gradients written over the logits (same pointers, same strides)
+    Padded,       // logits rows padded to V + 5 / D + 3 elements, one spare frame per sample;
+                  // gradient rows padded differently (V + 2 / D + 1); every gap holds NaN,
+                  // must not be read, and must be left untouched
+};
+const char *layout_name(Layout layout);
+
+struct RunOptions {
+    tdt_dtype_t dtype = TDT_DTYPE_FLOAT64;
+    Layout layout = Layout::Contiguous;
+    bool two_phase = false;                           // tdt_forward + tdt_backward
+    bool costs_only = false;                          // no gradient at all (grads == NULL)
+    const std::vector<double> *grad_costs = nullptr;  // two_phase only; NULL = ones
+    bool want_tok = true, want_dur = true;            // which gradients to request
+    size_t misalign = 0;                              // bytes added to the workspace pointer
+};
+
+Output run_lib(const Problem &p, const RunOptions &ro = RunOptions());
+Output run_ref(const Problem &p, const std::vector<double> *grad_costs = nullptr);
+
+// ---- comparisons ---------------------------------------------------------------------------
+struct Tol {
+    double cost_rel, cost_abs;     // |got - want| <= cost_abs + cost_rel * |want|
+    double grad_abs, grad_rel;     // |got - want| <= grad_abs + grad_rel * |want|
+};
+Tol tol_for(tdt_dtype_t dtype);
+
+// got vs want: costs (inf must match inf exactly), then both gradients element by element.
+// Reports up to a few diverging elements with their (b, t, u, v) and the largest difference.
+void expect_near(const Output &got, const Output &want, const Problem &p, const Tol &tol,
+                 const std::string &what);
+// Same bits (costs and gradients).
+void expect_bitwise(const Output &got, const Output &want, const Problem &p,
+                    const std::string &what);
+// No NaN anywhere, gradients exactly 0 at every node outside sample b's lattice.
+void expect_zero_outside_lattices(const Output &got, const Problem &p);
+
+// Sums of the Problem's costs (for finite differences).
+double cost_sum(const Output &o);
+
+}  // namespace tdt_test
+
+#endif  // TDT_TESTS_TEST_UTIL_H
