@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "data/golden.h"
+#include "data/parakeet_fixture.h"
 #include "test_util.h"
 
 using namespace tdt_test;
@@ -199,6 +200,38 @@ TEST_P(Golden, WarpTransducerOptionsLogProbs) {
     expect_near(run(p),
                 expected(flat(golden::kOptionsCosts, 2), flat(&golden::kOptionsGradLogProbs[0][0][0][0], 72)),
                 p, tol(1e-12, 1e-12), "warp-transducer options_test, log-probs");
+}
+
+// ---- transformers Parakeet fixture ----------------------------------------------------------------
+
+// huggingface/transformers tests/models/parakeet/generate_tdt_loss_fixtures.py (data and
+// provenance in data/parakeet_fixture.h): per-sample losses 12.923372 and 9.054794, passed as
+// the two strided slices of the joint tensor, as a Parakeet model would.
+TEST_P(Golden, TransformersParakeetFixture) {
+    using namespace golden;
+    Problem p;
+    p.B = kParakeetB;
+    p.maxT = kParakeetT;
+    p.maxU = kParakeetU;
+    p.V = kParakeetV;
+    p.blank = kParakeetV - 1;
+    p.durations.assign(kParakeetDurations, kParakeetDurations + kParakeetD);
+    for (int64_t n = 0; n < p.nodes(); ++n) {
+        const float *row = &kParakeetJoint[n * (kParakeetV + kParakeetD)];
+        p.tok.insert(p.tok.end(), row, row + kParakeetV);
+        p.dur.insert(p.dur.end(), row + kParakeetV, row + kParakeetV + kParakeetD);
+    }
+    p.labels.assign(&kParakeetTargets[0][0], &kParakeetTargets[0][0] + 8);
+    p.T.assign(kParakeetFrames, kParakeetFrames + 2);
+    p.U.assign(kParakeetLabels, kParakeetLabels + 2);
+    RunOptions ro;
+    ro.dtype = GetParam();
+    ro.layout = Layout::Joint;
+    const Output got = run_lib(p, ro);
+    // Costs to the fixture's 8 digits; gradients (not published) against the reference.
+    Output want = run_ref(p);
+    want.costs.assign(kParakeetLosses, kParakeetLosses + 2);
+    expect_near(got, want, p, tol(2e-6, 0), "transformers Parakeet fixture");
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Golden, ::testing::Values(TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32),
