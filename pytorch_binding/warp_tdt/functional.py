@@ -155,11 +155,15 @@ def _check_label_columns(label_lengths, cols, rows, ref, validate):
 
 
 def _last_dim_ok(x):
-    """Contiguous last dimension and non-overlapping leading dims, as the library reads them."""
-    if x.shape[-1] > 1 and x.stride(-1) != 1:
-        return False
-    extent = x.shape[-1]
-    for size, stride in sorted(((x.shape[i], x.stride(i)) for i in range(x.dim() - 1) if x.shape[i] > 1),
+    """The library reads a contiguous last dimension; the leading dims may have any strides
+    (broadcast ones included)."""
+    return x.shape[-1] <= 1 or x.stride(-1) == 1
+
+
+def _non_overlapping(x):
+    """No two elements share an address (a gradient may only be written over such logits)."""
+    extent = 1
+    for size, stride in sorted(((x.shape[i], x.stride(i)) for i in range(x.dim()) if x.shape[i] > 1),
                                key=lambda p: p[1]):
         if stride < extent:
             return False
@@ -169,6 +173,13 @@ def _last_dim_ok(x):
 
 def _readable(x):
     return x if _last_dim_ok(x) else x.contiguous()
+
+
+def _check_in_place(x, name, in_place):
+    if in_place and not _non_overlapping(x):
+        raise ValueError("in_place=True needs %s without overlapping elements (got strides %s for "
+                         "shape %s, e.g. an expanded tensor): its gradient is written over it"
+                         % (name, tuple(x.stride()), tuple(x.shape)))
 
 
 def _joint_of(token, duration):
@@ -195,7 +206,7 @@ def _joint_of(token, duration):
         return None
     shape = (B, T, rows, V + D)
     if tuple(base.shape) == shape and base.storage_offset() == token.storage_offset() \
-            and base.stride() == tuple(token.stride()[:3]) + (1,) and _last_dim_ok(base):
+            and base.stride()[:3] == token.stride()[:3] and _last_dim_ok(base):
         return base
     C = V + D
     if base.is_contiguous() and base.numel() == B * T * rows * C \
@@ -292,8 +303,11 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
     if joint is not None:
         spec = _core.Spec("joint", V, durations, blank_token_id, sigma, fastemit_lambda, clamp,
                           False)
-        costs = _costs(spec, _readable(joint), None, labels, frame_lengths, label_lengths, omega,
-                       in_place, validate, names)
+        joint = _readable(joint)
+        _check_in_place(joint, names["logits"] if token_logits is None else "the joint tensor of "
+                        "token_logits and duration_logits", in_place)
+        costs = _costs(spec, joint, None, labels, frame_lengths, label_lengths, omega, in_place,
+                       validate, names)
     else:
         tok, dur = token_logits, duration_logits
         if tok.dtype != dur.dtype:
@@ -301,8 +315,11 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
             tok, dur = tok.to(common), dur.to(common)
         spec = _core.Spec("separate", V, durations, blank_token_id, sigma, fastemit_lambda, clamp,
                           False)
-        costs = _costs(spec, _readable(tok), _readable(dur), labels, frame_lengths, label_lengths,
-                       omega, in_place, validate, names)
+        tok, dur = _readable(tok), _readable(dur)
+        _check_in_place(tok, "token_logits", in_place)
+        _check_in_place(dur, "duration_logits", in_place)
+        costs = _costs(spec, tok, dur, labels, frame_lengths, label_lengths, omega, in_place,
+                       validate, names)
     return _tdt_reduce(costs, label_lengths, reduction)
 
 
@@ -407,8 +424,10 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     label_lengths = _lengths(target_lengths, "target_lengths", B, device)
     _check_label_columns(label_lengths, cols, rows, logits, validate)
     spec = _core.Spec("rnnt", V, (), b, 0.0, fastemit_lambda, clamp, not fused_log_softmax)
-    costs = _costs(spec, _readable(logits), None, labels, frame_lengths, label_lengths, 0.0,
-                   in_place, validate, _RNNT_NAMES)
+    x = _readable(logits)
+    _check_in_place(x, "logits", in_place)
+    costs = _costs(spec, x, None, labels, frame_lengths, label_lengths, 0.0, in_place, validate,
+                   _RNNT_NAMES)
     if reduction == "mean":
         costs = costs.mean()
     elif reduction == "sum":

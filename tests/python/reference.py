@@ -30,6 +30,14 @@ def _scale_grad(x, factor):
     return x * factor - x.detach() * (factor - 1.0)
 
 
+def _fastemit_value(c, fastemit_lambda):
+    """Reports (1 + lambda) * cost without changing the gradient (inf stays inf)."""
+    if fastemit_lambda == 0:
+        return c
+    extra = fastemit_lambda * c.detach()
+    return c + torch.where(torch.isinf(c), torch.zeros_like(extra), extra)
+
+
 def _label_lp(lp_tok, labels):
     """lp_tok (B, T, U+1, V), labels (B, U) -> (B, T, U): log-prob of y_{u+1} at rows u < U."""
     B, T, rows, V = lp_tok.shape
@@ -78,8 +86,7 @@ def tdt_costs(token_logits, duration_logits, labels, frame_lengths, label_length
                               + lp_dur[b, n[0], n[1], k]).reshape(1))
         ll = _safe_lse(terms)[0] if terms else z.new_tensor(NEG_INF)
         costs.append(-ll)
-    c = torch.stack(costs)
-    return c + fastemit_lambda * c.detach()
+    return _fastemit_value(torch.stack(costs), fastemit_lambda)
 
 
 def rnnt_costs(logits, labels, frame_lengths, label_lengths, blank, fastemit_lambda=0.0,
@@ -110,8 +117,7 @@ def rnnt_costs(logits, labels, frame_lengths, label_lengths, blank, fastemit_lam
             costs.append(-z.new_tensor(NEG_INF))
             continue
         costs.append(-(alpha[Tb - 1][Ub][b] + lp_blank[b, Tb - 1, Ub]))
-    c = torch.stack(costs)
-    return c + fastemit_lambda * c.detach()
+    return _fastemit_value(torch.stack(costs), fastemit_lambda)
 
 
 def reduce(costs, label_lengths, reduction):

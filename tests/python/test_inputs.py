@@ -1,0 +1,159 @@
+"""Input handling: dtypes, integer types, strides (no copy of strided leading dims), devices,
+autocast."""
+
+import pytest
+import torch
+
+import reference as R
+import warp_tdt
+from warp_tdt import _core
+from helpers import assert_close, lib_tdt, ref_tdt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["separate", "joint"])
+def test_dtypes(device, dtype, layout):
+    case = R.random_case(B=3, T=6, U=3, V=6, seed=21)
+    # the reference sees exactly the values the library reads
+    case["token_logits"] = case["token_logits"].to(dtype).double()
+    case["duration_logits"] = case["duration_logits"].to(dtype).double()
+    loss, gt, gd = lib_tdt(case, device, dtype, layout, "none")
+    rloss, rgt, rgd = ref_tdt(case)
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert gt.dtype == dtype and gd.dtype == dtype
+    # costs accumulate in float32 or better whatever the input dtype
+    assert_close(loss, rloss, torch.float32 if dtype != torch.float64 else dtype, "loss")
+    assert_close(gt, rgt, dtype, "token gradient")
+    assert_close(gd, rgd, dtype, "duration gradient")
+
+
+def test_mixed_logit_dtypes_are_promoted(device):
+    case = R.random_case(B=2, T=5, U=2, V=4, seed=3)
+    tok = case["token_logits"].to(device=device, dtype=torch.float32)
+    dur = case["duration_logits"].to(device=device, dtype=torch.float64)
+    loss = warp_tdt.tdt_loss(tok, dur, case["targets"], case["logit_lengths"],
+                             case["target_lengths"], case["blank_token_id"], case["durations"],
+                             reduction="none")
+    assert loss.dtype == torch.float64
+    torch.testing.assert_close(loss.cpu(), ref_tdt(case)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("int_dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_integer_dtypes_for_targets_and_lengths(device, int_dtype):
+    case = R.random_case(B=2, T=5, U=3, V=6, seed=4)
+    case["targets"][case["targets"] < 0] = 0
+    ref = lib_tdt(case, device, torch.float64)
+    case2 = dict(case, targets=case["targets"].to(int_dtype),
+                 logit_lengths=case["logit_lengths"].to(int_dtype),
+                 target_lengths=case["target_lengths"].to(int_dtype))
+    got = lib_tdt(case2, device, torch.float64)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+
+
+def test_python_lists_for_lengths_and_targets():
+    case = R.random_case(B=2, T=5, U=2, V=4, seed=6)
+    case["targets"][case["targets"] < 0] = 0
+    ref = lib_tdt(case, "cpu", torch.float64)
+    case2 = dict(case, targets=case["targets"].tolist(), logit_lengths=case["logit_lengths"].tolist(),
+                 target_lengths=case["target_lengths"].tolist(),
+                 durations=torch.tensor(case["durations"]))
+    got = lib_tdt(case2, "cpu", torch.float64)
+    torch.testing.assert_close(got[0], ref[0])
+
+
+def test_wider_and_narrower_targets(device):
+    case = R.random_case(B=2, T=5, U=3, V=5, seed=8, full_lengths=True)
+    ref = lib_tdt(case, device, torch.float64)
+    wide = dict(case, targets=torch.cat([case["targets"], torch.full((2, 4), 99)], 1))
+    torch.testing.assert_close(lib_tdt(wide, device, torch.float64)[0], ref[0])
+    case["target_lengths"][:] = torch.tensor([2, 1])
+    ref = lib_tdt(case, device, torch.float64)
+    narrow = dict(case, targets=case["targets"][:, :2])
+    torch.testing.assert_close(lib_tdt(narrow, device, torch.float64)[0], ref[0])
+
+
+@pytest.fixture
+def spy_pointers(monkeypatch):
+    """Records the token / duration pointers each library call receives."""
+    seen = []
+    real = _core._build
+
+    def spy(*args, **kwargs):
+        p, o, keep = real(*args, **kwargs)
+        seen.append((p.token_logits, p.duration_logits, tuple(p.token_strides)))
+        return p, o, keep
+
+    monkeypatch.setattr(_core, "_build", spy)
+    return seen
+
+
+def test_strided_leading_dims_are_read_without_copy(device, spy_pointers):
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=12, dtype=torch.float64)
+    ref = ref_tdt(case)
+    # (T, B, U+1, V) storage seen as (B, T, U+1, V), every other frame of a longer tensor
+    big_tok = torch.randn(12, 3, 4, 5, dtype=torch.float64, device=device)
+    big_tok[::2] = case["token_logits"].transpose(0, 1).to(device)
+    tok = big_tok[::2].transpose(0, 1).requires_grad_(False)
+    dur = case["duration_logits"].to(device).permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    assert not tok.is_contiguous() and not dur.is_contiguous()
+    tok.requires_grad_(True)
+    dur.requires_grad_(True)
+    loss = warp_tdt.tdt_loss(tok, dur, case["targets"], case["logit_lengths"],
+                             case["target_lengths"], case["blank_token_id"], case["durations"],
+                             reduction="none")
+    loss.sum().backward()
+    assert spy_pointers[0][0] == tok.data_ptr() and spy_pointers[0][1] == dur.data_ptr()
+    assert spy_pointers[0][2] == tuple(tok.stride()[:3])
+    torch.testing.assert_close(loss.cpu(), ref[0])
+    torch.testing.assert_close(tok.grad.cpu(), ref[1])
+    torch.testing.assert_close(dur.grad.cpu(), ref[2])
+
+
+def test_broadcast_batch_is_read_without_copy(device, spy_pointers):
+    case = R.random_case(B=1, T=5, U=2, V=4, seed=13, full_lengths=True, dtype=torch.float64)
+    tok1 = case["token_logits"].to(device).requires_grad_(True)
+    dur1 = case["duration_logits"].to(device).requires_grad_(True)
+    tok, dur = tok1.expand(3, -1, -1, -1), dur1.expand(3, -1, -1, -1)
+    targets = case["targets"].expand(3, -1)
+    loss = warp_tdt.tdt_loss(tok, dur, targets, [5, 5, 5], [2, 2, 2], case["blank_token_id"],
+                             case["durations"], reduction="sum")
+    loss.backward()
+    assert spy_pointers[0][0] == tok1.data_ptr() and spy_pointers[0][2][0] == 0
+    r = ref_tdt(case)
+    assert loss.item() == pytest.approx(3 * r[0].item(), rel=1e-10)
+    torch.testing.assert_close(tok1.grad.cpu(), 3 * r[1])
+    torch.testing.assert_close(dur1.grad.cpu(), 3 * r[2])
+
+
+def test_non_contiguous_last_dim_is_copied(device):
+    case = R.random_case(B=2, T=5, U=2, V=6, seed=14, dtype=torch.float64)
+    ref = ref_tdt(case)
+    tok = case["token_logits"].to(device).transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert tok.stride(-1) != 1
+    tok.requires_grad_(True)
+    loss = warp_tdt.tdt_loss(tok, case["duration_logits"].to(device), case["targets"],
+                             case["logit_lengths"], case["target_lengths"], case["blank_token_id"],
+                             case["durations"], reduction="none")
+    loss.sum().backward()
+    torch.testing.assert_close(loss.cpu(), ref[0])
+    torch.testing.assert_close(tok.grad.cpu(), ref[1])
+
+
+def test_autocast_runs_in_the_autocast_dtype(device):
+    dev_type = "cuda" if device == "cuda" else "cpu"
+    low = torch.float16 if device == "cuda" else torch.bfloat16
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 6 + 3).to(device)
+    x = torch.randn(2, 5, 3, 8, device=device)
+    targets = torch.tensor([[1, 2], [0, 3]])
+    with torch.autocast(device_type=dev_type, dtype=low):
+        joint = lin(x)
+        assert joint.dtype == low
+        loss = warp_tdt.tdt_loss(joint[..., :6], joint[..., 6:], targets, [5, 4], [2, 1], 5, [0, 1, 2])
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()
+    ref = warp_tdt.tdt_loss(joint.detach().float()[..., :6], joint.detach().float()[..., 6:],
+                            targets, [5, 4], [2, 1], 5, [0, 1, 2])
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)

@@ -1,0 +1,125 @@
+"""warp_tdt against the independent float64 reference (reference.py): every reduction, option,
+layout and duration set, on the CPU and (where built) CUDA."""
+
+import math
+
+import pytest
+import torch
+
+import reference as R
+import warp_tdt
+from helpers import REDUCTIONS, assert_close, lib_tdt, ref_tdt, reduction_weights
+
+
+def _check(case, device, dtype=torch.float64, layout="separate", reduction="none", **opts):
+    B = case["token_logits"].shape[0]
+    w = reduction_weights(reduction, case["target_lengths"], B, seed=7)
+    loss, gt, gd = lib_tdt(case, device, dtype, layout, reduction, weights=w, **opts)
+    rloss, rgt, rgd = ref_tdt(case, reduction, weights=w, **opts)
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert gt.dtype == dtype and gd.dtype == dtype
+    assert_close(loss, rloss, dtype, "loss")
+    assert_close(gt, rgt, dtype, "token gradient")
+    assert_close(gd, rgd, dtype, "duration gradient")
+
+
+@pytest.mark.parametrize("layout", ["separate", "joint", "joint_fn"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_reductions_and_layouts(device, layout, reduction):
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=11)
+    case["target_lengths"][1] = 2 if reduction == "mean" else case["target_lengths"][1]
+    case["target_lengths"].clamp_(min=1)  # "mean" divides by U_b
+    case["targets"][case["targets"] < 0] = 0
+    _check(case, device, torch.float64, layout, reduction)
+
+
+@pytest.mark.parametrize("opts", [dict(sigma=0.05), dict(fastemit_lambda=0.01), dict(clamp=0.05),
+                                  dict(sigma=0.03, fastemit_lambda=0.2, clamp=0.1)],
+                         ids=["sigma", "fastemit", "clamp", "all"])
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_options(device, opts, reduction):
+    case = R.random_case(B=3, T=7, U=3, V=6, seed=5)
+    case["target_lengths"].clamp_(min=1)
+    _check(case, device, torch.float64, "joint", reduction, **opts)
+
+
+@pytest.mark.parametrize("durations", [[0, 1, 2, 3, 4], [1, 2], [2, 0, 1], [0, 3], [1],
+                                       [0, 1, 2, 3, 4, 5, 6, 7, 8]],
+                         ids=lambda d: "d" + "_".join(map(str, d)))
+def test_duration_sets(device, durations):
+    case = R.random_case(B=3, T=7, U=3, V=5, seed=len(durations), durations=durations)
+    _check(case, device, torch.float64, "separate", "none")
+
+
+@pytest.mark.parametrize("blank", [0, 2, 5])
+def test_blank_positions(device, blank):
+    case = R.random_case(B=2, T=5, U=3, V=6, blank=blank, seed=blank)
+    _check(case, device, torch.float32, "separate", "none")
+
+
+def test_float32_larger_batch(device):
+    case = R.random_case(B=5, T=9, U=5, V=12, seed=3)
+    _check(case, device, torch.float32, "joint", "none")
+
+
+def test_no_labels_anywhere(device):
+    # U = 0: the lattice has one row; targets are (B, 0)
+    case = R.random_case(B=2, T=5, U=0, V=4, seed=2)
+    _check(case, device, torch.float64, "separate", "sum")
+
+
+def test_empty_target_and_mean_matches_transformers_division(device):
+    # U_b = 0 is a valid sample (blanks only); "mean" divides by U_b like transformers -> inf
+    case = R.random_case(B=2, T=5, U=2, V=4, seed=9)
+    case["target_lengths"][1] = 0
+    _check(case, device, torch.float64, "separate", "none")
+    loss = warp_tdt.tdt_loss(*[case[k].to(device) if torch.is_tensor(case[k]) else case[k] for k in
+                               ("token_logits", "duration_logits", "targets", "logit_lengths",
+                                "target_lengths", "blank_token_id", "durations")])
+    assert math.isinf(loss.item())
+
+
+def test_infeasible_samples_inf_cost_zero_gradient(device):
+    # durations [2] only: a sample with T_b = 3 cannot land exactly on T_b; T_b = 0 has no frames.
+    case = R.random_case(B=3, T=4, U=1, V=4, seed=1, durations=[2], full_lengths=True)
+    case["logit_lengths"][:] = torch.tensor([4, 3, 0])
+    case["target_lengths"][:] = torch.tensor([0, 1, 1])
+    loss, gt, gd = lib_tdt(case, device, torch.float64, "separate", "none")
+    assert math.isfinite(loss[0].item())
+    assert math.isinf(loss[1].item()) and loss[1] > 0 and math.isinf(loss[2].item())
+    assert torch.isfinite(gt).all() and torch.isfinite(gd).all()
+    assert (gt[1:] == 0).all() and (gd[1:] == 0).all()
+    rloss, rgt, rgd = ref_tdt(case)
+    torch.testing.assert_close(gt, rgt)
+    torch.testing.assert_close(gd, rgd)
+    # summed, the loss is inf; the feasible sample's gradient is still exact
+    loss_sum, gt_sum, _ = lib_tdt(case, device, torch.float64, "separate", "sum")
+    assert math.isinf(loss_sum.item())
+    torch.testing.assert_close(gt_sum, rgt)
+
+
+def test_padding_beyond_lengths_is_never_read(device):
+    case = R.random_case(B=3, T=6, U=4, V=5, seed=4)
+    base = lib_tdt(case, device, torch.float64)
+    # junk in the padded labels and in the logits outside each sample's lattice changes nothing
+    case2 = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in case.items()}
+    for b in range(3):
+        Tb, Ub = int(case["logit_lengths"][b]), int(case["target_lengths"][b])
+        case2["targets"][b, Ub:] = 10 ** 6
+        case2["token_logits"][b, Tb:] = 1e4
+        case2["token_logits"][b, :, Ub + 1:] = -1e4
+        case2["duration_logits"][b, Tb:] = 3e3
+    other = lib_tdt(case2, device, torch.float64)
+    torch.testing.assert_close(other[0], base[0])
+    for b in range(3):
+        Tb, Ub = int(case["logit_lengths"][b]), int(case["target_lengths"][b])
+        torch.testing.assert_close(other[1][b, :Tb, :Ub + 1], base[1][b, :Tb, :Ub + 1])
+        assert (other[1][b, Tb:] == 0).all() and (other[1][b, :, Ub + 1:] == 0).all()
+
+
+def test_deterministic_bits(device):
+    case = R.random_case(B=4, T=8, U=4, V=7, seed=8)
+    a = lib_tdt(case, device, torch.float32, "joint", "mean")
+    b = lib_tdt(case, device, torch.float32, "joint", "mean")
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
