@@ -1,0 +1,380 @@
+/*
+ * tdt_bench - times the loss on the named shapes of shared/TARGETS.md (or any shape), on the CPU
+ * and the GPU, forward only and forward+backward, per dtype; against the memory-traffic floor.
+ *
+ * Every result is checked before it is timed: CPU results against the CPU backend in float64 on
+ * the same (rounded) logits, GPU results against the CPU backend in the same dtype. A wrong
+ * answer prints FAILED instead of a time, and the exit status is 1.
+ *
+ * Floor: forward reads the logits once, forward+backward reads them twice and writes the
+ * gradient once (docs/math.md section 5), over the copy bandwidth measured in the same run
+ * (a large memcpy / cudaMemcpy device-to-device, bytes read + written per second).
+ *
+ *   tdt_bench                                  the named shapes on every backend present
+ *   tdt_bench --shapes base,long --backend gpu --dtypes f32,bf16
+ *   tdt_bench --shape 4,200,40,8193 --ragged   any shape (B,T,U,V)
+ */
+#include "common.h"
+
+#ifdef TDT_BENCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+typedef struct shape {
+    const char *name;
+    int64_t B, T, U, V;
+    int ragged;
+    int gpu_only; /* too large for a 2-core CPU in a benchmark run */
+} shape_t;
+
+static const shape_t named_shapes[] = {
+    {"base", 8, 100, 20, 1025, 0, 0},     {"parakeet", 4, 200, 40, 8193, 0, 0},
+    {"large", 16, 400, 100, 1025, 0, 1},  {"long", 1, 1500, 400, 1025, 0, 0},
+    {"ragged", 32, 150, 60, 257, 1, 0},   {"huge", 8, 375, 100, 8193, 0, 1},
+};
+#define NUM_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
+
+typedef struct bench_args {
+    int shape_on[NUM_SHAPES];
+    shape_t custom;
+    int have_custom;
+    tdt_dtype_t dtypes[4];
+    int num_dtypes;
+    int cpu, gpu, iters, threads;
+    int durations[TDT_MAX_DURATIONS], D;
+} bench_args_t;
+
+static int failures = 0;
+
+static double median(double *x, int n) {
+    for (int i = 1; i < n; ++i)
+        for (int j = i; j > 0 && x[j] < x[j - 1]; --j) {
+            double t = x[j]; x[j] = x[j - 1]; x[j - 1] = t;
+        }
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* Compares costs and gradients with a tolerance for the dtype; prints the verdict. */
+static int check(const bench_problem_t *p, const void *costs, const void *grad, const void *ref_costs,
+                 tdt_dtype_t ref_dtype, const void *ref_grad, char *verdict, size_t len) {
+    double rel = p->dtype == TDT_DTYPE_FLOAT64 ? 1e-9 : p->dtype == TDT_DTYPE_FLOAT32 ? 1e-4 : 1.6e-2;
+    double cost_tol = p->dtype == TDT_DTYPE_FLOAT64 ? 1e-10 : 2e-5, worst_cost = 0.0, worst_grad = 0.0;
+    int acc64 = p->dtype == TDT_DTYPE_FLOAT64, ref64 = ref_dtype == TDT_DTYPE_FLOAT64;
+    for (int64_t b = 0; b < p->B; ++b) {
+        double x = acc64 ? ((const double *)costs)[b] : ((const float *)costs)[b];
+        double y = ref64 ? ((const double *)ref_costs)[b] : ((const float *)ref_costs)[b];
+        double d = x == y ? 0.0 : fabs(x - y) / fabs(y);
+        if (!(d <= worst_cost)) worst_cost = d; /* NaN-safe */
+    }
+    size_t n = grad ? bench_joint_elems(p) : 0;
+    for (size_t i = 0; i < n; ++i) {
+        double x = bench_load(grad, i, p->dtype), y = bench_load(ref_grad, i, ref_dtype);
+        double d = fabs(x - y) / (rel * fabs(y) + 1e-6);
+        if (!(d <= worst_grad)) worst_grad = d;
+    }
+    int ok = worst_cost <= cost_tol && worst_grad <= 1.0;
+    snprintf(verdict, len, "%s (cost rel %.1e, grad err/tol %.2f)", ok ? "ok" : "FAILED", worst_cost, worst_grad);
+    return ok;
+}
+
+static tdt_options_t bench_options(const bench_args_t *a, const bench_problem_t *p, tdt_location_t loc) {
+    tdt_options_t o;
+    memset(&o, 0, sizeof o);
+    o.location = loc;
+    o.blank = (int)(p->V - 1);
+    o.durations = p->durations;
+    o.num_durations = (int)p->D;
+    o.num_threads = a->threads;
+    return o;
+}
+
+/* The CPU backend's result on p in dtype, into costs (B doubles of room) and grad (or NULL). */
+static void cpu_result(const bench_args_t *a, const bench_problem_t *p, void *costs, void *grad) {
+    tdt_problem_t v = bench_view(p, p->joint, p->labels, p->frame_lengths, p->label_lengths);
+    tdt_options_t o = bench_options(a, p, TDT_LOCATION_CPU);
+    tdt_gradients_t g = bench_grads(p, grad);
+    size_t ws_bytes;
+    BENCH_CHECK(tdt_get_workspace_size(&v, &o, &ws_bytes));
+    void *ws = malloc(ws_bytes);
+    BENCH_CHECK(compute_tdt_loss(&v, &o, costs, grad ? &g : NULL, ws, ws_bytes));
+    free(ws);
+}
+
+/* Float64 copy of p (the reference problem for CPU results). */
+static bench_problem_t to_float64(const bench_problem_t *p) {
+    bench_problem_t q = *p;
+    size_t n = bench_joint_elems(p);
+    q.dtype = TDT_DTYPE_FLOAT64;
+    q.joint = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; ++i) ((double *)q.joint)[i] = bench_load(p->joint, i, p->dtype);
+    return q;
+}
+
+static void print_row(const char *shape, const char *backend, const bench_problem_t *p, const char *pass,
+                      double ms, double bytes_moved, double copy_gbs, const char *verdict, int ok) {
+    double floor_ms = bytes_moved / (copy_gbs * 1e9) * 1e3;
+    if (ok)
+        printf("%-9s %-4s %-9s %-8s %10.3f %9.1f %10.3f %8.2f  %s\n", shape, backend, bench_dtype_name(p->dtype),
+               pass, ms, bytes_moved / (ms * 1e-3) * 1e-9, floor_ms, ms / floor_ms, verdict);
+    else
+        printf("%-9s %-4s %-9s %-8s %10s %9s %10.3f %8s  %s\n", shape, backend, bench_dtype_name(p->dtype), pass,
+               "-", "-", floor_ms, "-", verdict);
+    fflush(stdout);
+}
+
+static double host_copy_gbs(void) {
+    size_t bytes = (size_t)1 << 30;
+    char *src = (char *)malloc(bytes), *dst = (char *)malloc(bytes);
+    memset(src, 1, bytes);
+    memset(dst, 2, bytes);
+    double best = INFINITY;
+    for (int i = 0; i < 5; ++i) {
+        double t0 = bench_now();
+        memcpy(dst, src, bytes);
+        double dt = bench_now() - t0;
+        best = dt < best ? dt : best;
+    }
+    free(src);
+    free(dst);
+    return 2.0 * (double)bytes / best * 1e-9;
+}
+
+static void bench_cpu(const bench_args_t *a, const shape_t *s, bench_problem_t *p, double copy_gbs) {
+    bench_problem_t ref = to_float64(p);
+    size_t n = bench_joint_elems(p), bytes = n * bench_dtype_size(p->dtype);
+    double *ref_costs = (double *)malloc((size_t)p->B * 8), *costs = (double *)malloc((size_t)p->B * 8);
+    void *ref_grad = malloc(n * sizeof(double)), *grad = malloc(bytes);
+    cpu_result(a, &ref, ref_costs, ref_grad);
+    free(ref.joint);
+
+    tdt_problem_t v = bench_view(p, p->joint, p->labels, p->frame_lengths, p->label_lengths);
+    tdt_options_t o = bench_options(a, p, TDT_LOCATION_CPU);
+    tdt_gradients_t g = bench_grads(p, grad);
+    size_t ws_bytes;
+    BENCH_CHECK(tdt_get_workspace_size(&v, &o, &ws_bytes));
+    void *ws = malloc(ws_bytes);
+    for (int pass = 0; pass < 2; ++pass) {
+        char verdict[160];
+        BENCH_CHECK(compute_tdt_loss(&v, &o, costs, pass ? &g : NULL, ws, ws_bytes));
+        int ok = check(p, costs, pass ? grad : NULL, ref_costs, TDT_DTYPE_FLOAT64, ref_grad, verdict, sizeof verdict);
+        double t[64];
+        int iters = a->iters < 64 ? a->iters : 64;
+        for (int i = 0; ok && i < iters; ++i) {
+            double t0 = bench_now();
+            BENCH_CHECK(compute_tdt_loss(&v, &o, costs, pass ? &g : NULL, ws, ws_bytes));
+            t[i] = (bench_now() - t0) * 1e3;
+        }
+        failures += !ok;
+        print_row(s->name, "cpu", p, pass ? "fwd+bwd" : "fwd", ok ? median(t, iters) : 0.0,
+                  (pass ? 3.0 : 1.0) * (double)bytes, copy_gbs, verdict, ok);
+    }
+    free(ws); free(ref_costs); free(costs); free(ref_grad); free(grad);
+}
+
+#ifdef TDT_BENCH_CUDA
+#define BENCH_CUDA(call)                                                                     \
+    do {                                                                                     \
+        cudaError_t bench_e_ = (call);                                                       \
+        if (bench_e_ != cudaSuccess) {                                                       \
+            fprintf(stderr, "tdt_bench: %s: %s\n", #call, cudaGetErrorString(bench_e_));   \
+            exit(2);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static double device_copy_gbs(void) {
+    size_t bytes = (size_t)2 << 30;
+    void *src, *dst;
+    cudaEvent_t e0, e1;
+    BENCH_CUDA(cudaMalloc(&src, bytes));
+    BENCH_CUDA(cudaMalloc(&dst, bytes));
+    BENCH_CUDA(cudaMemset(src, 1, bytes));
+    BENCH_CUDA(cudaEventCreate(&e0));
+    BENCH_CUDA(cudaEventCreate(&e1));
+    double t[10];
+    for (int i = 0; i < 12; ++i) {
+        float ms;
+        BENCH_CUDA(cudaEventRecord(e0, NULL));
+        BENCH_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, NULL));
+        BENCH_CUDA(cudaEventRecord(e1, NULL));
+        BENCH_CUDA(cudaEventSynchronize(e1));
+        BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 2) t[i - 2] = ms;
+    }
+    cudaFree(src); cudaFree(dst); cudaEventDestroy(e0); cudaEventDestroy(e1);
+    return 2.0 * (double)bytes / (median(t, 10) * 1e-3) * 1e-9;
+}
+
+static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *p, double copy_gbs) {
+    size_t n = bench_joint_elems(p), bytes = n * bench_dtype_size(p->dtype), ws_bytes;
+    size_t lab = (size_t)(p->B * (p->U > 0 ? p->U : 1)) * sizeof(int32_t), len = (size_t)p->B * sizeof(int32_t);
+    double *ref_costs = (double *)malloc((size_t)p->B * 8), *costs = (double *)malloc((size_t)p->B * 8);
+    void *ref_grad = malloc(bytes), *grad = malloc(bytes);
+    cpu_result(a, p, ref_costs, ref_grad);
+
+    void *d_joint, *d_grad, *d_costs, *d_ws;
+    int32_t *d_labels, *d_T, *d_U;
+    BENCH_CUDA(cudaMalloc(&d_joint, bytes));
+    BENCH_CUDA(cudaMalloc(&d_grad, bytes));
+    BENCH_CUDA(cudaMalloc(&d_costs, (size_t)p->B * 8));
+    BENCH_CUDA(cudaMalloc((void **)&d_labels, lab));
+    BENCH_CUDA(cudaMalloc((void **)&d_T, len));
+    BENCH_CUDA(cudaMalloc((void **)&d_U, len));
+    BENCH_CUDA(cudaMemcpy(d_joint, p->joint, bytes, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(d_labels, p->labels, lab, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(d_T, p->frame_lengths, len, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(d_U, p->label_lengths, len, cudaMemcpyHostToDevice));
+    tdt_problem_t v = bench_view(p, d_joint, d_labels, d_T, d_U);
+    tdt_options_t o = bench_options(a, p, TDT_LOCATION_GPU);
+    tdt_gradients_t g = bench_grads(p, d_grad);
+    BENCH_CHECK(tdt_get_workspace_size(&v, &o, &ws_bytes));
+    BENCH_CUDA(cudaMalloc(&d_ws, ws_bytes));
+    cudaEvent_t e0, e1;
+    BENCH_CUDA(cudaEventCreate(&e0));
+    BENCH_CUDA(cudaEventCreate(&e1));
+    size_t cost_bytes = (size_t)p->B * (p->dtype == TDT_DTYPE_FLOAT64 ? 8 : 4);
+    for (int pass = 0; pass < 2; ++pass) {
+        char verdict[160];
+        BENCH_CUDA(cudaMemset(d_grad, 0xff, bytes)); /* poison: every element must be written */
+        BENCH_CHECK(compute_tdt_loss(&v, &o, d_costs, pass ? &g : NULL, d_ws, ws_bytes));
+        BENCH_CUDA(cudaMemcpy(costs, d_costs, cost_bytes, cudaMemcpyDeviceToHost));
+        if (pass) BENCH_CUDA(cudaMemcpy(grad, d_grad, bytes, cudaMemcpyDeviceToHost));
+        int ok = check(p, costs, pass ? grad : NULL, ref_costs, p->dtype, ref_grad, verdict, sizeof verdict);
+        int iters = a->iters < 1000 ? a->iters : 1000;
+        double t[1000];
+        for (int i = 0; ok && i < iters + 3; ++i) {
+            float ms;
+            BENCH_CUDA(cudaEventRecord(e0, NULL));
+            BENCH_CHECK(compute_tdt_loss(&v, &o, d_costs, pass ? &g : NULL, d_ws, ws_bytes));
+            BENCH_CUDA(cudaEventRecord(e1, NULL));
+            BENCH_CUDA(cudaEventSynchronize(e1));
+            BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 3) t[i - 3] = ms;
+        }
+        failures += !ok;
+        print_row(s->name, "gpu", p, pass ? "fwd+bwd" : "fwd", ok ? median(t, iters) : 0.0,
+                  (pass ? 3.0 : 1.0) * (double)bytes, copy_gbs, verdict, ok);
+    }
+    cudaFree(d_joint); cudaFree(d_grad); cudaFree(d_costs); cudaFree(d_ws);
+    cudaFree(d_labels); cudaFree(d_T); cudaFree(d_U);
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    free(ref_costs); free(costs); free(ref_grad); free(grad);
+}
+#endif
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tdt_bench [--shapes LIST | --shape B,T,U,V [--ragged]] [--backend cpu|gpu|all]\n"
+            "                 [--dtypes LIST] [--durations LIST] [--iters N] [--threads N]\n"
+            "  --shapes LIST   named shapes of shared/TARGETS.md: base, parakeet, large, long, ragged,\n"
+            "                  huge (default: all; on the CPU large and huge are skipped unless named)\n"
+            "  --dtypes LIST   f32, f64, f16, bf16 (default f32,bf16)\n"
+            "  --iters N       timed repetitions after warm-up; the median is printed (default 20)\n");
+}
+
+int main(int argc, char **argv) {
+    bench_args_t a;
+    memset(&a, 0, sizeof a);
+    int named_any = 0;
+    a.cpu = a.gpu = 1;
+    a.iters = 20;
+    a.dtypes[0] = TDT_DTYPE_FLOAT32; a.dtypes[1] = TDT_DTYPE_BFLOAT16; a.num_dtypes = 2;
+    a.D = 5;
+    for (int k = 0; k < 5; ++k) a.durations[k] = k;
+    for (int i = 1; i < argc; ++i) {
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(o, "--help")) { usage(stdout); return 0; }
+        if (!strcmp(o, "--ragged")) { a.custom.ragged = 1; continue; }
+        ++i;
+        if (!strcmp(o, "--shapes")) {
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                int found = 0;
+                for (int s = 0; s < NUM_SHAPES; ++s)
+                    if (!strcmp(tok, named_shapes[s].name)) { a.shape_on[s] = 2; found = 1; }
+                if (!found) { fprintf(stderr, "tdt_bench: unknown shape %s\n", tok); return 2; }
+                named_any = 1;
+            }
+        } else if (!strcmp(o, "--shape")) {
+            long long B, T, U, V;
+            if (sscanf(v, "%lld,%lld,%lld,%lld", &B, &T, &U, &V) != 4 || B < 1 || T < 1 || U < 0 || V < 2) {
+                fprintf(stderr, "tdt_bench: --shape wants B,T,U,V\n");
+                return 2;
+            }
+            a.custom.name = "custom"; a.custom.B = B; a.custom.T = T; a.custom.U = U; a.custom.V = V;
+            a.have_custom = 1;
+        } else if (!strcmp(o, "--backend")) {
+            a.cpu = strcmp(v, "gpu") != 0;
+            a.gpu = strcmp(v, "cpu") != 0;
+        } else if (!strcmp(o, "--dtypes")) {
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", v);
+            a.num_dtypes = 0;
+            for (char *tok = strtok(buf, ","); tok && a.num_dtypes < 4; tok = strtok(NULL, ","))
+                if (!bench_parse_dtype(tok, &a.dtypes[a.num_dtypes++])) { fprintf(stderr, "tdt_bench: bad dtype %s\n", tok); return 2; }
+        } else if (!strcmp(o, "--durations")) {
+            a.D = bench_parse_durations(v, a.durations);
+            if (a.D < 1) { fprintf(stderr, "tdt_bench: bad --durations %s\n", v); return 2; }
+        } else if (!strcmp(o, "--iters")) a.iters = atoi(v) > 0 ? atoi(v) : 1;
+        else if (!strcmp(o, "--threads")) a.threads = atoi(v);
+        else { usage(stderr); return 2; }
+    }
+    if (!named_any && !a.have_custom)
+        for (int s = 0; s < NUM_SHAPES; ++s) a.shape_on[s] = 1;
+
+    int gpus = 0;
+    if (tdt_gpu_device_count(&gpus) != TDT_STATUS_SUCCESS) gpus = 0;
+    printf("warp-tdt %s, CUDA backend %s, %d GPU(s)\n", tdt_version_string(),
+           tdt_backend_built(TDT_LOCATION_GPU) ? "built" : "not built", gpus);
+    double cpu_gbs = 0.0, gpu_gbs = 0.0;
+    if (a.cpu) {
+        cpu_gbs = host_copy_gbs();
+        printf("cpu: memcpy %.1f GB/s (read + write), threads %d\n", cpu_gbs, a.threads);
+    }
+#ifdef TDT_BENCH_CUDA
+    if (a.gpu && gpus > 0) {
+        struct cudaDeviceProp prop;
+        int dev = 0, rt = 0, drv = 0;
+        BENCH_CUDA(cudaGetDevice(&dev));
+        BENCH_CUDA(cudaGetDeviceProperties(&prop, dev));
+        cudaRuntimeGetVersion(&rt);
+        cudaDriverGetVersion(&drv);
+        gpu_gbs = device_copy_gbs();
+        printf("gpu: %s, %d SMs, %.0f GB, CUDA runtime %d, driver %d; device copy %.0f GB/s (read + write)\n",
+               prop.name, prop.multiProcessorCount, (double)prop.totalGlobalMem / 1e9, rt, drv, gpu_gbs);
+        FILE *smi = popen("nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,driver_version "
+                          "--format=csv,noheader 2>/dev/null", "r");
+        char line[256];
+        if (smi && fgets(line, sizeof line, smi)) printf("gpu clocks (sm, max sm, mem, driver): %s", line);
+        if (smi) pclose(smi);
+    }
+#endif
+    printf("durations ");
+    for (int k = 0; k < a.D; ++k) printf("%s%d", k ? "," : "", a.durations[k]);
+    printf(", blank V-1, logits as slices of one joint (B,T,U+1,V+D) tensor, gradient into one joint buffer\n");
+    printf("%-9s %-4s %-9s %-8s %10s %9s %10s %8s  %s\n", "shape", "dev", "dtype", "pass", "ms", "GB/s",
+           "floor ms", "x floor", "check");
+
+    for (int s = -1; s < NUM_SHAPES; ++s) {
+        const shape_t *sh = s < 0 ? (a.have_custom ? &a.custom : NULL) : (a.shape_on[s] ? &named_shapes[s] : NULL);
+        if (!sh) continue;
+        for (int d = 0; d < a.num_dtypes; ++d) {
+            int huge_ok = strcmp(sh->name, "huge") != 0 || a.dtypes[d] == TDT_DTYPE_BFLOAT16;
+            int run_cpu = a.cpu && huge_ok && (!sh->gpu_only || (s >= 0 && a.shape_on[s] == 2));
+            int run_gpu = a.gpu && gpus > 0 && huge_ok;
+            if (!run_cpu && !run_gpu) continue;
+            bench_problem_t p;
+            memset(&p, 0, sizeof p);
+            p.B = sh->B; p.T = sh->T; p.U = sh->U; p.V = sh->V; p.D = a.D; p.dtype = a.dtypes[d];
+            memcpy(p.durations, a.durations, sizeof p.durations);
+            if (!bench_make(&p, 1234, sh->ragged)) { fprintf(stderr, "tdt_bench: out of memory\n"); return 2; }
+            if (run_cpu) bench_cpu(&a, sh, &p, cpu_gbs);
+#ifdef TDT_BENCH_CUDA
+            if (run_gpu) bench_gpu(&a, sh, &p, gpu_gbs);
+#endif
+            bench_free(&p);
+        }
+    }
+    if (failures) printf("%d result(s) FAILED their check: no time printed for them\n", failures);
+    return failures ? 1 : 0;
+}
