@@ -130,6 +130,59 @@ TEST(Edge, BlankPositions) {  // blank first, in the middle and last
     }
 }
 
+// A token masked with -inf logits (as a model may do) has probability 0: finite cost, its
+// gradient exactly 0, no NaN.
+TEST(Edge, MinusInfinityMasksAToken) {
+    for (bool rnnt : {false, true}) {
+        Problem p = random_problem(58, 2, 6, 3, 6, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2}, 0, 1.0, 1,
+                                   {6, 5}, {3, 2});
+        for (int64_t b = 0; b < p.B; ++b)
+            for (int64_t i = 0; i < p.U[b]; ++i) p.labels[b * p.maxU + i] = 1 + static_cast<int32_t>(i % 3);
+        for (int64_t n = 0; n < p.nodes(); ++n) p.tok[n * p.V + 5] = -std::numeric_limits<double>::infinity();
+        check(p, rnnt ? "RNN-T, token 5 masked with -inf" : "TDT, token 5 masked with -inf");
+    }
+}
+
+// Every path of probability 0 (the first label's logit is -inf everywhere): +inf, zero
+// gradients, no NaN; the other sample is unaffected.
+TEST(Edge, EveryPathImpossible) {
+    for (bool rnnt : {false, true}) {
+        Problem p = random_problem(59, 2, 5, 2, 5, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2}, 0, 1.0, 1,
+                                   {5, 5}, {2, 2});
+        p.labels = {1, 2, 3, 4};
+        for (int64_t t = 0; t < p.maxT; ++t)
+            for (int64_t u = 0; u <= p.maxU; ++u) p.tok[p.node(0, t, u) * p.V + 1] = -std::numeric_limits<double>::infinity();
+        const Output got = lib(p);
+        ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+        EXPECT_TRUE(std::isinf(got.costs[0]) && got.costs[0] > 0) << "cost " << got.costs[0];
+        check(p, rnnt ? "RNN-T, sample 0 impossible" : "TDT, sample 0 impossible");
+    }
+}
+
+// NaN (or +inf) inside one sample's lattice: that sample's cost is NaN, the others are
+// exactly what they are without it (header: "leaves the others alone").
+TEST(Edge, NaNInsideOneSampleLeavesOthersAlone) {
+    for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+        Problem p = random_problem(60, 3, 6, 3, 5, {0, 1, 2}, 4, 1.0, 1, {6, 6, 6}, {3, 3, 3});
+        const Output clean = lib(p);
+        p.tok[p.node(1, 2, 1) * p.V + 3] = bad;
+        const Output got = lib(p);
+        ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+        EXPECT_TRUE(std::isnan(got.costs[1])) << "logit " << bad << " in sample 1: cost " << got.costs[1];
+        for (int64_t b : {0, 2}) {
+            EXPECT_EQ(got.costs[b], clean.costs[b]) << "sample " << b;
+            for (int64_t t = 0; t < p.maxT; ++t)
+                for (int64_t u = 0; u <= p.maxU; ++u) {
+                    const int64_t n = p.node(b, t, u);
+                    for (int64_t v = 0; v < p.V; ++v)
+                        ASSERT_EQ(got.gtok[n * p.V + v], clean.gtok[n * p.V + v]) << "sample " << b << " node (" << t << "," << u << ")";
+                    for (int k = 0; k < p.D(); ++k)
+                        ASSERT_EQ(got.gdur[n * p.D() + k], clean.gdur[n * p.D() + k]) << "sample " << b << " node (" << t << "," << u << ")";
+                }
+        }
+    }
+}
+
 TEST(Edge, EmptyBatch) {
     Problem p = random_problem(57, 0, 4, 2, 5, {0, 1}, 0);
     const Output got = lib(p);

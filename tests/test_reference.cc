@@ -35,6 +35,9 @@ const std::vector<Shape> &shapes() {
         {"tdt_single_duration", 2, 8, 3, 4, {1}, 1, 16},
         {"rnnt_blank0", 4, 8, 5, 7, {}, 0, 17},
         {"rnnt_blank_last", 3, 7, 4, 5, {}, -1, 18},
+        // A vocabulary wider than any vector unit and odd: exercises vector loops and tails.
+        {"tdt_large_vocab", 2, 5, 3, 1031, {0, 1, 2, 3, 4}, -1, 19},
+        {"rnnt_large_vocab", 2, 4, 3, 1031, {}, 0, 20},
     };
     return s;
 }
@@ -76,7 +79,7 @@ TEST_P(RandomVsReference, CostsAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, RandomVsReference,
-    ::testing::Combine(::testing::Range<size_t>(0, 8), ::testing::ValuesIn(kAllDtypes)),
+    ::testing::Combine(::testing::Range<size_t>(0, shapes().size()), ::testing::ValuesIn(kAllDtypes)),
     [](const ::testing::TestParamInfo<std::tuple<size_t, tdt_dtype_t>> &i) {
         return std::string(shapes()[std::get<0>(i.param)].name) + "_" + dtype_name(std::get<1>(i.param));
     });
