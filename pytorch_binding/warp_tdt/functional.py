@@ -9,6 +9,7 @@ ops on the (B,) costs, so autograd hands the library its per-sample weights (1/(
 """
 
 import math
+import operator
 import sys
 
 import torch
@@ -65,6 +66,15 @@ def _check_logits(x, name):
         raise ValueError("%s must be 4-D (batch, T, U + 1, %s), got shape %s"
                          % (name, "num_durations" if name == "duration_logits" else "vocab_size",
                             tuple(x.shape)))
+
+
+def _as_index(value, name):
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be an int, got %r" % (name, value)) from None
 
 
 def _check_number(value, name, minimum=0.0, maximum=None, allow_negative=False):
@@ -135,7 +145,7 @@ def _labels(x, name, batch, max_labels, device):
     x = _int_tensor(x, name, device, 2)
     if x.shape[0] != batch:
         raise ValueError("%s has shape %s but the batch size is %d" % (name, tuple(x.shape), batch))
-    cols = int(x.shape[1])
+    cols = x.shape[1]
     if cols >= max_labels:
         return x[:, :max_labels].to(device=device, dtype=torch.int32).contiguous(), cols
     out = torch.zeros(batch, max_labels, dtype=torch.int32, device=device)
@@ -277,12 +287,12 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
     if V < 1:
         raise ValueError("%s.shape[-1] = 0: the vocabulary must hold at least the blank"
                          % names["logits"])
-    B, T, rows = (int(x) for x in ref.shape[:3])
+    V = int(V)  # the vocabulary is static; batch, T and U may be symbolic under torch.compile
+    B, T, rows = ref.shape[:3]
     if rows < 1:
         raise ValueError("%s.shape[2] = 0: it must be U + 1 >= 1 (the lattice rows)" % names["logits"])
-    if isinstance(blank_token_id, torch.Tensor):
-        blank_token_id = int(blank_token_id)
-    if not isinstance(blank_token_id, int) or not 0 <= blank_token_id < V:
+    blank_token_id = _as_index(blank_token_id, "blank_token_id")
+    if not 0 <= blank_token_id < V:
         raise ValueError("blank_token_id = %r is outside [0, %d) (%s.shape[-1] = %d tokens)"
                          % (blank_token_id, V, names["logits"], V))
     sigma = _check_number(sigma, "sigma")
@@ -404,14 +414,12 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     if reduction not in RNNT_REDUCTIONS:
         raise ValueError("reduction should be one of 'none', 'mean', or 'sum', got %r" % (reduction,))
     _check_logits(logits, "logits")
-    B, T, rows, V = (int(x) for x in logits.shape)
+    B, T, rows, V = logits.shape
+    V = int(V)  # static; the other dims may be symbolic under torch.compile
     if V < 1 or rows < 1:
         raise ValueError("logits has shape %s: it must be (batch, T, U + 1 >= 1, vocab_size >= 1)"
                          % (tuple(logits.shape),))
-    if isinstance(blank, torch.Tensor):
-        blank = int(blank)
-    if not isinstance(blank, int):
-        raise TypeError("blank must be an int, got %r" % (blank,))
+    blank = _as_index(blank, "blank")
     b = blank + V if blank < 0 else blank
     if not 0 <= b < V:
         raise ValueError("blank = %d is outside [-%d, %d) (logits.shape[-1] = %d tokens)"

@@ -1,0 +1,175 @@
+"""Bad input raises ValueError / TypeError naming the argument and the value; a failed C call
+raises WarpTDTError carrying tdt_status_string() and tdt_last_error(); a missing library says
+where it was looked for."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import warp_tdt
+from warp_tdt import _core, _lib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def _args(device="cpu", B=2, T=5, U=3, V=6, D=3):
+    return dict(token_logits=torch.randn(B, T, U + 1, V, device=device),
+                duration_logits=torch.randn(B, T, U + 1, D, device=device),
+                targets=torch.tensor([[1, 2, 3], [0, 4, 4]])[:B, :U],
+                logit_lengths=torch.tensor([T, T - 1])[:B],
+                target_lengths=torch.tensor([U, U - 1])[:B],
+                blank_token_id=V - 1, durations=[0, 1, 2][:D])
+
+
+def _raises(exc, match, **changes):
+    kw = _args()
+    kw.update(changes)
+    with pytest.raises(exc, match=match):
+        warp_tdt.tdt_loss(**kw)
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(token_logits=torch.randn(2, 5, 4)), r"token_logits must be 4-D .* got shape \(2, 5, 4\)"),
+    (dict(token_logits=torch.zeros(2, 5, 4, 6, dtype=torch.int64)), r"token_logits must be float32.*int64"),
+    (dict(duration_logits=torch.randn(2, 5, 3, 3)),
+     r"duration_logits has shape \(2, 5, 3, 3\) but token_logits has shape \(2, 5, 4, 6\)"),
+    (dict(duration_logits=torch.randn(2, 5, 4, 4)), r"duration_logits.shape\[-1\] = 4 but len\(durations\) = 3"),
+    (dict(targets=torch.tensor([[1, 2, 3]])), r"targets has shape \(1, 3\) but the batch size is 2"),
+    (dict(targets=torch.tensor([[1.0, 2, 3], [0, 4, 4]])), r"targets must be an integer tensor.*float32"),
+    (dict(targets=torch.tensor([1, 2])), r"targets must be 2-D, got shape \(2,\)"),
+    (dict(logit_lengths=torch.tensor([5, 4, 3])), r"logit_lengths has shape \(3,\) but the batch size is 2"),
+    (dict(logit_lengths=torch.tensor([5, 9])), r"logit_lengths\[1\] = 9 is outside \[0, 5\]"),
+    (dict(logit_lengths=torch.tensor([-1, 4])), r"logit_lengths\[0\] = -1 is outside \[0, 5\]"),
+    (dict(target_lengths=torch.tensor([4, 2])), r"target_lengths\[0\] = 4 is outside \[0, 3\]"),
+    (dict(targets=torch.tensor([[1, 7, 3], [0, 4, 4]])), r"targets\[0\]\[1\] = 7 is outside \[0, 6\)"),
+    (dict(targets=torch.tensor([[1, 2, 3], [0, 5, 4]])),
+     r"targets\[1\]\[1\] = 5 equals blank_token_id = 5"),
+    (dict(targets=torch.tensor([[1, 2, 3], [-3, 4, 4]])), r"targets\[1\]\[0\] = -3 is outside"),
+    (dict(blank_token_id=6), r"blank_token_id = 6 is outside \[0, 6\)"),
+    (dict(blank_token_id=-1), r"blank_token_id = -1 is outside"),
+    (dict(durations=[0, -1, 2]), r"durations = \[0, -1, 2\] holds a negative duration -1"),
+    (dict(durations=[0, 1, 1]), r"durations = \[0, 1, 1\] holds the duration 1 twice"),
+    (dict(durations=[0, 0, 0]), r"holds the duration 0 twice"),
+    (dict(durations=[0], duration_logits=torch.randn(2, 5, 4, 1)), r"no positive duration"),
+    (dict(durations=[]), r"must hold 1 to 32 values"),
+    (dict(durations=list(range(33)), duration_logits=torch.randn(2, 5, 4, 33)), r"1 to 32 values"),
+    (dict(durations=[0, 1.5, 2]), r"must hold integers"),
+    (dict(reduction="avg"), r'Invalid reduction mode "avg"'),
+    (dict(sigma=-0.1), r"sigma = -0.1 is invalid"),
+    (dict(sigma=float("nan")), r"sigma = nan is invalid"),
+    (dict(fastemit_lambda=-1), r"fastemit_lambda = -1 is invalid"),
+    (dict(omega=1.5), r"omega = 1.5 is invalid"),
+    (dict(logit_lengths=torch.zeros(2, dtype=torch.int64, device="meta")),
+     r"logit_lengths is on meta but the logits are on cpu"),
+])
+def test_bad_tdt_arguments(changes, match):
+    exc = TypeError if "must be a" in match and "integer" not in match else ValueError
+    _raises(exc, match, **changes)
+
+
+def test_narrow_targets_need_short_lengths():
+    _raises(ValueError, r"target_lengths\[0\] = 3 exceeds targets.shape\[1\] = 2",
+            targets=torch.tensor([[1, 2], [0, 4]]))
+
+
+def test_bad_rnnt_arguments():
+    x = torch.randn(2, 5, 4, 6)
+    t, fl, ll = torch.tensor([[1, 2, 3], [0, 4, 4]]), torch.tensor([5, 4]), torch.tensor([3, 2])
+    with pytest.raises(ValueError, match="reduction should be one of 'none', 'mean', or 'sum'"):
+        warp_tdt.rnnt_loss(x, t, fl, ll, reduction="mean_volume")
+    with pytest.raises(ValueError, match=r"blank = 6 is outside \[-6, 6\)"):
+        warp_tdt.rnnt_loss(x, t, fl, ll, blank=6)
+    with pytest.raises(ValueError, match=r"blank = -7 is outside"):
+        warp_tdt.rnnt_loss(x, t, fl, ll, blank=-7)
+    with pytest.raises(ValueError, match=r"targets\[0\]\[2\] = 3 equals blank = 3"):
+        warp_tdt.rnnt_loss(x, t, fl, ll, blank=3)
+    with pytest.raises(ValueError, match=r"logits must be 4-D"):
+        warp_tdt.rnnt_loss(x[0], t, fl, ll)
+
+
+def test_c_status_becomes_an_exception_with_the_library_detail():
+    # validate=False leaves the check to the library (its CPU path reads lengths and labels)
+    kw = _args()
+    kw["targets"] = torch.tensor([[1, 5, 3], [0, 4, 4]])
+    with pytest.raises(warp_tdt.WarpTDTError) as info:
+        warp_tdt.tdt_loss(**kw, validate=False)
+    e = info.value
+    assert isinstance(e, ValueError) and isinstance(e, RuntimeError)
+    assert e.status == 12 and e.status_name == "TDT_STATUS_INVALID_LABEL"
+    assert "TDT_STATUS_INVALID_LABEL" in str(e) and e.detail and e.detail in str(e)
+    assert "labels[0][1] = 5" in e.detail, e.detail
+    assert e.function == "tdt_forward"
+
+
+def test_workspace_refusal_is_a_runtime_error():
+    kw = _args()
+    spec = _core.Spec("separate", 6, (0, 1, 2), 5, 0.0, 0.0, 0.0, False)
+    labels = kw["targets"].int().contiguous()
+    fl, ll = kw["logit_lengths"].int(), kw["target_lengths"].int()
+    with pytest.raises(RuntimeError, match="workspace bound"):
+        _core.forward(spec, kw["token_logits"], kw["duration_logits"], labels, fl, ll,
+                      workspace_bytes=64)
+    # backward on a workspace that no forward filled: the CPU backend refuses it
+    _, ws = _core.forward(spec, kw["token_logits"], kw["duration_logits"], labels, fl, ll)
+    ws.zero_()
+    with pytest.raises(warp_tdt.WarpTDTError) as info:
+        _core.backward(spec, torch.ones(2), kw["token_logits"], kw["duration_logits"], labels, fl,
+                       ll, ws)
+    assert info.value.status_name == "TDT_STATUS_INVALID_WORKSPACE"
+    assert not isinstance(info.value, ValueError)
+
+
+def test_mixed_devices_raise():
+    if not warp_tdt.cuda_available():
+        pytest.skip("needs CUDA")
+    kw = _args()
+    with pytest.raises(ValueError, match="token_logits is on cpu but duration_logits is on cuda"):
+        warp_tdt.tdt_loss(**dict(kw, duration_logits=kw["duration_logits"].cuda()))
+    with pytest.raises(ValueError, match="targets is on cuda:0 but the logits are on cpu"):
+        warp_tdt.tdt_loss(**dict(kw, targets=kw["targets"].cuda()))
+
+
+def _run_python(code, env_changes, cwd):
+    env = dict(os.environ)
+    env.pop("WARP_TDT_LIBRARY", None)
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_library_not_found_names_where_it_looked(tmp_path):
+    # a copy of the package outside the repository: nothing next to it, no build tree
+    pkg = tmp_path / "site" / "warp_tdt"
+    shutil.copytree(os.path.join(REPO, "pytorch_binding", "warp_tdt"), pkg,
+                    ignore=shutil.ignore_patterns("*.so*", "__pycache__"))
+    code = ("import warp_tdt, torch\n"
+            "try:\n"
+            "    warp_tdt.tdt_loss(torch.zeros(1,2,1,3), torch.zeros(1,2,1,2), torch.zeros(1,0,dtype=torch.long),"
+            " [2], [0], 2, [0,1])\n"
+            "except warp_tdt.LibraryNotFoundError as e:\n"
+            "    print('MESSAGE', e)\n")
+    r = _run_python(code, {"PYTHONPATH": str(tmp_path / "site")}, str(tmp_path))
+    assert "MESSAGE" in r.stdout, r.stdout + r.stderr
+    assert str(pkg / "libwarptdt.so") in r.stdout
+    assert os.path.join(str(tmp_path), "build", "libwarptdt.so") in r.stdout
+    assert "WARP_TDT_LIBRARY" in r.stdout and "cmake -B build" in r.stdout
+    r = _run_python("import warp_tdt\ntry:\n    warp_tdt.library_path()\nexcept OSError as e:\n"
+                    "    print('MESSAGE', e)\n",
+                    {"PYTHONPATH": str(tmp_path / "site"), "WARP_TDT_LIBRARY": "/nonexistent/libx.so"},
+                    str(tmp_path))
+    assert "MESSAGE warp_tdt: WARP_TDT_LIBRARY=/nonexistent/libx.so does not name a file" in r.stdout, \
+        r.stdout + r.stderr
+
+
+def test_version_and_backend_queries():
+    assert warp_tdt.library_version().count(".") == 2
+    assert _lib.version() == 100 * int(warp_tdt.library_version().split(".")[1]) + \
+        10000 * int(warp_tdt.library_version().split(".")[0]) + int(warp_tdt.library_version().split(".")[2])
+    assert os.path.isfile(warp_tdt.library_path())
+    assert isinstance(warp_tdt.cuda_available(), bool)
+    assert _lib.backend_built(_lib.LOCATION_CPU)
