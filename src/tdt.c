@@ -95,6 +95,7 @@ static tdt_status_t check_strides(const char *name, const int64_t *strides,
                                   const tdt_problem_t *p, int64_t width, int disjoint) {
     int64_t extent[3] = {p->batch, p->max_frames, p->max_labels + 1};
     int64_t span = width; /* elements from a row's first element to past its last */
+    int64_t esz = p->dtype == TDT_DTYPE_FLOAT64 ? 8 : p->dtype == TDT_DTYPE_FLOAT32 ? 4 : 2;
     for (int i = 0; i < 3; ++i) {
         if (strides[i] < 0)
             TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides[%d] = %lld is negative", name, i,
@@ -104,7 +105,11 @@ static tdt_status_t check_strides(const char *name, const int64_t *strides,
                               __builtin_add_overflow(span, reach, &span)))
             TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides overflow 64-bit offsets", name);
     }
-    if (!disjoint) return TDT_STATUS_SUCCESS;
+    if (span > INT64_MAX / esz)
+        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides reach %lld elements: overflows 64-bit "
+                 "byte offsets", name, (long long)span);
+    /* a tensor of no element has no rows to overlap */
+    if (!disjoint || extent[0] == 0 || extent[1] == 0) return TDT_STATUS_SUCCESS;
     /* Disjoint iff, with the dimensions of extent > 1 sorted by stride, each stride clears
      * everything spanned by the dimensions inside it. */
     int order[3], n = 0;

@@ -77,11 +77,39 @@ TDT_HD int64_t tdt_row_offset(const int64_t *strides, int64_t b, int64_t t, int6
 
 /* ---- log-space arithmetic ----------------------------------------------------------------- */
 
-/* log(exp(a) + exp(b)), exact for -inf operands, never NaN for non-NaN inputs. */
+/* log(exp(a) + exp(b)), exact for -inf operands, never NaN for non-NaN inputs. (The sweeps
+ * use the online state below instead: one exp per arc and one log per node.) */
 TDT_HD double tdt_log_add(double a, double b) {
     if (a == -TDT_INF) return b;
     if (b == -TDT_INF) return a;
     return a > b ? a + log1p(exp(b - a)) : b + log1p(exp(a - b));
+}
+
+/* Online log-sum-exp state: max m and sum s of exp(x - m). Start from {-inf, 0}. */
+TDT_HD void tdt_lse_push(double *m, double *s, double x) {
+    if (x > *m) {
+        *s = *s * exp(*m - x) + 1.0;
+        *m = x;
+    } else if (x != -TDT_INF) {
+        *s += exp(x - *m);
+    }
+}
+
+/* Merge of two online states (for parallel reductions). */
+TDT_HD void tdt_lse_merge(double *m, double *s, double m2, double s2) {
+    if (m2 > *m) {
+        *s = *s * exp(*m - m2) + s2;
+        *m = m2;
+    } else if (m2 != -TDT_INF) {
+        *s += s2 * exp(m2 - *m);
+    }
+}
+
+/* Final value of an online state: log(sum exp(x)); -inf for an empty or all -inf set; NaN
+ * propagates (a NaN input leaves m or s NaN). */
+TDT_HD double tdt_lse_value(double m, double s) {
+    if (m == -TDT_INF && s == 0.0) return -TDT_INF;
+    return m + log(s);
 }
 
 /* ---- arcs --------------------------------------------------------------------------------- */
@@ -115,56 +143,56 @@ TDT_HD double tdt_arc_dur(const tdt_lattice_t *L, const tdt_arcs_t *A, int64_t n
 TDT_HD double tdt_alpha_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha,
                              int64_t t, int64_t u) {
     if (t == 0 && u == 0) return 0.0;
-    double acc = -TDT_INF;
-    for (int k = 0; k < A->count; ++k) {
+    double m = -TDT_INF, s = 0.0;
+    TDT_FOR_ARCS(k, A) {
         int64_t d = A->blank_dur[k];
         if (d > 0 && t - d >= 0) {
             int64_t n = tdt_node_index(L->row, t - d, u);
-            acc = tdt_log_add(acc, alpha[n] + L->lp_blank[n] + tdt_arc_dur(L, A, n, k));
+            tdt_lse_push(&m, &s, alpha[n] + L->lp_blank[n] + tdt_arc_dur(L, A, n, k));
         }
         d = A->label_dur[k];
         if (u > 0 && d >= 0 && t - d >= 0) {
             int64_t n = tdt_node_index(L->row, t - d, u - 1);
-            acc = tdt_log_add(acc, alpha[n] + L->lp_label[n] + tdt_arc_dur(L, A, n, k));
+            tdt_lse_push(&m, &s, alpha[n] + L->lp_label[n] + tdt_arc_dur(L, A, n, k));
         }
     }
-    return acc;
+    return tdt_lse_value(m, s);
 }
 
 /* beta(t, u) from the betas of its successors (all on later anti-diagonals). */
 TDT_HD double tdt_beta_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
                             int64_t t, int64_t u) {
     int64_t n = tdt_node_index(L->row, t, u);
-    double acc = -TDT_INF;
-    for (int k = 0; k < A->count; ++k) {
+    double m = -TDT_INF, s = 0.0;
+    TDT_FOR_ARCS(k, A) {
         int64_t d = A->blank_dur[k];
         if (d > 0) {
             double w = L->lp_blank[n] + tdt_arc_dur(L, A, n, k);
             if (t + d < L->T)
-                acc = tdt_log_add(acc, w + beta[tdt_node_index(L->row, t + d, u)]);
+                tdt_lse_push(&m, &s, w + beta[tdt_node_index(L->row, t + d, u)]);
             else if (u == L->U && t + d == L->T)
-                acc = tdt_log_add(acc, w);
+                tdt_lse_push(&m, &s, w);
         }
         d = A->label_dur[k];
         if (u < L->U && d >= 0 && t + d < L->T) {
             double w = L->lp_label[n] + tdt_arc_dur(L, A, n, k);
-            acc = tdt_log_add(acc, w + beta[tdt_node_index(L->row, t + d, u + 1)]);
+            tdt_lse_push(&m, &s, w + beta[tdt_node_index(L->row, t + d, u + 1)]);
         }
     }
-    return acc;
+    return tdt_lse_value(m, s);
 }
 
 /* log p(y | x) from alpha: the terminal blank arcs that land exactly on T. -inf if none. */
 TDT_HD double tdt_log_likelihood(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha) {
-    double acc = -TDT_INF;
-    for (int k = 0; k < A->count; ++k) {
+    double m = -TDT_INF, s = 0.0;
+    TDT_FOR_ARCS(k, A) {
         int64_t d = A->blank_dur[k];
         if (d > 0 && L->T - d >= 0) {
             int64_t n = tdt_node_index(L->row, L->T - d, L->U);
-            acc = tdt_log_add(acc, alpha[n] + L->lp_blank[n] + tdt_arc_dur(L, A, n, k));
+            tdt_lse_push(&m, &s, alpha[n] + L->lp_blank[n] + tdt_arc_dur(L, A, n, k));
         }
     }
-    return acc;
+    return tdt_lse_value(m, s);
 }
 
 /* Number of anti-diagonals of a sample: s = t + u runs over 0 .. T - 1 + U. */
@@ -192,7 +220,7 @@ TDT_HD void tdt_node_grad(const tdt_lattice_t *L, const tdt_arcs_t *A, const dou
     int64_t n = tdt_node_index(L->row, t, u);
     double a = alpha[n];
     double occ_blank = 0.0, occ_label = 0.0;
-    for (int k = 0; k < A->count; ++k) {
+    TDT_FOR_ARCS(k, A) {
         double ob = 0.0, ol = 0.0;
         int64_t d = A->blank_dur[k];
         if (a != -TDT_INF && d > 0) {
@@ -234,33 +262,6 @@ TDT_HD double tdt_duration_grad(const tdt_node_grad_t *g, double q, int k) {
 }
 
 /* ---- per-node normalisation --------------------------------------------------------------- */
-
-/* Online log-sum-exp state: max m and sum s of exp(x - m). Start from {-inf, 0}. */
-TDT_HD void tdt_lse_push(double *m, double *s, double x) {
-    if (x > *m) {
-        *s = *s * exp(*m - x) + 1.0;
-        *m = x;
-    } else if (x != -TDT_INF) {
-        *s += exp(x - *m);
-    }
-}
-
-/* Merge of two online states (for parallel reductions). */
-TDT_HD void tdt_lse_merge(double *m, double *s, double m2, double s2) {
-    if (m2 > *m) {
-        *s = *s * exp(*m - m2) + s2;
-        *m = m2;
-    } else if (m2 != -TDT_INF) {
-        *s += s2 * exp(m2 - *m);
-    }
-}
-
-/* Final value of an online state: log(sum exp(x)); -inf for an empty or all -inf set; NaN
- * propagates (a NaN input leaves m or s NaN). */
-TDT_HD double tdt_lse_value(double m, double s) {
-    if (m == -TDT_INF && s == 0.0) return -TDT_INF;
-    return m + log(s);
-}
 
 /* Duration log-softmax in place over h[0..count-1] (count is small). */
 TDT_HD void tdt_log_softmax_small(double *h, int count) {
