@@ -18,6 +18,19 @@
 #define TDT_HD static inline
 #endif
 
+/* TDT_FOR_ARCS(k, A) { ... }: the loop over the arcs of a node, k = 0 .. A->count - 1. In
+ * device code it is written with the constant bound TDT_MAX_DURATIONS and fully unrolled, so
+ * when a kernel makes A->count a compile-time constant the guards fold away, each arc's loads
+ * issue together instead of one arc's load waiting on the previous arc's log-add, and the arc
+ * arrays stay in registers. Elsewhere (and in a CUDA file that defines TDT_ARCS_NO_UNROLL, for
+ * kernels whose count stays a runtime value) it is the plain loop. Same arcs, same order. */
+#if defined(__CUDACC__) && !defined(TDT_ARCS_NO_UNROLL)
+#define TDT_FOR_ARCS(k, A) \
+    _Pragma("unroll") for (int k = 0; k < TDT_MAX_DURATIONS; ++k) if (k < (A)->count)
+#else
+#define TDT_FOR_ARCS(k, A) for (int k = 0; k < (A)->count; ++k)
+#endif
+
 /* +infinity as a double; INFINITY works in host and device code alike. */
 #define TDT_INF ((double)INFINITY)
 
