@@ -10,6 +10,7 @@ import os
 import shutil
 
 from setuptools import setup
+from setuptools.dist import Distribution
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,23 +47,25 @@ class BuildPyWithLibrary(build_py):
         print("warp_tdt: shipping %s as %s" % (real, dest))
 
 
+class BinaryDistribution(Distribution):
+    """With a native library inside, the package is platform-specific (platlib, tagged wheel)."""
+
+    def has_ext_modules(self):
+        return find_library() is not None
+
+
 cmdclass = {"build_py": BuildPyWithLibrary}
 
-try:  # a wheel that ships the native library is platform-specific: tag it so
+try:  # the library does not depend on the Python version: py3-none-<platform>
     from wheel.bdist_wheel import bdist_wheel
 
     class BdistWheel(bdist_wheel):
-        def finalize_options(self):
-            super().finalize_options()
-            if find_library() is not None:
-                self.root_is_pure = False
-
         def get_tag(self):
             python, abi, plat = super().get_tag()
-            return ("py3", "none", plat) if not self.root_is_pure else (python, abi, plat)
+            return (python, abi, plat) if self.root_is_pure else ("py3", "none", plat)
 
     cmdclass["bdist_wheel"] = BdistWheel
 except ImportError:
     pass
 
-setup(cmdclass=cmdclass)
+setup(cmdclass=cmdclass, distclass=BinaryDistribution)
