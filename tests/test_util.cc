@@ -176,7 +176,7 @@ Problem random_problem(uint64_t seed, int64_t B, int64_t maxT, int64_t maxU, int
     p.U.resize(B);
     for (int64_t b = 0; b < B; ++b) {
         p.T[b] = b == 0 ? static_cast<int32_t>(maxT)
-                        : static_cast<int32_t>(std::uniform_int_distribution<int64_t>(minT, maxT)(rng));
+                        : static_cast<int32_t>(std::uniform_int_distribution<int64_t>(std::min(minT, maxT), maxT)(rng));
         p.U[b] = b == 0 ? static_cast<int32_t>(maxU)
                         : static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, maxU)(rng));
     }
