@@ -69,6 +69,8 @@ def _check_logits(x, name):
 
 
 def _as_index(value, name):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = value.item()
     try:
@@ -78,10 +80,13 @@ def _as_index(value, name):
 
 
 def _check_number(value, name, minimum=0.0, maximum=None, allow_negative=False):
-    try:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError("%s must be a number, got %r" % (name, value)) from None
+    else:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise TypeError("%s must be a number, got %r" % (name, value)) from None
     if not math.isfinite(v) or (not allow_negative and v < minimum) or (maximum is not None and v > maximum):
         rng = "[%g, %g]" % (minimum, maximum) if maximum is not None else ">= %g" % minimum
         raise ValueError("%s = %r is invalid: it must be finite and %s" % (name, value, rng))
@@ -89,27 +94,33 @@ def _check_number(value, name, minimum=0.0, maximum=None, allow_negative=False):
 
 
 def _as_durations(durations):
+    # plain loops (no generator expressions): torch.compile traces this with fullgraph=True
     if isinstance(durations, torch.Tensor):
         if durations.dtype.is_floating_point or durations.dim() != 1:
             raise ValueError("durations must be a 1-D integer tensor or a list of ints, got %s of "
                              "shape %s" % (durations.dtype, tuple(durations.shape)))
         durations = durations.tolist()
-    try:
-        ds = [int(d) for d in durations]
-    except (TypeError, ValueError):
-        raise TypeError("durations must be a list of ints, got %r" % (durations,)) from None
-    if any(int(d) != d for d in durations):
-        raise ValueError("durations = %r must hold integers" % (list(durations),))
+    ds = []
+    for d in durations:
+        if isinstance(d, int):  # the common case, and free of try/except for torch.compile
+            ds.append(d)
+            continue
+        try:
+            i = int(d)
+        except (TypeError, ValueError):
+            raise TypeError("durations must be a list of ints, got %r" % (durations,)) from None
+        if i != d:
+            raise ValueError("durations = %r must hold integers" % (list(durations),))
+        ds.append(i)
     if not 1 <= len(ds) <= _MAX_DURATIONS:
         raise ValueError("durations = %r must hold 1 to %d values" % (ds, _MAX_DURATIONS))
-    neg = [d for d in ds if d < 0]
-    if neg:
-        raise ValueError("durations = %r holds a negative duration %d" % (ds, neg[0]))
-    seen = set()
+    seen = []
     for d in ds:
+        if d < 0:
+            raise ValueError("durations = %r holds a negative duration %d" % (ds, d))
         if d in seen:
             raise ValueError("durations = %r holds the duration %d twice" % (ds, d))
-        seen.add(d)
+        seen.append(d)
     if max(ds) <= 0:
         raise ValueError("durations = %r has no positive duration: no blank arc could ever "
                          "advance a frame" % (ds,))

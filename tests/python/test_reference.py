@@ -123,3 +123,14 @@ def test_deterministic_bits(device):
     b = lib_tdt(case, device, torch.float32, "joint", "mean")
     for x, y in zip(a, b):
         assert torch.equal(x, y)
+
+
+def test_empty_batch_and_no_frames(device):
+    for B, T in ((0, 5), (2, 0)):
+        tok = torch.randn(B, T, 3, 4, device=device, requires_grad=True)
+        dur = torch.randn(B, T, 3, 3, device=device, requires_grad=True)
+        loss = warp_tdt.tdt_loss(tok, dur, torch.zeros(B, 2, dtype=torch.long), [T] * B, [2] * B, 3,
+                                 [0, 1, 2], reduction="none")
+        assert loss.shape == (B,) and bool(torch.isinf(loss).all())
+        loss.sum().backward()
+        assert tok.grad.shape == tok.shape and (tok.grad == 0).all() and (dur.grad == 0).all()

@@ -60,7 +60,7 @@ def _tiny_parakeet_tdt():
     if Config is None or Model is None or EncConfig is None:
         pytest.skip("this transformers has no ParakeetForTDT")
     enc_want = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                    subsampling_factor=2, subsampling_conv_channels=4, num_mel_bins=8,
+                    subsampling_conv_channels=4, num_mel_bins=8,
                     conv_kernel_size=3, dropout=0.0, dropout_positions=0.0, layerdrop=0.0,
                     activation_dropout=0.0, attention_dropout=0.0, max_position_embeddings=256)
     enc_fields = _fields(EncConfig)
@@ -87,12 +87,12 @@ def test_swapped_into_a_parakeet_tdt_model(device, hf_pure, monkeypatch):
     blank = int(getattr(config, "blank_token_id", getattr(config, "blank_id", V - 1)))
     pad = getattr(config, "pad_token_id", None)
     pad = blank if pad is None else int(pad)
-    B, frames, U = 2, 24, 4
+    B, frames, U = 2, 64, 4  # the default 8x subsampling leaves 8 encoder frames
     mels = int(getattr(config.encoder_config, "num_mel_bins", 8))
     g = torch.Generator().manual_seed(5)
     feats = torch.randn(B, frames, mels, generator=g).to(device)
     mask = torch.ones(B, frames, dtype=torch.long)
-    mask[1, 18:] = 0
+    mask[1, 48:] = 0
     allowed = [v for v in range(V) if v not in (blank, pad)]
     labels = torch.tensor(allowed)[torch.randint(0, len(allowed), (B, U), generator=g)]
     labels[1, 3:] = pad
