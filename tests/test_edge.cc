@@ -4,7 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <omp.h>
 
 #include <gtest/gtest.h>
 
@@ -343,6 +346,19 @@ TEST_P(Layouts, BitwiseDeterministic) {
     }
 }
 
+// The library is reentrant: two threads computing at once get the same bits as one at a time.
+TEST_P(Layouts, ConcurrentCallsFromTwoThreads) {
+    const Problem p = problem(false, 79), q = problem(true, 80);
+    const Output p1 = run(p, Layout::Contiguous), q1 = run(q, Layout::Joint);
+    Output p2, q2;
+    std::thread a([&] { p2 = run(p, Layout::Contiguous); });
+    std::thread b([&] { q2 = run(q, Layout::Joint); });
+    a.join();
+    b.join();
+    expect_bitwise(p2, p1, p, "TDT in a thread next to another call");
+    expect_bitwise(q2, q1, q, "RNN-T in a thread next to another call");
+}
+
 // Any alignment of the workspace pointer is accepted and changes nothing.
 TEST_P(Layouts, MisalignedWorkspace) {
     const Problem p = problem(false, 78);
@@ -354,6 +370,17 @@ TEST_P(Layouts, MisalignedWorkspace) {
         expect_bitwise(run_lib(p, ro), base, p, "workspace misaligned by " + std::to_string(m));
         ro.two_phase = true;
         expect_bitwise(run_lib(p, ro), base, p, "workspace misaligned by " + std::to_string(m) + ", fwd+bwd");
+    }
+}
+
+// Thread counts go through the num_threads clause: the caller's OpenMP settings are untouched.
+TEST(Threads, OpenMPGlobalStateUntouched) {
+    const int before = omp_get_max_threads();
+    Problem p = random_problem(81, 3, 6, 3, 5, {0, 1, 2}, 0);
+    for (int n : {1, 2, before + 1, 0}) {
+        p.num_threads = n;
+        ASSERT_EQ(lib(p).status, TDT_STATUS_SUCCESS);
+        EXPECT_EQ(omp_get_max_threads(), before) << "after a call with num_threads " << n;
     }
 }
 
