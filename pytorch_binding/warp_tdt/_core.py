@@ -221,49 +221,50 @@ def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_le
 
 
 def validate_data(spec, logits, labels, frame_lengths, label_lengths, names):
-    """Raises ValueError naming the first bad length or label. One host sync on CUDA.
+    """Raises ValueError naming the first bad length or label.
+
+    labels (B, U), frame_lengths and label_lengths (B,) are int32 on the logits' device. On CUDA
+    they are brought to the host in one small copy (one kernel, one host sync); the checks then
+    run on the host.
 
     names: dict with keys logits, targets, logit_lengths, target_lengths, blank (the user-facing
     argument names of the calling function).
     """
-    B = labels.shape[0]
+    B = int(labels.shape[0])
     if B == 0:
         return
     T = int(logits.shape[1])
     U = int(logits.shape[2]) - 1
     V = spec.vocab_size
-    fl = frame_lengths.to(torch.int64)
-    ll = label_lengths.to(torch.int64)
-    bad_f = (fl < 0) | (fl > T)
-    bad_l = (ll < 0) | (ll > U)
-    if U > 0:
-        pos = torch.arange(U, device=labels.device).unsqueeze(0)
-        inside = pos < ll.clamp(0, U).unsqueeze(1)
-        lab = labels.to(torch.int64)
-        bad_range = inside & ((lab < 0) | (lab >= V))
-        bad_blank = inside & (lab == spec.blank)
+    if labels.is_cuda:
+        packed = torch.cat([frame_lengths, label_lengths, labels.reshape(-1)]).cpu()
+        fl, ll, labels = packed[:B], packed[B:2 * B], packed[2 * B:].view(B, U)
     else:
-        bad_range = bad_blank = torch.zeros(B, 0, dtype=torch.bool, device=labels.device)
-    flags = torch.stack([bad_f.any(), bad_l.any(), bad_range.any(), bad_blank.any()])
-    flags = flags.cpu().tolist()  # the one host sync
-    if not any(flags):
-        return
-    if flags[0]:
+        fl, ll = frame_lengths, label_lengths
+    bad_f = (fl < 0) | (fl > T)
+    if bool(bad_f.any()):
         b = int(bad_f.nonzero()[0, 0])
         raise ValueError(
             "%s[%d] = %d is outside [0, %d]: a frame length must not exceed the padded frame "
             "count %s.shape[1] = %d" % (names["logit_lengths"], b, int(fl[b]), T, names["logits"], T))
-    if flags[1]:
+    bad_l = (ll < 0) | (ll > U)
+    if bool(bad_l.any()):
         b = int(bad_l.nonzero()[0, 0])
         raise ValueError(
             "%s[%d] = %d is outside [0, %d]: a label length must not exceed %s.shape[2] - 1 = %d "
             "(the lattice has U + 1 rows)" % (names["target_lengths"], b, int(ll[b]), U,
                                               names["logits"], U))
-    if flags[2]:
+    if U == 0:
+        return
+    inside = torch.arange(U).unsqueeze(0) < ll.unsqueeze(1)
+    bad_range = inside & ((labels < 0) | (labels >= V))
+    if bool(bad_range.any()):
         b, i = (int(x) for x in bad_range.nonzero()[0])
         raise ValueError(
             "%s[%d][%d] = %d is outside [0, %d) (the vocabulary size, blank included)"
             % (names["targets"], b, i, int(labels[b, i]), V))
-    b, i = (int(x) for x in bad_blank.nonzero()[0])
-    raise ValueError("%s[%d][%d] = %d equals %s = %d; the blank cannot be a target label"
-                     % (names["targets"], b, i, int(labels[b, i]), names["blank"], spec.blank))
+    bad_blank = inside & (labels == spec.blank)
+    if bool(bad_blank.any()):
+        b, i = (int(x) for x in bad_blank.nonzero()[0])
+        raise ValueError("%s[%d][%d] = %d equals %s = %d; the blank cannot be a target label"
+                         % (names["targets"], b, i, int(labels[b, i]), names["blank"], spec.blank))

@@ -88,109 +88,114 @@ def _aligned(ws):
     return view
 
 
+# ---- the op bodies: plain functions on every torch version (the tests call them directly) ----
+
+
+def forward_impl(
+    logits: Tensor,
+    duration_logits: Optional[Tensor],
+    labels: Tensor,
+    frame_lengths: Tensor,
+    label_lengths: Tensor,
+    rnnt_draw: Optional[Tensor],
+    vocab_size: int,
+    durations: List[int],
+    blank: int,
+    sigma: float,
+    fastemit_lambda: float,
+    clamp: float,
+    log_probs: bool,
+    validate: bool,
+) -> Tuple[Tensor, Tensor]:
+    spec = _spec(logits, duration_logits, vocab_size, durations, blank, sigma, fastemit_lambda,
+                 clamp, log_probs)
+    as_rnnt = rnnt_draw is not None and bool(rnnt_draw)
+    if validate and not _capturing(logits):
+        _core.validate_data(spec, logits, labels, frame_lengths, label_lengths, _OP_NAMES)
+    B, T, rows = (int(x) for x in logits.shape[:3])
+    bound = _core.workspace_bound(B, T, rows, len(durations))
+    costs, ws = _core.forward(spec, logits, duration_logits, labels, frame_lengths, label_lengths,
+                              as_rnnt, workspace_bytes=bound, zero_workspace=True)
+    return costs, _canonicalise(ws)
+
+
+def forward_fake(logits, duration_logits, labels, frame_lengths, label_lengths, rnnt_draw,
+                 vocab_size, durations, blank, sigma, fastemit_lambda, clamp, log_probs, validate):
+    B, T, rows = logits.shape[0], logits.shape[1], logits.shape[2]
+    costs = logits.new_empty((B,), dtype=_core.acc_dtype(logits.dtype))
+    ws = logits.new_empty((_core.workspace_bound(B, T, rows, len(durations)),), dtype=torch.uint8)
+    return costs, ws
+
+
+def backward_impl(
+    grad_costs: Tensor,
+    logits: Tensor,
+    duration_logits: Optional[Tensor],
+    labels: Tensor,
+    frame_lengths: Tensor,
+    label_lengths: Tensor,
+    workspace: Tensor,
+    rnnt_draw: Optional[Tensor],
+    vocab_size: int,
+    durations: List[int],
+    blank: int,
+    sigma: float,
+    fastemit_lambda: float,
+    clamp: float,
+    log_probs: bool,
+) -> Tuple[Tensor, Tensor]:
+    spec = _spec(logits, duration_logits, vocab_size, durations, blank, sigma, fastemit_lambda,
+                 clamp, log_probs)
+    as_rnnt = rnnt_draw is not None and bool(rnnt_draw)
+    g_logits, g_duration = _core.backward(
+        spec, grad_costs, logits, duration_logits, labels, frame_lengths, label_lengths,
+        _aligned(workspace), as_rnnt, need_logits=True, need_duration=duration_logits is not None)
+    if g_duration is None:
+        g_duration = logits.new_empty((0,))
+    return g_logits, g_duration
+
+
+def backward_fake(grad_costs, logits, duration_logits, labels, frame_lengths, label_lengths,
+                  workspace, rnnt_draw, vocab_size, durations, blank, sigma, fastemit_lambda, clamp,
+                  log_probs):
+    g_logits = torch.empty_like(logits, memory_format=torch.preserve_format)
+    if duration_logits is None:
+        g_duration = logits.new_empty((0,))
+    else:
+        g_duration = torch.empty_like(duration_logits, memory_format=torch.preserve_format)
+    return g_logits, g_duration
+
+
+def setup_context(ctx, inputs, output):
+    (logits, duration_logits, labels, frame_lengths, label_lengths, rnnt_draw, vocab_size,
+     durations, blank, sigma, fastemit_lambda, clamp, log_probs, _validate) = inputs
+    _costs, workspace = output
+    ctx.save_for_backward(logits, duration_logits, labels, frame_lengths, label_lengths, rnnt_draw,
+                          workspace)
+    ctx.args = (int(vocab_size), list(durations), int(blank), float(sigma), float(fastemit_lambda),
+                float(clamp), bool(log_probs))
+
+
+def backward_formula(ctx, grad_costs, _grad_workspace):
+    (logits, duration_logits, labels, frame_lengths, label_lengths, rnnt_draw,
+     workspace) = ctx.saved_tensors
+    if grad_costs is None:
+        grad_costs = torch.zeros(logits.shape[0], dtype=_core.acc_dtype(logits.dtype),
+                                 device=logits.device)
+    g_logits, g_duration = _backward_op(grad_costs, logits, duration_logits, labels, frame_lengths,
+                                        label_lengths, workspace, rnnt_draw, *ctx.args)
+    return (g_logits, g_duration if duration_logits is not None else None) + (None,) * 12
+
+
+_backward_op = backward_impl  # the registered op where custom ops exist (so compile traces it)
+
 if AVAILABLE:
-
-    @torch.library.custom_op("warp_tdt::loss_forward", mutates_args=())
-    def loss_forward(
-        logits: Tensor,
-        duration_logits: Optional[Tensor],
-        labels: Tensor,
-        frame_lengths: Tensor,
-        label_lengths: Tensor,
-        rnnt_draw: Optional[Tensor],
-        vocab_size: int,
-        durations: List[int],
-        blank: int,
-        sigma: float,
-        fastemit_lambda: float,
-        clamp: float,
-        log_probs: bool,
-        validate: bool,
-    ) -> Tuple[Tensor, Tensor]:
-        spec = _spec(logits, duration_logits, vocab_size, durations, blank, sigma,
-                     fastemit_lambda, clamp, log_probs)
-        as_rnnt = rnnt_draw is not None and bool(rnnt_draw)
-        if validate and not _capturing(logits):
-            _core.validate_data(spec, logits, labels, frame_lengths, label_lengths, _OP_NAMES)
-        B, T, rows = (int(x) for x in logits.shape[:3])
-        bound = _core.workspace_bound(B, T, rows, len(durations))
-        costs, ws = _core.forward(spec, logits, duration_logits, labels, frame_lengths,
-                                  label_lengths, as_rnnt, workspace_bytes=bound,
-                                  zero_workspace=True)
-        return costs, _canonicalise(ws)
-
-    @loss_forward.register_fake
-    def _loss_forward_fake(logits, duration_logits, labels, frame_lengths, label_lengths,
-                           rnnt_draw, vocab_size, durations, blank, sigma, fastemit_lambda,
-                           clamp, log_probs, validate):
-        B, T, rows = logits.shape[0], logits.shape[1], logits.shape[2]
-        costs = logits.new_empty((B,), dtype=_core.acc_dtype(logits.dtype))
-        ws = logits.new_empty((_core.workspace_bound(B, T, rows, len(durations)),),
-                              dtype=torch.uint8)
-        return costs, ws
-
-    @torch.library.custom_op("warp_tdt::loss_backward", mutates_args=())
-    def loss_backward(
-        grad_costs: Tensor,
-        logits: Tensor,
-        duration_logits: Optional[Tensor],
-        labels: Tensor,
-        frame_lengths: Tensor,
-        label_lengths: Tensor,
-        workspace: Tensor,
-        rnnt_draw: Optional[Tensor],
-        vocab_size: int,
-        durations: List[int],
-        blank: int,
-        sigma: float,
-        fastemit_lambda: float,
-        clamp: float,
-        log_probs: bool,
-    ) -> Tuple[Tensor, Tensor]:
-        spec = _spec(logits, duration_logits, vocab_size, durations, blank, sigma,
-                     fastemit_lambda, clamp, log_probs)
-        as_rnnt = rnnt_draw is not None and bool(rnnt_draw)
-        g_logits, g_duration = _core.backward(
-            spec, grad_costs, logits, duration_logits, labels, frame_lengths, label_lengths,
-            _aligned(workspace), as_rnnt, need_logits=True,
-            need_duration=duration_logits is not None)
-        if g_duration is None:
-            g_duration = logits.new_empty((0,))
-        return g_logits, g_duration
-
-    @loss_backward.register_fake
-    def _loss_backward_fake(grad_costs, logits, duration_logits, labels, frame_lengths,
-                            label_lengths, workspace, rnnt_draw, vocab_size, durations, blank,
-                            sigma, fastemit_lambda, clamp, log_probs):
-        g_logits = torch.empty_like(logits, memory_format=torch.preserve_format)
-        if duration_logits is None:
-            g_duration = logits.new_empty((0,))
-        else:
-            g_duration = torch.empty_like(duration_logits, memory_format=torch.preserve_format)
-        return g_logits, g_duration
-
-    def _setup_context(ctx, inputs, output):
-        (logits, duration_logits, labels, frame_lengths, label_lengths, rnnt_draw, vocab_size,
-         durations, blank, sigma, fastemit_lambda, clamp, log_probs, _validate) = inputs
-        _costs, workspace = output
-        ctx.save_for_backward(logits, duration_logits, labels, frame_lengths, label_lengths,
-                              rnnt_draw, workspace)
-        ctx.args = (int(vocab_size), list(durations), int(blank), float(sigma),
-                    float(fastemit_lambda), float(clamp), bool(log_probs))
-
-    def _backward(ctx, grad_costs, _grad_workspace):
-        (logits, duration_logits, labels, frame_lengths, label_lengths, rnnt_draw,
-         workspace) = ctx.saved_tensors
-        if grad_costs is None:
-            grad_costs = torch.zeros(logits.shape[0], dtype=_core.acc_dtype(logits.dtype),
-                                     device=logits.device)
-        g_logits, g_duration = torch.ops.warp_tdt.loss_backward(
-            grad_costs, logits, duration_logits, labels, frame_lengths, label_lengths, workspace,
-            rnnt_draw, *ctx.args)
-        return ((g_logits, g_duration if duration_logits is not None else None)
-                + (None,) * 12)
-
-    loss_forward.register_autograd(_backward, setup_context=_setup_context)
+    loss_forward = torch.library.custom_op("warp_tdt::loss_forward", mutates_args=())(forward_impl)
+    loss_forward.register_fake(forward_fake)
+    loss_backward = torch.library.custom_op("warp_tdt::loss_backward", mutates_args=())(backward_impl)
+    loss_backward.register_fake(backward_fake)
+    loss_forward.register_autograd(backward_formula, setup_context=setup_context)
+    _backward_op = loss_backward
 
 
 def costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega, validate):
