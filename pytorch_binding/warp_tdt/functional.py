@@ -8,7 +8,6 @@ ops on the (B,) costs, so autograd hands the library its per-sample weights (1/(
 "mean", ...) as the upstream gradient, folded into the one pass that writes each gradient element.
 """
 
-import math
 import operator
 import sys
 
@@ -87,7 +86,8 @@ def _check_number(value, name, minimum=0.0, maximum=None, allow_negative=False):
             v = float(value)
         except (TypeError, ValueError):
             raise TypeError("%s must be a number, got %r" % (name, value)) from None
-    if not math.isfinite(v) or (not allow_negative and v < minimum) or (maximum is not None and v > maximum):
+    finite = v - v == 0.0  # False for inf and nan (plain arithmetic: traceable by torch.compile)
+    if not finite or (not allow_negative and v < minimum) or (maximum is not None and v > maximum):
         rng = "[%g, %g]" % (minimum, maximum) if maximum is not None else ">= %g" % minimum
         raise ValueError("%s = %r is invalid: it must be finite and %s" % (name, value, rng))
     return v
