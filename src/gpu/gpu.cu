@@ -1,0 +1,141 @@
+/*
+ * gpu.cu - the CUDA backend's entry points: tdt_gpu_run(), tdt_gpu_count(), tdt_gpu_built().
+ *
+ * tdt_gpu_run() receives one call already validated by src/tdt.c (internal.h), builds the
+ * kernels' argument block and enqueues, on the caller's stream,
+ *     forward:  normalize (per node)  ->  sweep (alpha | beta per sample, LL, cost)
+ *     backward: grad (per node)
+ * Nothing else: no allocation (the caller's workspace holds every intermediate), no host
+ * synchronisation, no stream or event creation, so the whole call can be captured in a CUDA
+ * graph. The only state touched is the calling thread's current device, switched to the
+ * device owning the workspace (so pointers of any GPU work) and restored before returning, on
+ * every path.
+ *
+ * Errors: every CUDA call and every launch is checked; a failure returns
+ * TDT_STATUS_CUDA_ERROR with CUDA's own name and message in tdt_last_error().
+ */
+#include "gpu_common.cuh"
+
+namespace {
+
+tdt_status_t cuda_fail(cudaError_t e, const char *what) {
+    tdt_set_error("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return TDT_STATUS_CUDA_ERROR;
+}
+
+/* The kernels' argument block from the validated call. */
+void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
+    const tdt_problem_t &p = c->p;
+    memset(a, 0, sizeof *a);
+    a->B = p.batch;
+    a->maxT = p.max_frames;
+    a->maxU = p.max_labels;
+    a->row = p.max_labels + 1;
+    a->V = p.vocab_size;
+    a->nodes = c->layout.nodes;
+    a->D = c->tdt_mode ? c->num_durations : 0;
+    a->blank = c->o.blank;
+    a->log_probs = c->o.input_kind == TDT_INPUT_LOG_PROBS;
+    a->acc_double = tdt_acc_is_double(p.dtype);
+    a->sigma = c->o.sigma;
+    a->fastemit_lambda = c->o.fastemit_lambda;
+    a->clamp = c->o.clamp;
+    a->tok = p.token_logits;
+    a->dur = c->tdt_mode ? p.duration_logits : NULL;
+    for (int i = 0; i < 3; ++i) {
+        a->tok_s[i] = p.token_strides[i];
+        a->dur_s[i] = p.duration_strides[i];
+        a->tok_gs[i] = c->g.token_strides[i];
+        a->dur_gs[i] = c->g.duration_strides[i];
+    }
+    a->labels = p.labels;
+    a->frame_lengths = p.frame_lengths;
+    a->label_lengths = p.label_lengths;
+    a->tok_g = c->do_backward ? c->g.token_grads : NULL;
+    a->dur_g = c->do_backward && c->tdt_mode ? c->g.duration_grads : NULL;
+    a->costs = c->costs;
+    a->grad_costs = c->grad_costs;
+    a->arcs = c->arcs;
+    tdt_workspace_carve(&c->layout, c->workspace, &a->ws);
+}
+
+/* The device that owns ptr: 0 and *device set, or a status. Host memory is refused (the GPU
+ * location takes device memory); registered or managed memory names its device too. */
+tdt_status_t owning_device(const void *ptr, int *device) {
+    cudaPointerAttributes attr;
+    cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaPointerGetAttributes(workspace)");
+    if (attr.type == cudaMemoryTypeUnregistered || attr.device < 0) {
+        tdt_set_error("workspace %p is not GPU-accessible memory (TDT_LOCATION_GPU takes device "
+                      "pointers)", ptr);
+        return TDT_STATUS_INVALID_OPTION;
+    }
+    *device = attr.device;
+    return TDT_STATUS_SUCCESS;
+}
+
+tdt_status_t enqueue(const tdt_call_t *c, int device) {
+    cudaStream_t stream = (cudaStream_t)c->o.stream;
+    int num_sms = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
+    if (num_sms < 1) num_sms = 1;
+
+    tdt_gpu_args_t a;
+    build_args(c, &a);
+    if (c->do_forward) {
+        e = tdt_launch_normalize(a, c->p.dtype, num_sms, stream);
+        if (e != cudaSuccess) return cuda_fail(e, "launching the normalize kernel");
+        e = tdt_launch_sweep(a, stream);
+        if (e != cudaSuccess) return cuda_fail(e, "launching the alpha/beta sweep kernel");
+    }
+    if (c->do_backward) {
+        e = tdt_launch_grad(a, c->p.dtype, num_sms, stream);
+        if (e != cudaSuccess) return cuda_fail(e, "launching the gradient kernel");
+    }
+    return TDT_STATUS_SUCCESS;
+}
+
+} /* namespace */
+
+/* ================================================================================================
+ * backend entry points (internal.h)
+ * ============================================================================================== */
+
+extern "C" tdt_status_t tdt_gpu_run(const tdt_call_t *call) {
+    if (call->p.batch == 0) return TDT_STATUS_SUCCESS; /* nothing to write */
+    int prev = 0, device = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
+    tdt_status_t st = owning_device(call->workspace, &device);
+    if (st != TDT_STATUS_SUCCESS) return st;
+    if (device != prev) {
+        e = cudaSetDevice(device);
+        if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+    }
+    st = enqueue(call, device);
+    if (device != prev) {
+        e = cudaSetDevice(prev);
+        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");
+    }
+    return st;
+}
+
+extern "C" tdt_status_t tdt_gpu_count(int *count) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+        e == cudaErrorInitializationError) {
+        (void)cudaGetLastError(); /* the runtime records it: leave no error behind */
+        *count = 0;
+        return TDT_STATUS_SUCCESS;
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cuda_fail(e, "cudaGetDeviceCount");
+    }
+    *count = n;
+    return TDT_STATUS_SUCCESS;
+}
+
+extern "C" int tdt_gpu_built(void) { return 1; }

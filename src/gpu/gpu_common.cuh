@@ -1,0 +1,212 @@
+/*
+ * gpu_common.cuh - what the three CUDA kernels of the GPU backend share: the argument block
+ * handed to every kernel, element-type traits (loads, 16-byte vector loads, stores), node-index
+ * decoding, the guarded read of device-resident lengths, and the launcher declarations.
+ *
+ * The kernels, in the order a one-shot call runs them on the caller's stream:
+ *   normalize.cu  per node: token log-normaliser, lp_blank, lp_label, duration log-softmax
+ *   sweep.cu      per sample: alpha and beta over anti-diagonals (separate blocks), LL, cost
+ *   grad.cu       per node: token and duration gradients, upstream-scaled
+ * gpu.cu holds the backend entry points (tdt_gpu_run / tdt_gpu_count / tdt_gpu_built).
+ *
+ * The math is docs/math.md and src/common/lattice.h; nothing here restates a recurrence.
+ * All element offsets are int64 (a logits tensor may exceed 2^31 elements).
+ */
+#ifndef TDT_GPU_COMMON_CUH
+#define TDT_GPU_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "internal.h"
+
+/* Per-sample state flags in the workspace's state[] array (written by the alpha sweep). */
+#define TDT_GPU_STATE_OK 0
+#define TDT_GPU_STATE_BAD_DATA 1 /* a length or a label out of range: cost NaN, gradient 0 */
+
+/* Everything a kernel needs, passed by value (a few hundred bytes of kernel parameters, far
+ * under the 4 KiB limit), so no device-side argument buffer is ever allocated. */
+typedef struct tdt_gpu_args {
+    int64_t B, maxT, maxU, row, V; /* row = maxU + 1 */
+    int64_t nodes;                 /* B * maxT * row */
+    int D;                         /* duration logits per node (0 for RNN-T) */
+    int blank;
+    int log_probs;                 /* TDT_INPUT_LOG_PROBS */
+    int acc_double;                /* costs / grad_costs are double (FLOAT64) */
+    double sigma, fastemit_lambda, clamp;
+    const void *tok;               /* token logits, element (b,t,u,v) at tdt_row_offset + v */
+    int64_t tok_s[3];
+    const void *dur;               /* duration logits or NULL */
+    int64_t dur_s[3];
+    const int32_t *labels, *frame_lengths, *label_lengths;
+    void *tok_g;                   /* token gradient or NULL */
+    int64_t tok_gs[3];
+    void *dur_g;                   /* duration gradient or NULL */
+    int64_t dur_gs[3];
+    void *costs;                   /* (B) float or double */
+    const void *grad_costs;        /* (B) float or double, or NULL for ones */
+    tdt_arcs_t arcs;
+    tdt_ws_t ws;
+} tdt_gpu_args_t;
+
+/* ---- element types ---------------------------------------------------------------------------
+ * Acc is the precision of the V-wide sums: float for float32 / float16 / bfloat16, double for
+ * float64 (tdt.h promises exactly this). VEC elements make one 16-byte load. */
+template <int DT> struct tdt_elem;
+
+template <> struct tdt_elem<TDT_DTYPE_FLOAT32> {
+    typedef float T;
+    typedef float Acc;
+    enum { VEC = 4 };
+    static __device__ __forceinline__ Acc to_acc(T x) { return x; }
+    static __device__ __forceinline__ T from_double(double x) { return (float)x; }
+    static __device__ __forceinline__ T from_acc(Acc x) { return x; }
+};
+template <> struct tdt_elem<TDT_DTYPE_FLOAT64> {
+    typedef double T;
+    typedef double Acc;
+    enum { VEC = 2 };
+    static __device__ __forceinline__ Acc to_acc(T x) { return x; }
+    static __device__ __forceinline__ T from_double(double x) { return x; }
+    static __device__ __forceinline__ T from_acc(Acc x) { return x; }
+};
+template <> struct tdt_elem<TDT_DTYPE_FLOAT16> {
+    typedef uint16_t T; /* IEEE half bit pattern */
+    typedef float Acc;
+    enum { VEC = 8 };
+    static __device__ __forceinline__ Acc to_acc(T x) {
+        return __half2float(__ushort_as_half(x));
+    }
+    /* double -> float -> half, both round-to-nearest-even, as the CPU backend via dtype.h */
+    static __device__ __forceinline__ T from_double(double x) {
+        return __half_as_ushort(__float2half_rn((float)x));
+    }
+    static __device__ __forceinline__ T from_acc(Acc x) { return __half_as_ushort(__float2half_rn(x)); }
+};
+template <> struct tdt_elem<TDT_DTYPE_BFLOAT16> {
+    typedef uint16_t T; /* bfloat16 bit pattern */
+    typedef float Acc;
+    enum { VEC = 8 };
+    static __device__ __forceinline__ Acc to_acc(T x) { return __uint_as_float((uint32_t)x << 16); }
+    static __device__ __forceinline__ T from_double(double x) {
+        return __bfloat16_as_ushort(__float2bfloat16_rn((float)x));
+    }
+    static __device__ __forceinline__ T from_acc(Acc x) {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    }
+};
+
+/* exp in the accumulate precision (expf is the accurate single-precision exp, not __expf). */
+__device__ __forceinline__ float tdt_exp_acc(float x) { return expf(x); }
+__device__ __forceinline__ double tdt_exp_acc(double x) { return exp(x); }
+
+/* One 16-byte vector of VEC elements, loaded or stored in a single instruction. The pointer
+ * must be 16-byte aligned (the callers split each row into scalar head, vector body, scalar
+ * tail by the row's own address). */
+template <int DT> struct tdt_vec {
+    typedef typename tdt_elem<DT>::T T;
+    enum { VEC = tdt_elem<DT>::VEC };
+    T v[VEC];
+    static __device__ __forceinline__ tdt_vec load(const T *p) {
+        tdt_vec r;
+        uint4 raw = *reinterpret_cast<const uint4 *>(p);
+        memcpy(r.v, &raw, 16);
+        return r;
+    }
+    __device__ __forceinline__ void store(T *p) const {
+        uint4 raw;
+        memcpy(&raw, v, 16);
+        *reinterpret_cast<uint4 *>(p) = raw;
+    }
+};
+
+/* Elements before the first 16-byte boundary of a row starting at p (V if p is not even
+ * element-aligned, so the whole row goes scalar). */
+template <typename T>
+__device__ __forceinline__ int64_t tdt_row_head(const void *p, int64_t V) {
+    uintptr_t a = (uintptr_t)p;
+    if (a % sizeof(T)) return V;
+    int64_t h = (int64_t)(((16u - (a & 15u)) & 15u) / sizeof(T));
+    return h < V ? h : V;
+}
+
+/* ---- nodes and samples ---------------------------------------------------------------------- */
+
+/* Global node index n in [0, B * maxT * row) -> (b, t, u). */
+__device__ __forceinline__ void tdt_decode_node(const tdt_gpu_args_t &a, int64_t n, int64_t *b,
+                                                int64_t *t, int64_t *u) {
+    int64_t per_sample = a.maxT * a.row;
+    *b = n / per_sample;
+    int64_t r = n - *b * per_sample;
+    *t = r / a.row;
+    *u = r - *t * a.row;
+}
+
+/* Reads T_b and U_b from device memory; 0 if either is out of range (bad data: the sample is
+ * then never indexed with them). */
+__device__ __forceinline__ int tdt_sample_lengths(const tdt_gpu_args_t &a, int64_t b, int64_t *T,
+                                                  int64_t *U) {
+    int64_t tb = a.frame_lengths[b];
+    int64_t ub = a.label_lengths[b];
+    *T = tb;
+    *U = ub;
+    return tb >= 0 && tb <= a.maxT && ub >= 0 && ub <= a.maxU;
+}
+
+/* Sample b's lattice view over the workspace (per-node arrays offset to the sample). */
+__device__ __forceinline__ tdt_lattice_t tdt_sample_lattice(const tdt_gpu_args_t &a, int64_t b,
+                                                            int64_t T, int64_t U) {
+    tdt_lattice_t L;
+    int64_t off = tdt_sample_offset(b, a.maxT, a.row);
+    L.lp_blank = a.ws.lp_blank + off;
+    L.lp_label = a.ws.lp_label + off;
+    L.lp_dur = a.ws.lp_dur + off * (a.D > 1 ? a.D : 1);
+    L.row = a.row;
+    L.T = T;
+    L.U = U;
+    return L;
+}
+
+/* The arc set with its count made a compile-time constant when KD > 0: the shared per-node
+ * loops in lattice.h then unroll, their loads issue together, and tdt_node_grad_t stays in
+ * registers. KD == 0 keeps the runtime count (any D up to TDT_MAX_DURATIONS). */
+template <int KD>
+__device__ __forceinline__ tdt_arcs_t tdt_arcs_fixed(const tdt_arcs_t &in) {
+    tdt_arcs_t A;
+    A.count = KD > 0 ? KD : in.count;
+    A.use_dur = in.use_dur;
+    const int n = KD > 0 ? KD : TDT_MAX_DURATIONS;
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+        A.label_dur[k] = in.label_dur[k];
+        A.blank_dur[k] = in.blank_dur[k];
+    }
+    return A;
+}
+
+/* Lanes of a G-lane group (G divides 32): the mask of the group inside its warp, so groups of
+ * one warp may diverge (different nodes, some skipped) while each reduces on its own. */
+template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
+    if (G == 32) return 0xffffffffu;
+    unsigned lane = threadIdx.x & 31u;
+    return ((1u << (G & 31)) - 1u) << (lane & ~(unsigned)(G - 1));
+}
+
+/* ---- launchers (each in its kernel's file) ---------------------------------------------------
+ * Each enqueues one kernel on stream and returns cudaGetLastError() of the launch. */
+cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                                 cudaStream_t stream);
+cudaError_t tdt_launch_sweep(const tdt_gpu_args_t &a, cudaStream_t stream);
+cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                            cudaStream_t stream);
+/* generic.cu: the same kernels for arc counts without their own instantiation. */
+cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int threads, cudaStream_t stream);
+cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                                    cudaStream_t stream);
+
+/* Lanes per node for the V-wide kernels: a whole warp when a row is long enough to give each
+ * lane several 16-byte vectors, else 8 lanes (one 128-byte line per load), 4 nodes a warp. */
+static inline int tdt_gpu_group_size(int64_t V, int vec) { return V / vec >= 64 ? 32 : 8; }
+
+#endif /* TDT_GPU_COMMON_CUH */

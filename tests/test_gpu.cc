@@ -1,0 +1,1155 @@
+// test_gpu.cc - the CUDA backend against the CPU backend (the reference), through the public API.
+//
+// Every test builds one problem on the host, runs it on the CPU (TDT_LOCATION_CPU) and on the
+// GPU (TDT_LOCATION_GPU, device copies of every buffer, gradient buffers poisoned with NaN
+// first so an element the GPU forgot to write shows), and compares costs and gradients element
+// by element, naming the first element that diverged. Tolerances: float64 1e-9 relative (the
+// lattice is float64 on both sides; only exp/log rounding differs); float32 a few 1e-6 of the
+// row sums; float16 / bfloat16 a unit or two of their last place, since both sides round the
+// same float value but the float32 sums before it differ in order.
+//
+// Standalone on purpose (its own helpers): it only needs tdt.h and the CUDA runtime. Without a
+// CUDA build, a driver or a GPU every test is skipped (GTEST_SKIP), so CI still compiles it.
+// TDT_GPU_PERF=1 in the environment also runs GpuPerf.Timings (prints milliseconds).
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tdt.h"
+
+namespace {
+
+// ---- small utilities ---------------------------------------------------------------------------
+
+#define CUDA_OK(expr)                                                                          \
+    do {                                                                                       \
+        cudaError_t e_ = (expr);                                                               \
+        ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);                 \
+    } while (0)
+
+#define TDT_OK(expr)                                                                           \
+    do {                                                                                       \
+        tdt_status_t s_ = (expr);                                                              \
+        ASSERT_EQ(s_, TDT_STATUS_SUCCESS) << #expr << ": " << tdt_status_string(s_) << " / "   \
+                                          << tdt_last_error();                                 \
+    } while (0)
+
+int gpu_count() {
+    if (!tdt_backend_built(TDT_LOCATION_GPU)) return 0;
+    int n = 0;
+    if (tdt_gpu_device_count(&n) != TDT_STATUS_SUCCESS) return 0;
+    return n;
+}
+
+#define REQUIRE_GPU()                                                                          \
+    do {                                                                                       \
+        if (!tdt_backend_built(TDT_LOCATION_GPU)) GTEST_SKIP() << "library built without CUDA"; \
+        if (gpu_count() < 1) GTEST_SKIP() << "no CUDA device or driver";                       \
+    } while (0)
+
+// splitmix64: fast, seedable, the same on every platform.
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed * 0x9e3779b97f4a7c15ull + 1) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }
+    int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+    double normal() {  // Box-Muller
+        double u1 = uniform(), u2 = uniform();
+        if (u1 < 1e-300) u1 = 1e-300;
+        return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    }
+};
+
+size_t esize(tdt_dtype_t dt) {
+    return dt == TDT_DTYPE_FLOAT64 ? 8 : dt == TDT_DTYPE_FLOAT32 ? 4 : 2;
+}
+size_t acc_size(tdt_dtype_t dt) { return dt == TDT_DTYPE_FLOAT64 ? 8 : 4; }
+const char *dt_name(tdt_dtype_t dt) {
+    switch (dt) {
+    case TDT_DTYPE_FLOAT32: return "f32";
+    case TDT_DTYPE_FLOAT64: return "f64";
+    case TDT_DTYPE_FLOAT16: return "f16";
+    case TDT_DTYPE_BFLOAT16: return "bf16";
+    }
+    return "?";
+}
+
+float bits_f(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }
+uint32_t f_bits(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }
+
+float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return bits_f(sign | 0x7f800000u | (m << 13));
+    if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f; }
+    return bits_f(sign | ((e + 112u) << 23) | (m << 13));
+}
+// Round-to-nearest for values well inside the normal half range (all this file generates).
+uint16_t float_to_half(float f) {
+    uint32_t b = f_bits(f), sign = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
+    if (a < 0x38800000u) return (uint16_t)sign;  // flush tiny test values to 0
+    uint32_t r = a - (112u << 23);
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+float bf16_to_float(uint16_t h) { return bits_f((uint32_t)h << 16); }
+uint16_t float_to_bf16(float f) {
+    uint32_t b = f_bits(f);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return (uint16_t)(b >> 16);
+}
+
+double load_el(const void *p, int64_t i, tdt_dtype_t dt) {
+    switch (dt) {
+    case TDT_DTYPE_FLOAT64: return static_cast<const double *>(p)[i];
+    case TDT_DTYPE_FLOAT32: return static_cast<const float *>(p)[i];
+    case TDT_DTYPE_FLOAT16: return half_to_float(static_cast<const uint16_t *>(p)[i]);
+    case TDT_DTYPE_BFLOAT16: return bf16_to_float(static_cast<const uint16_t *>(p)[i]);
+    }
+    return 0;
+}
+void store_el(void *p, int64_t i, double x, tdt_dtype_t dt) {
+    switch (dt) {
+    case TDT_DTYPE_FLOAT64: static_cast<double *>(p)[i] = x; break;
+    case TDT_DTYPE_FLOAT32: static_cast<float *>(p)[i] = (float)x; break;
+    case TDT_DTYPE_FLOAT16: static_cast<uint16_t *>(p)[i] = float_to_half((float)x); break;
+    case TDT_DTYPE_BFLOAT16: static_cast<uint16_t *>(p)[i] = float_to_bf16((float)x); break;
+    }
+}
+
+// ---- a problem, laid out as the library sees it ------------------------------------------------
+
+// Layouts of the logits: one joint tensor (B, T, U+1, V + D + pad) sliced at V, or two
+// separate tensors with `pad` extra elements per row. Gradients: into a joint-shaped buffer
+// with the logits' strides, into separate contiguous tensors, or in place over the logits.
+enum class Grads { Joint, Separate, InPlace };
+
+struct Spec {
+    int64_t B = 2, T = 6, U = 3, V = 7;
+    std::vector<int> durs = {0, 1, 2, 3, 4};  // empty: RNN-T
+    tdt_dtype_t dt = TDT_DTYPE_FLOAT32;
+    int blank = -1;  // -1: V - 1
+    double sigma = 0, lambda = 0, clamp = 0;
+    bool log_probs = false;
+    bool joint = true;
+    int64_t pad = 0;
+    Grads grads = Grads::Joint;
+    bool ragged = false;           // T_b in [T/2, T], U_b in [0, U]
+    std::vector<int32_t> Tb, Ub;   // explicit lengths (override ragged)
+    double scale = 1.0;            // logit standard deviation
+    uint64_t seed = 1;
+
+    int D() const { return (int)durs.size(); }
+    int blank_id() const { return blank < 0 ? (int)V - 1 : blank; }
+    std::string str() const {
+        std::ostringstream s;
+        s << dt_name(dt) << " B" << B << " T" << T << " U" << U << " V" << V << " D{";
+        for (size_t i = 0; i < durs.size(); ++i) s << (i ? "," : "") << durs[i];
+        s << "} blank" << blank_id() << " sigma" << sigma << " lambda" << lambda << " clamp"
+          << clamp << (log_probs ? " logprobs" : "") << (joint ? " joint" : " separate")
+          << " pad" << pad << " grads"
+          << (grads == Grads::Joint ? "Joint" : grads == Grads::Separate ? "Separate" : "InPlace")
+          << (ragged ? " ragged" : "") << " seed" << seed;
+        return s.str();
+    }
+};
+
+struct Host {
+    Spec s;
+    int64_t row_tok = 0, row_dur = 0;  // elements per (b,t,u) row of each logits buffer
+    std::vector<uint8_t> tok, dur;     // logits (dur empty when joint or RNN-T)
+    int64_t tok_s[3] = {0, 0, 0}, dur_s[3] = {0, 0, 0};
+    int64_t dur_offset = 0;            // duration logits start (elements) inside `tok` if joint
+    std::vector<int32_t> labels, T, U;
+    int64_t gtok_s[3] = {0, 0, 0}, gdur_s[3] = {0, 0, 0};
+    int64_t gtok_elems = 0, gdur_elems = 0;  // sizes of separate gradient buffers
+};
+
+void strides_of(int64_t T, int64_t U, int64_t row, int64_t *s) {
+    s[2] = row;
+    s[1] = (U + 1) * row;
+    s[0] = T * (U + 1) * row;
+}
+
+Host make_host(const Spec &s) {
+    Host h;
+    h.s = s;
+    Rng r(s.seed);
+    const int64_t D = s.D(), nodes = s.B * s.T * (s.U + 1);
+    const size_t es = esize(s.dt);
+    if (s.joint) {
+        h.row_tok = s.V + D + s.pad;
+        h.tok.resize((size_t)(nodes * h.row_tok) * es);
+        strides_of(s.T, s.U, h.row_tok, h.tok_s);
+        std::memcpy(h.dur_s, h.tok_s, sizeof h.tok_s);
+        h.dur_offset = s.V;
+    } else {
+        h.row_tok = s.V + s.pad;
+        h.row_dur = D + s.pad;
+        h.tok.resize((size_t)(nodes * h.row_tok) * es);
+        h.dur.resize((size_t)(nodes * h.row_dur) * es);
+        strides_of(s.T, s.U, h.row_tok, h.tok_s);
+        strides_of(s.T, s.U, h.row_dur, h.dur_s);
+    }
+    // logits (or log-probs: a log-softmax of random logits, per row)
+    std::vector<double> rowv(std::max<int64_t>(s.V, D) + 1);
+    auto fill_row = [&](void *base, int64_t off, int64_t n, bool lp) {
+        double m = -INFINITY;
+        for (int64_t i = 0; i < n; ++i) { rowv[i] = s.scale * r.normal(); m = std::max(m, rowv[i]); }
+        if (lp) {
+            double sum = 0;
+            for (int64_t i = 0; i < n; ++i) sum += std::exp(rowv[i] - m);
+            for (int64_t i = 0; i < n; ++i) rowv[i] -= m + std::log(sum);
+        }
+        for (int64_t i = 0; i < n; ++i) store_el(base, off + i, rowv[i], s.dt);
+    };
+    for (int64_t n = 0; n < nodes; ++n) {
+        // padding elements get a recognisable value (they must never be read into a result)
+        if (s.joint) {
+            fill_row(h.tok.data(), n * h.row_tok, s.V, s.log_probs);
+            if (D) fill_row(h.tok.data(), n * h.row_tok + s.V, D, s.log_probs);
+            for (int64_t i = s.V + D; i < h.row_tok; ++i) store_el(h.tok.data(), n * h.row_tok + i, 1e4, s.dt);
+        } else {
+            fill_row(h.tok.data(), n * h.row_tok, s.V, s.log_probs);
+            for (int64_t i = s.V; i < h.row_tok; ++i) store_el(h.tok.data(), n * h.row_tok + i, 1e4, s.dt);
+            if (D) {
+                fill_row(h.dur.data(), n * h.row_dur, D, s.log_probs);
+                for (int64_t i = D; i < h.row_dur; ++i) store_el(h.dur.data(), n * h.row_dur + i, 1e4, s.dt);
+            }
+        }
+    }
+    const int blank = s.blank_id();
+    h.labels.resize((size_t)std::max<int64_t>(s.B * s.U, 1));
+    for (auto &l : h.labels) {
+        do l = r.below((int)s.V); while (l == blank && s.V > 1);
+    }
+    h.T.resize(s.B);
+    h.U.resize(s.B);
+    for (int64_t b = 0; b < s.B; ++b) {
+        h.T[b] = (int32_t)s.T;
+        h.U[b] = (int32_t)s.U;
+        if (s.ragged && b > 0) {  // sample 0 keeps the full lengths
+            h.T[b] = (int32_t)(s.T / 2 + r.below((int)(s.T - s.T / 2) + 1));
+            h.U[b] = (int32_t)r.below((int)s.U + 1);
+        }
+        if (!s.Tb.empty()) h.T[b] = s.Tb[b];
+        if (!s.Ub.empty()) h.U[b] = s.Ub[b];
+    }
+    // gradient layouts
+    if (s.grads == Grads::Separate) {
+        strides_of(s.T, s.U, s.V, h.gtok_s);
+        strides_of(s.T, s.U, D, h.gdur_s);
+        h.gtok_elems = nodes * s.V;
+        h.gdur_elems = nodes * D;
+    } else {
+        std::memcpy(h.gtok_s, h.tok_s, sizeof h.tok_s);
+        std::memcpy(h.gdur_s, h.dur_s, sizeof h.dur_s);
+    }
+    return h;
+}
+
+// Results in logical layout: costs (B), token grads (B,T,U+1,V), duration grads (B,T,U+1,D).
+struct Out {
+    std::vector<double> costs, gtok, gdur;
+    std::vector<uint8_t> raw_costs, raw_gtok, raw_gdur;  // the bytes as written (bitwise checks)
+};
+
+enum class Mode { OneShot, FwdBwd, FwdOnly };
+
+struct RunOpts {
+    Mode mode = Mode::OneShot;
+    std::vector<double> grad_costs;  // FwdBwd: upstream gradients (empty: NULL = ones)
+    cudaStream_t stream = nullptr;
+    bool graph = false;              // GPU: capture the calls in a CUDA graph and replay it
+    bool want_tok = true, want_dur = true;
+};
+
+void fill_options(const Host &h, tdt_location_t loc, tdt_options_t *o, cudaStream_t stream) {
+    std::memset(o, 0, sizeof *o);
+    o->location = loc;
+    o->stream = stream;
+    o->blank = h.s.blank_id();
+    o->durations = h.s.durs.empty() ? nullptr : h.s.durs.data();
+    o->num_durations = h.s.D();
+    o->sigma = h.s.sigma;
+    o->fastemit_lambda = h.s.lambda;
+    o->clamp = h.s.clamp;
+    o->input_kind = h.s.log_probs ? TDT_INPUT_LOG_PROBS : TDT_INPUT_LOGITS;
+}
+
+// Reads a gradient buffer (bytes) back into the logical layout.
+void unpack(const Host &h, const std::vector<uint8_t> &buf, const int64_t *strides, int64_t base,
+            int64_t width, std::vector<double> *out) {
+    const Spec &s = h.s;
+    out->assign((size_t)(s.B * s.T * (s.U + 1) * width), 0.0);
+    size_t i = 0;
+    for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t t = 0; t < s.T; ++t)
+            for (int64_t u = 0; u <= s.U; ++u) {
+                int64_t off = base + b * strides[0] + t * strides[1] + u * strides[2];
+                for (int64_t k = 0; k < width; ++k) (*out)[i++] = load_el(buf.data(), off + k, s.dt);
+            }
+}
+
+void unpack_costs(const Host &h, Out *o) {
+    o->costs.resize(h.s.B);
+    for (int64_t b = 0; b < h.s.B; ++b)
+        o->costs[b] = h.s.dt == TDT_DTYPE_FLOAT64 ? ((const double *)o->raw_costs.data())[b]
+                                                  : ((const float *)o->raw_costs.data())[b];
+}
+
+std::vector<uint8_t> acc_bytes(const std::vector<double> &v, tdt_dtype_t dt) {
+    std::vector<uint8_t> r(v.size() * acc_size(dt));
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (dt == TDT_DTYPE_FLOAT64) ((double *)r.data())[i] = v[i];
+        else ((float *)r.data())[i] = (float)v[i];
+    }
+    return r;
+}
+
+// Fills the tdt_problem_t / tdt_gradients_t for buffers at the given (host or device) pointers.
+struct Ptrs {
+    void *tok = nullptr, *dur = nullptr, *gtok = nullptr, *gdur = nullptr;
+    int32_t *labels = nullptr, *T = nullptr, *U = nullptr;
+};
+
+void fill_problem(const Host &h, const Ptrs &p, tdt_problem_t *pr, tdt_gradients_t *g,
+                  const RunOpts &ro) {
+    const Spec &s = h.s;
+    const size_t es = esize(s.dt);
+    std::memset(pr, 0, sizeof *pr);
+    std::memset(g, 0, sizeof *g);
+    pr->batch = s.B;
+    pr->max_frames = s.T;
+    pr->max_labels = s.U;
+    pr->vocab_size = s.V;
+    pr->dtype = s.dt;
+    pr->token_logits = p.tok;
+    std::memcpy(pr->token_strides, h.tok_s, sizeof h.tok_s);
+    if (s.D()) {
+        pr->duration_logits = s.joint ? (const void *)((const char *)p.tok + h.dur_offset * es) : p.dur;
+        std::memcpy(pr->duration_strides, h.dur_s, sizeof h.dur_s);
+    }
+    pr->labels = s.U > 0 ? p.labels : nullptr;
+    pr->frame_lengths = p.T;
+    pr->label_lengths = p.U;
+    if (ro.want_tok) g->token_grads = p.gtok;
+    std::memcpy(g->token_strides, h.gtok_s, sizeof h.gtok_s);
+    if (s.D() && ro.want_dur)  // joint-shaped (or in place over a joint tensor): the slice at V
+        g->duration_grads = s.joint && s.grads != Grads::Separate ? (char *)p.gtok + h.dur_offset * es
+                                                                  : p.gdur;
+    std::memcpy(g->duration_strides, h.gdur_s, sizeof h.gdur_s);
+}
+
+// Runs the problem on the CPU, on copies of the host buffers (in place overwrites them).
+Out run_cpu(const Host &h, const RunOpts &ro) {
+    Out out;
+    const Spec &s = h.s;
+    tdt_options_t o;
+    fill_options(h, TDT_LOCATION_CPU, &o, nullptr);
+    std::vector<uint8_t> tok = h.tok, dur = h.dur, gtok, gdur;
+    std::vector<int32_t> labels = h.labels, T = h.T, U = h.U;
+    Ptrs p;
+    p.tok = tok.data();
+    p.dur = dur.empty() ? nullptr : dur.data();
+    p.labels = labels.data();
+    p.T = T.data();
+    p.U = U.data();
+    if (s.grads == Grads::InPlace) {
+        p.gtok = p.tok;
+        p.gdur = p.dur;
+    } else if (s.grads == Grads::Joint) {
+        gtok.assign(h.tok.size(), 0xff);
+        gdur.assign(h.dur.size(), 0xff);
+        p.gtok = gtok.data();
+        p.gdur = gdur.empty() ? nullptr : gdur.data();
+    } else {
+        gtok.assign((size_t)h.gtok_elems * esize(s.dt), 0xff);
+        gdur.assign((size_t)std::max<int64_t>(h.gdur_elems, 1) * esize(s.dt), 0xff);
+        p.gtok = gtok.data();
+        p.gdur = gdur.data();
+    }
+    tdt_problem_t pr;
+    tdt_gradients_t g;
+    fill_problem(h, p, &pr, &g, ro);
+    size_t ws = 0;
+    EXPECT_EQ(tdt_get_workspace_size(&pr, &o, &ws), TDT_STATUS_SUCCESS);
+    std::vector<uint8_t> work(ws);
+    out.raw_costs.assign((size_t)std::max<int64_t>(s.B, 1) * acc_size(s.dt), 0);
+    tdt_status_t st;
+    if (ro.mode == Mode::OneShot) {
+        st = compute_tdt_loss(&pr, &o, out.raw_costs.data(), &g, work.data(), ws);
+    } else {
+        st = tdt_forward(&pr, &o, out.raw_costs.data(), work.data(), ws);
+        if (st == TDT_STATUS_SUCCESS && ro.mode == Mode::FwdBwd) {
+            std::vector<uint8_t> gc = acc_bytes(ro.grad_costs, s.dt);
+            st = tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.data(), &g, work.data(), ws);
+        }
+    }
+    EXPECT_EQ(st, TDT_STATUS_SUCCESS) << "CPU: " << tdt_status_string(st) << " / " << tdt_last_error();
+    out.raw_costs.resize((size_t)s.B * acc_size(s.dt));
+    unpack_costs(h, &out);
+    if (ro.mode == Mode::FwdOnly) return out;
+    const std::vector<uint8_t> &gt = s.grads == Grads::InPlace ? tok : gtok;
+    const std::vector<uint8_t> &gd = s.grads == Grads::InPlace ? (s.joint ? tok : dur)
+                                     : (s.grads == Grads::Joint && s.joint ? gtok : gdur);
+    out.raw_gtok = gt;
+    out.raw_gdur = gd;
+    unpack(h, gt, h.gtok_s, 0, s.V, &out.gtok);
+    if (s.D()) unpack(h, gd, h.gdur_s, (s.joint && s.grads != Grads::Separate) ? h.dur_offset : 0, s.D(), &out.gdur);
+    return out;
+}
+
+// Device copies of a host problem, freed on scope exit.
+struct DevBuf {
+    void *p = nullptr;
+    size_t n = 0;
+    DevBuf() = default;
+    DevBuf(const DevBuf &) = delete;
+    DevBuf &operator=(const DevBuf &) = delete;
+    ~DevBuf() { if (p) cudaFree(p); }
+    cudaError_t alloc(size_t bytes) {
+        n = bytes;
+        return cudaMalloc(&p, bytes ? bytes : 1);
+    }
+    cudaError_t upload(const void *src, size_t bytes) {
+        cudaError_t e = alloc(bytes);
+        if (e != cudaSuccess || !bytes) return e;
+        return cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
+    }
+    std::vector<uint8_t> download() const {
+        std::vector<uint8_t> v(n);
+        if (n) {
+            EXPECT_EQ(cudaMemcpy(v.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+        }
+        return v;
+    }
+};
+
+// Runs the problem on the current GPU. Gradient buffers are poisoned with 0xff (NaN) except in
+// place, where they are the logits.
+Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullptr) {
+    Out out;
+    const Spec &s = h.s;
+    const size_t es = esize(s.dt);
+    DevBuf tok, dur, gtok, gdur, labels, T, U, costs, gc, work;
+    EXPECT_EQ(tok.upload(h.tok.data(), h.tok.size()), cudaSuccess);
+    EXPECT_EQ(dur.upload(h.dur.data(), h.dur.size()), cudaSuccess);
+    EXPECT_EQ(labels.upload(h.labels.data(), h.labels.size() * 4), cudaSuccess);
+    EXPECT_EQ(T.upload(h.T.data(), h.T.size() * 4), cudaSuccess);
+    EXPECT_EQ(U.upload(h.U.data(), h.U.size() * 4), cudaSuccess);
+    Ptrs p;
+    p.tok = tok.p;
+    p.dur = h.dur.empty() ? nullptr : dur.p;
+    p.labels = (int32_t *)labels.p;
+    p.T = (int32_t *)T.p;
+    p.U = (int32_t *)U.p;
+    if (s.grads == Grads::InPlace) {
+        p.gtok = p.tok;
+        p.gdur = p.dur;
+    } else if (s.grads == Grads::Joint) {
+        EXPECT_EQ(gtok.alloc(h.tok.size()), cudaSuccess);
+        EXPECT_EQ(cudaMemset(gtok.p, 0xff, h.tok.size()), cudaSuccess);
+        EXPECT_EQ(gdur.alloc(h.dur.size()), cudaSuccess);
+        EXPECT_EQ(cudaMemset(gdur.p, 0xff, h.dur.size()), cudaSuccess);
+        p.gtok = gtok.p;
+        p.gdur = h.dur.empty() ? nullptr : gdur.p;
+    } else {
+        EXPECT_EQ(gtok.alloc((size_t)h.gtok_elems * es), cudaSuccess);
+        EXPECT_EQ(cudaMemset(gtok.p, 0xff, gtok.n), cudaSuccess);
+        EXPECT_EQ(gdur.alloc((size_t)std::max<int64_t>(h.gdur_elems, 1) * es), cudaSuccess);
+        EXPECT_EQ(cudaMemset(gdur.p, 0xff, gdur.n), cudaSuccess);
+        p.gtok = gtok.p;
+        p.gdur = gdur.p;
+    }
+    tdt_options_t o;
+    fill_options(h, TDT_LOCATION_GPU, &o, ro.stream);
+    tdt_problem_t pr;
+    tdt_gradients_t g;
+    fill_problem(h, p, &pr, &g, ro);
+    size_t ws = 0;
+    EXPECT_EQ(tdt_get_workspace_size(&pr, &o, &ws), TDT_STATUS_SUCCESS);
+    EXPECT_EQ(work.alloc(ws), cudaSuccess);
+    EXPECT_EQ(costs.alloc((size_t)std::max<int64_t>(s.B, 1) * acc_size(s.dt)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(costs.p, 0xff, costs.n), cudaSuccess);
+    std::vector<uint8_t> gch = acc_bytes(ro.grad_costs, s.dt);
+    EXPECT_EQ(gc.upload(gch.data(), gch.size()), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    auto enqueue = [&]() -> tdt_status_t {
+        if (ro.mode == Mode::OneShot) return compute_tdt_loss(&pr, &o, costs.p, &g, work.p, ws);
+        tdt_status_t st = tdt_forward(&pr, &o, costs.p, work.p, ws);
+        if (st != TDT_STATUS_SUCCESS || ro.mode == Mode::FwdOnly) return st;
+        return tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.p, &g, work.p, ws);
+    };
+    if (ro.graph) {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        EXPECT_EQ(cudaStreamBeginCapture(ro.stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+        tdt_status_t st = enqueue();
+        EXPECT_EQ(st, TDT_STATUS_SUCCESS) << tdt_status_string(st) << " / " << tdt_last_error();
+        EXPECT_EQ(cudaStreamEndCapture(ro.stream, &graph), cudaSuccess);
+        EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        EXPECT_EQ(cudaGraphLaunch(exec, ro.stream), cudaSuccess);
+        EXPECT_EQ(cudaStreamSynchronize(ro.stream), cudaSuccess);
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+    } else {
+        tdt_status_t st = enqueue();
+        EXPECT_EQ(st, TDT_STATUS_SUCCESS) << tdt_status_string(st) << " / " << tdt_last_error();
+        if (current_device_after) {
+            EXPECT_EQ(cudaGetDevice(current_device_after), cudaSuccess);
+        }
+        EXPECT_EQ(cudaStreamSynchronize(ro.stream), cudaSuccess);
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    out.raw_costs = costs.download();
+    out.raw_costs.resize((size_t)s.B * acc_size(s.dt));
+    unpack_costs(h, &out);
+    if (ro.mode == Mode::FwdOnly) return out;
+    const DevBuf &gt = s.grads == Grads::InPlace ? tok : gtok;
+    const DevBuf &gd = s.grads == Grads::InPlace ? (s.joint ? tok : dur)
+                       : (s.grads == Grads::Joint && s.joint ? gtok : gdur);
+    out.raw_gtok = gt.download();
+    out.raw_gdur = &gd == &gt ? out.raw_gtok : gd.download();
+    unpack(h, out.raw_gtok, h.gtok_s, 0, s.V, &out.gtok);
+    if (s.D()) unpack(h, out.raw_gdur, h.gdur_s, (s.joint && s.grads != Grads::Separate) ? h.dur_offset : 0, s.D(), &out.gdur);
+    return out;
+}
+
+// ---- comparisons ---------------------------------------------------------------------------------
+
+struct Tol {
+    double cost_rel, cost_abs, grad_rel, grad_abs;
+};
+Tol tol_for(tdt_dtype_t dt) {
+    switch (dt) {
+    case TDT_DTYPE_FLOAT64: return {1e-9, 1e-9, 1e-9, 1e-11};
+    case TDT_DTYPE_FLOAT32: return {2e-5, 2e-4, 2e-3, 2e-5};
+    case TDT_DTYPE_FLOAT16: return {2e-5, 2e-4, 4e-3, 1e-4};
+    case TDT_DTYPE_BFLOAT16: return {2e-5, 2e-4, 2e-2, 1e-3};
+    }
+    return {0, 0, 0, 0};
+}
+
+bool close(double a, double b, double rel, double abs_) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+    if (std::isinf(a) || std::isinf(b)) return a == b;
+    return std::fabs(a - b) <= abs_ + rel * std::max(std::fabs(a), std::fabs(b));
+}
+
+void expect_close_vec(const char *what, const std::vector<double> &gpu,
+                      const std::vector<double> &cpu, double rel, double abs_, const Spec &s,
+                      int64_t width) {
+    ASSERT_EQ(gpu.size(), cpu.size()) << what;
+    size_t bad = 0, first = 0;
+    double worst = 0;
+    for (size_t i = 0; i < gpu.size(); ++i) {
+        if (!close(gpu[i], cpu[i], rel, abs_)) {
+            if (!bad) first = i;
+            ++bad;
+        }
+        if (std::isfinite(gpu[i]) && std::isfinite(cpu[i])) worst = std::max(worst, std::fabs(gpu[i] - cpu[i]));
+    }
+    if (bad) {
+        int64_t k = (int64_t)first % width, n = (int64_t)first / width;
+        int64_t u = n % (s.U + 1), t = (n / (s.U + 1)) % s.T, b = n / ((s.U + 1) * s.T);
+        ADD_FAILURE() << what << ": " << bad << " of " << gpu.size() << " differ; first at (b" << b
+                      << ", t" << t << ", u" << u << ", " << k << "): gpu " << gpu[first] << " cpu "
+                      << cpu[first] << "; max |diff| " << worst << " [" << s.str() << "]";
+    }
+}
+
+void expect_match(const Out &gpu, const Out &cpu, const Spec &s, bool grads = true) {
+    Tol t = tol_for(s.dt);
+    expect_close_vec("costs", gpu.costs, cpu.costs, t.cost_rel, t.cost_abs, s, 1);
+    if (!grads) return;
+    expect_close_vec("token grads", gpu.gtok, cpu.gtok, t.grad_rel, t.grad_abs, s, s.V);
+    if (s.D()) expect_close_vec("duration grads", gpu.gdur, cpu.gdur, t.grad_rel, t.grad_abs, s, s.D());
+}
+
+// Joint-shaped gradient buffer with padding after the V + D elements of each row: the GPU
+// must leave the padding as it found it (poisoned 0xff bytes).
+void expect_padding_untouched(const Host &h, const Out &gpu) {
+    const Spec &s = h.s;
+    if (!(s.joint && s.grads == Grads::Joint && s.pad > 0)) return;
+    const size_t es = esize(s.dt);
+    const int64_t nodes = s.B * s.T * (s.U + 1);
+    for (int64_t n = 0; n < nodes; ++n)
+        for (int64_t i = s.V + s.D(); i < h.row_tok; ++i)
+            for (size_t k = 0; k < es; ++k)
+                ASSERT_EQ(gpu.raw_gtok[(size_t)(n * h.row_tok + i) * es + k], 0xff)
+                    << "padding element " << i << " of row " << n << " was written";
+}
+
+void check_vs_cpu(const Spec &s, const RunOpts &ro = RunOpts()) {
+    Host h = make_host(s);
+    Out c = run_cpu(h, ro);
+    Out g = run_gpu(h, ro);
+    expect_match(g, c, s, ro.mode != Mode::FwdOnly);
+    if (ro.mode != Mode::FwdOnly) expect_padding_untouched(h, g);
+}
+
+// ---- GPU against CPU over the configurations -----------------------------------------------------
+
+struct Config {
+    const char *name;
+    Spec spec;
+};
+
+std::vector<Config> configs() {
+    std::vector<Config> v;
+    Spec s;
+    s.B = 3; s.T = 12; s.U = 5; s.V = 17; s.ragged = true;
+    v.push_back({"TdtParakeetDurations", s});
+    s.sigma = 0.05; s.lambda = 0.01; s.clamp = 0.3; s.blank = 0; s.seed = 2;
+    v.push_back({"TdtSigmaFastemitClamp", s});
+    Spec r; r.B = 4; r.T = 9; r.U = 4; r.V = 11; r.durs = {}; r.blank = 0; r.ragged = true; r.seed = 3;
+    v.push_back({"Rnnt", r});
+    r.lambda = 0.02; r.clamp = 0.2; r.blank = -1; r.seed = 4;
+    v.push_back({"RnntFastemitClamp", r});
+    Spec l = s; l.sigma = 0.05; l.lambda = 0; l.clamp = 0; l.log_probs = true; l.seed = 5;
+    v.push_back({"TdtLogProbs", l});
+    Spec lr = r; lr.log_probs = true; lr.lambda = 0; lr.clamp = 0; lr.seed = 6;
+    v.push_back({"RnntLogProbs", lr});
+    Spec d = s; d.sigma = 0; d.lambda = 0; d.clamp = 0; d.durs = {3, 1, 0, 2}; d.seed = 7;
+    v.push_back({"UnsortedDurations", d});
+    d.durs = {1, 2, 4}; d.seed = 8;
+    v.push_back({"DurationsWithoutZero", d});
+    d.durs = {2, 3}; d.T = 11; d.seed = 9;  // no 0, no 1: some samples infeasible
+    v.push_back({"DurationsWithout0And1", d});
+    d.durs = {0, 1, 2, 3, 4, 5, 6}; d.seed = 10;  // generic (runtime arc count) kernels
+    v.push_back({"SevenDurations", d});
+    d.durs = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}; d.T = 14; d.seed = 11;
+    v.push_back({"TwelveDurations", d});
+    Spec w; w.B = 2; w.T = 20; w.U = 6; w.V = 600; w.pad = 3; w.ragged = true; w.seed = 12;
+    v.push_back({"WideRowsMisaligned", w});  // 32-lane groups, 16-byte heads and tails
+    w.grads = Grads::Separate; w.seed = 13;
+    v.push_back({"WideSeparateGrads", w});   // gradient rows aligned unlike the logits rows
+    Spec ip = s; ip.grads = Grads::InPlace; ip.seed = 14;
+    v.push_back({"InPlaceJoint", ip});
+    Spec sep = s; sep.joint = false; sep.pad = 2; sep.grads = Grads::Separate; sep.seed = 15;
+    v.push_back({"SeparateTensors", sep});
+    Spec ips = sep; ips.grads = Grads::InPlace; ips.seed = 16;
+    v.push_back({"InPlaceSeparateTensors", ips});
+    Spec bm = s; bm.blank = 6; bm.seed = 17;
+    v.push_back({"BlankInTheMiddle", bm});
+    return v;
+}
+
+struct Param {
+    int config;
+    tdt_dtype_t dt;
+};
+
+std::vector<Param> params() {
+    std::vector<Param> p;
+    size_t n = configs().size();
+    for (size_t i = 0; i < n; ++i)
+        for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT16, TDT_DTYPE_BFLOAT16})
+            p.push_back({(int)i, dt});
+    return p;
+}
+
+class GpuVsCpu : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GpuVsCpu, OneShot) {
+    REQUIRE_GPU();
+    Spec s = configs()[GetParam().config].spec;
+    s.dt = GetParam().dt;
+    check_vs_cpu(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuVsCpu, ::testing::ValuesIn(params()),
+                         [](const ::testing::TestParamInfo<Param> &i) {
+                             return std::string(configs()[i.param.config].name) + "_" + dt_name(i.param.dt);
+                         });
+
+// ---- golden value on the GPU alone (NeMo's fixed TDT case, DESIGN.md) ------------------------------
+
+TEST(GpuGolden, NemoFixedCase) {
+    REQUIRE_GPU();
+    Spec s;
+    s.B = 1; s.T = 3; s.U = 1; s.V = 4; s.durs = {0, 1, 2}; s.blank = 3; s.sigma = 0.05;
+    s.dt = TDT_DTYPE_FLOAT64;
+    Host h = make_host(s);
+    std::fill(h.tok.begin(), h.tok.end(), 0);  // all 7 logits zero at every node
+    h.labels = {0};
+    Out g = run_gpu(h, RunOpts());
+    EXPECT_NEAR(g.costs[0], 4.155739, 1e-6);
+    const double want_tok[4] = {-0.649628, 0.25, 0.25, 0.149628};
+    const double want_dur[3] = {0.267258, -0.167926, -0.099332};
+    for (int v = 0; v < 4; ++v) EXPECT_NEAR(g.gtok[v], want_tok[v], 1e-6) << "token " << v;
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(g.gdur[k], want_dur[k], 1e-6) << "duration " << k;
+}
+
+// ---- edge cases ----------------------------------------------------------------------------------
+
+class GpuEdge : public ::testing::TestWithParam<tdt_dtype_t> {};
+
+TEST_P(GpuEdge, NoLabels) {  // max_labels = 0: labels NULL, only blank paths
+    REQUIRE_GPU();
+    Spec s; s.B = 3; s.T = 7; s.U = 0; s.V = 5; s.dt = GetParam();
+    check_vs_cpu(s);
+    s.durs = {}; s.seed = 2;
+    check_vs_cpu(s);
+}
+
+TEST_P(GpuEdge, EmptyLabelSequencesInABatch) {
+    REQUIRE_GPU();
+    Spec s; s.B = 3; s.T = 8; s.U = 4; s.V = 9; s.Ub = {4, 0, 2}; s.Tb = {8, 5, 8}; s.dt = GetParam();
+    check_vs_cpu(s);
+}
+
+TEST_P(GpuEdge, SingleFrame) {
+    REQUIRE_GPU();
+    Spec s; s.B = 2; s.T = 1; s.U = 3; s.V = 6; s.dt = GetParam();
+    check_vs_cpu(s);
+    s.durs = {}; s.seed = 3;
+    check_vs_cpu(s);
+}
+
+TEST_P(GpuEdge, InfeasibleAndZeroFrames) {
+    REQUIRE_GPU();
+    Spec s; s.B = 4; s.T = 7; s.U = 2; s.V = 6; s.durs = {2}; s.dt = GetParam();
+    s.Tb = {7, 6, 0, 4};  // durations {2}: only even T_b can end exactly; T_b = 0 never
+    Host h = make_host(s);
+    Out c = run_cpu(h, RunOpts());
+    Out g = run_gpu(h, RunOpts());
+    expect_match(g, c, s);
+    EXPECT_TRUE(std::isinf(g.costs[0]) && g.costs[0] > 0);
+    EXPECT_TRUE(std::isinf(g.costs[2]) && g.costs[2] > 0);
+    const int64_t per = s.T * (s.U + 1) * s.V;
+    for (int64_t i = 0; i < per; ++i) ASSERT_EQ(g.gtok[i], 0.0) << "infeasible sample 0, element " << i;
+    for (int64_t i = 2 * per; i < 3 * per; ++i) ASSERT_EQ(g.gtok[i], 0.0) << "T_b = 0 sample, element " << i;
+}
+
+TEST_P(GpuEdge, MaxFramesZeroAndEmptyBatch) {
+    REQUIRE_GPU();
+    Spec s; s.B = 2; s.T = 0; s.U = 2; s.V = 5; s.dt = GetParam();
+    Host h = make_host(s);
+    Out g = run_gpu(h, RunOpts());
+    for (double c : g.costs) EXPECT_TRUE(std::isinf(c) && c > 0);
+    s.B = 0; s.T = 3;
+    Host h0 = make_host(s);
+    run_gpu(h0, RunOpts());  // must succeed and write nothing
+}
+
+TEST_P(GpuEdge, LargeLogitsAndPadding) {
+    REQUIRE_GPU();
+    Spec s; s.B = 3; s.T = 10; s.U = 4; s.V = 33; s.scale = 30; s.ragged = true; s.pad = 5;
+    s.dt = GetParam();
+    check_vs_cpu(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GpuEdge,
+                         ::testing::Values(TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64, TDT_DTYPE_BFLOAT16),
+                         [](const ::testing::TestParamInfo<tdt_dtype_t> &i) { return std::string(dt_name(i.param)); });
+
+// ---- call shapes -----------------------------------------------------------------------------------
+
+Spec medium(tdt_dtype_t dt) {
+    Spec s; s.B = 3; s.T = 30; s.U = 8; s.V = 300; s.ragged = true; s.dt = dt; s.sigma = 0.02;
+    return s;
+}
+
+TEST(GpuCalls, ForwardBackwardEqualsOneShotBitwise) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16, TDT_DTYPE_FLOAT64}) {
+        Host h = make_host(medium(dt));
+        RunOpts one, pair;
+        pair.mode = Mode::FwdBwd;
+        Out a = run_gpu(h, one), b = run_gpu(h, pair);
+        EXPECT_EQ(a.raw_costs, b.raw_costs) << dt_name(dt);
+        EXPECT_EQ(a.raw_gtok, b.raw_gtok) << dt_name(dt);
+    }
+}
+
+TEST(GpuCalls, UpstreamGradientScaling) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64}) {
+        Spec s = medium(dt);
+        Host h = make_host(s);
+        RunOpts ro;
+        ro.mode = Mode::FwdBwd;
+        ro.grad_costs = {0.5, -2.0, 0.0};
+        Out c = run_cpu(h, ro), g = run_gpu(h, ro);
+        expect_match(g, c, s);
+        ro.grad_costs = {};
+        ro.mode = Mode::FwdOnly;
+        Out f = run_gpu(h, ro);
+        EXPECT_EQ(f.raw_costs, g.raw_costs);
+    }
+}
+
+TEST(GpuCalls, OnlyOneGradient) {
+    REQUIRE_GPU();
+    Spec s = medium(TDT_DTYPE_FLOAT32);
+    Host h = make_host(s);
+    RunOpts a, b;
+    a.want_dur = false;
+    b.want_tok = false;
+    Out full = run_gpu(h, RunOpts());
+    Out ta = run_gpu(h, a), tb = run_gpu(h, b);
+    EXPECT_EQ(ta.gtok, full.gtok);
+    EXPECT_EQ(tb.gdur, full.gdur);
+}
+
+TEST(GpuCalls, DeterministicAcrossRuns) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT16}) {
+        Spec s = medium(dt);
+        s.B = 4; s.V = 1025;
+        Host h = make_host(s);
+        Out a = run_gpu(h, RunOpts());
+        for (int i = 0; i < 3; ++i) {
+            Out b = run_gpu(h, RunOpts());
+            ASSERT_EQ(a.raw_costs, b.raw_costs) << "run " << i;
+            ASSERT_EQ(a.raw_gtok, b.raw_gtok) << "run " << i;
+        }
+    }
+}
+
+TEST(GpuCalls, SecondStreamAndGraphCapture) {
+    REQUIRE_GPU();
+    cudaStream_t st = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16}) {
+        Spec s = medium(dt);
+        Host h = make_host(s);
+        RunOpts base;
+        base.mode = Mode::FwdBwd;
+        base.grad_costs = {1.0, 0.25, 3.0};
+        Out ref = run_gpu(h, base);
+        RunOpts on_stream = base;
+        on_stream.stream = st;
+        Out a = run_gpu(h, on_stream);
+        EXPECT_EQ(a.raw_costs, ref.raw_costs) << "non-default stream, " << dt_name(dt);
+        EXPECT_EQ(a.raw_gtok, ref.raw_gtok) << "non-default stream, " << dt_name(dt);
+        RunOpts graph = on_stream;
+        graph.graph = true;
+        Out b = run_gpu(h, graph);
+        EXPECT_EQ(b.raw_costs, ref.raw_costs) << "graph replay, " << dt_name(dt);
+        EXPECT_EQ(b.raw_gtok, ref.raw_gtok) << "graph replay, " << dt_name(dt);
+        Out c = run_cpu(h, base);
+        expect_match(a, c, s);
+    }
+    CUDA_OK(cudaStreamDestroy(st));
+}
+
+TEST(GpuCalls, CurrentDeviceRestoredAndNonZeroDevice) {
+    REQUIRE_GPU();
+    Spec s = medium(TDT_DTYPE_FLOAT32);
+    Host h = make_host(s);
+    Out c = run_cpu(h, RunOpts());
+    int n = gpu_count();
+    CUDA_OK(cudaSetDevice(0));
+    int after = -1;
+    Out g0 = run_gpu(h, RunOpts(), &after);
+    EXPECT_EQ(after, 0);
+    expect_match(g0, c, s);
+    if (n < 2) GTEST_SKIP() << "one GPU: the non-zero-device half needs two";
+    // Buffers on device n-1 while the caller's current device is 0 at call time.
+    CUDA_OK(cudaSetDevice(n - 1));
+    // run_gpu allocates on the current device; switch back to 0 right before the call by
+    // running with a stream of device n - 1 is not possible, so allocate there and call from 0.
+    Host hh = h;
+    DevBuf tok, labels, T, U, costs, gtok, work;
+    ASSERT_EQ(tok.upload(hh.tok.data(), hh.tok.size()), cudaSuccess);
+    ASSERT_EQ(labels.upload(hh.labels.data(), hh.labels.size() * 4), cudaSuccess);
+    ASSERT_EQ(T.upload(hh.T.data(), hh.T.size() * 4), cudaSuccess);
+    ASSERT_EQ(U.upload(hh.U.data(), hh.U.size() * 4), cudaSuccess);
+    ASSERT_EQ(gtok.alloc(hh.tok.size()), cudaSuccess);
+    ASSERT_EQ(costs.alloc((size_t)s.B * 4), cudaSuccess);
+    Ptrs p;
+    p.tok = tok.p; p.labels = (int32_t *)labels.p; p.T = (int32_t *)T.p; p.U = (int32_t *)U.p;
+    p.gtok = gtok.p;
+    tdt_options_t o;
+    fill_options(hh, TDT_LOCATION_GPU, &o, nullptr);
+    tdt_problem_t pr;
+    tdt_gradients_t g;
+    fill_problem(hh, p, &pr, &g, RunOpts());
+    size_t ws = 0;
+    TDT_OK(tdt_get_workspace_size(&pr, &o, &ws));
+    ASSERT_EQ(work.alloc(ws), cudaSuccess);
+    CUDA_OK(cudaSetDevice(0));
+    TDT_OK(compute_tdt_loss(&pr, &o, costs.p, &g, work.p, ws));
+    int cur = -1;
+    CUDA_OK(cudaGetDevice(&cur));
+    EXPECT_EQ(cur, 0) << "the caller's current device was not restored";
+    CUDA_OK(cudaSetDevice(n - 1));
+    CUDA_OK(cudaDeviceSynchronize());
+    Out out;
+    out.raw_costs = costs.download();
+    unpack_costs(hh, &out);
+    std::vector<uint8_t> raw = gtok.download();
+    unpack(hh, raw, hh.gtok_s, 0, s.V, &out.gtok);
+    unpack(hh, raw, hh.gdur_s, hh.dur_offset, s.D(), &out.gdur);
+    expect_match(out, c, s);
+    CUDA_OK(cudaSetDevice(0));
+}
+
+// ---- bad device-resident data ------------------------------------------------------------------------
+
+TEST(GpuBadData, OutOfRangeLengthsAndLabels) {
+    REQUIRE_GPU();
+    Spec s = medium(TDT_DTYPE_FLOAT32);
+    s.B = 6; s.ragged = false;
+    Host good = make_host(s);
+    Out c = run_cpu(good, RunOpts());
+    Host bad = good;
+    bad.T[1] = (int32_t)s.T + 1;          // frame length > max_frames
+    bad.U[2] = -1;                        // negative label length
+    bad.labels[3 * s.U + 2] = (int32_t)s.V + 100;  // label out of range
+    bad.labels[4 * s.U + 0] = s.blank_id();        // label == blank
+    bad.T[5] = -7;
+    Out g = run_gpu(bad, RunOpts());
+    const int64_t per_tok = s.T * (s.U + 1) * s.V, per_dur = s.T * (s.U + 1) * s.D();
+    for (int64_t b = 0; b < s.B; ++b) {
+        bool is_bad = b >= 1;
+        if (b == 0) {
+            EXPECT_TRUE(close(g.costs[b], c.costs[b], 2e-5, 2e-4)) << g.costs[b] << " vs " << c.costs[b];
+            for (int64_t i = 0; i < per_tok; ++i)
+                ASSERT_TRUE(close(g.gtok[i], c.gtok[i], 2e-3, 2e-5)) << "good sample element " << i;
+        }
+        if (is_bad) {
+            EXPECT_TRUE(std::isnan(g.costs[b])) << "sample " << b << " cost " << g.costs[b];
+            for (int64_t i = b * per_tok; i < (b + 1) * per_tok; ++i)
+                ASSERT_EQ(g.gtok[i], 0.0) << "bad sample " << b << " token element " << i - b * per_tok;
+            for (int64_t i = b * per_dur; i < (b + 1) * per_dur; ++i)
+                ASSERT_EQ(g.gdur[i], 0.0) << "bad sample " << b << " duration element " << i - b * per_dur;
+        }
+    }
+}
+
+// ---- long lattices -------------------------------------------------------------------------------------
+
+TEST(GpuLong, LabelsOver2048) {  // diagonals longer than a block: threads stride over u
+    REQUIRE_GPU();
+    for (bool rnnt : {false, true}) {
+        Spec s; s.B = 1; s.T = 1100; s.U = 2100; s.V = 12; s.dt = TDT_DTYPE_FLOAT64; s.scale = 0.5;
+        if (rnnt) s.durs = {};
+        check_vs_cpu(s);
+    }
+}
+
+TEST(GpuLong, FramesOver4096) {
+    REQUIRE_GPU();
+    Spec s; s.B = 2; s.T = 4200; s.U = 300; s.V = 16; s.dt = TDT_DTYPE_FLOAT32; s.Tb = {4200, 3001};
+    check_vs_cpu(s);
+    s.dt = TDT_DTYPE_FLOAT64; s.durs = {}; s.seed = 5;
+    check_vs_cpu(s);
+}
+
+// ---- the `huge` shape: over 2^31 logits elements (bf16), 64-bit indexing -----------------------------
+
+TEST(GpuHuge, Bf16Over2To31Elements) {
+    REQUIRE_GPU();
+    const int64_t B = 8, T = 375, U = 100, V = 8193, D = 5, W = V + D;
+    const int64_t elems = B * T * (U + 1) * W;
+    ASSERT_GT(B * T * (U + 1) * V, (int64_t)1 << 31);
+    size_t free_b = 0, total_b = 0;
+    CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
+    if (free_b < (size_t)elems * 2 * 2 + ((size_t)1 << 30)) GTEST_SKIP() << "not enough GPU memory";
+    // Random bf16 logits: a 64 Mi-element random tile, repeated (the tile length is not a
+    // multiple of the row, so rows differ), on the host and the device alike.
+    const int64_t tile = (int64_t)64 << 20;
+    std::vector<uint16_t> host((size_t)elems);
+    Rng r(99);
+    for (int64_t i = 0; i < tile; ++i) host[i] = float_to_bf16((float)(2.0 * r.uniform() - 1.0) * 2.0f);
+    for (int64_t i = tile; i < elems; i += tile)
+        std::memcpy(&host[i], &host[0], (size_t)std::min(tile, elems - i) * 2);
+    std::vector<int32_t> labels(B * U), Tl(B, (int32_t)T), Ul(B, (int32_t)U);
+    for (auto &l : labels) l = r.below((int)V - 1);  // blank = V - 1
+    const std::vector<int> durs = {0, 1, 2, 3, 4};
+
+    DevBuf dlog, dgrad, dlab, dT, dU, dcost, dwork;
+    ASSERT_EQ(dlog.upload(host.data(), host.size() * 2), cudaSuccess);
+    ASSERT_EQ(dgrad.alloc(host.size() * 2), cudaSuccess);
+    CUDA_OK(cudaMemset(dgrad.p, 0xff, dgrad.n));
+    ASSERT_EQ(dlab.upload(labels.data(), labels.size() * 4), cudaSuccess);
+    ASSERT_EQ(dT.upload(Tl.data(), Tl.size() * 4), cudaSuccess);
+    ASSERT_EQ(dU.upload(Ul.data(), Ul.size() * 4), cudaSuccess);
+    ASSERT_EQ(dcost.alloc(B * 4), cudaSuccess);
+
+    tdt_problem_t p;
+    std::memset(&p, 0, sizeof p);
+    p.batch = B; p.max_frames = T; p.max_labels = U; p.vocab_size = V; p.dtype = TDT_DTYPE_BFLOAT16;
+    int64_t st[3];
+    strides_of(T, U, W, st);
+    p.token_logits = dlog.p;
+    p.duration_logits = (const uint16_t *)dlog.p + V;
+    std::memcpy(p.token_strides, st, sizeof st);
+    std::memcpy(p.duration_strides, st, sizeof st);
+    p.labels = (const int32_t *)dlab.p; p.frame_lengths = (const int32_t *)dT.p; p.label_lengths = (const int32_t *)dU.p;
+    tdt_gradients_t g;
+    std::memset(&g, 0, sizeof g);
+    g.token_grads = dgrad.p;
+    g.duration_grads = (uint16_t *)dgrad.p + V;
+    std::memcpy(g.token_strides, st, sizeof st);
+    std::memcpy(g.duration_strides, st, sizeof st);
+    tdt_options_t o;
+    std::memset(&o, 0, sizeof o);
+    o.location = TDT_LOCATION_GPU; o.blank = (int)V - 1; o.durations = durs.data(); o.num_durations = (int)D;
+    size_t ws = 0;
+    TDT_OK(tdt_get_workspace_size(&p, &o, &ws));
+    ASSERT_EQ(dwork.alloc(ws), cudaSuccess);
+    TDT_OK(compute_tdt_loss(&p, &o, dcost.p, &g, dwork.p, ws));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> gcost(B);
+    CUDA_OK(cudaMemcpy(gcost.data(), dcost.p, B * 4, cudaMemcpyDeviceToHost));
+
+    // CPU reference on the first and the last sample (the last starts past element 2^31),
+    // each as a batch of one with the same strides.
+    for (int64_t b : {(int64_t)0, B - 1}) {
+        const int64_t off = b * st[0];
+        tdt_problem_t q = p;
+        q.batch = 1;
+        q.token_logits = host.data() + off;
+        q.duration_logits = host.data() + off + V;
+        q.labels = labels.data() + b * U; q.frame_lengths = &Tl[b]; q.label_lengths = &Ul[b];
+        std::vector<uint16_t> cgrad((size_t)st[0], 0xffff);
+        tdt_gradients_t cg = g;
+        cg.token_grads = cgrad.data();
+        cg.duration_grads = cgrad.data() + V;
+        tdt_options_t co = o;
+        co.location = TDT_LOCATION_CPU;
+        size_t cws = 0;
+        TDT_OK(tdt_get_workspace_size(&q, &co, &cws));
+        std::vector<uint8_t> cwork(cws);
+        float ccost = 0;
+        TDT_OK(compute_tdt_loss(&q, &co, &ccost, &cg, cwork.data(), cws));
+        EXPECT_TRUE(close(gcost[b], ccost, 2e-5, 2e-4)) << "sample " << b << ": gpu " << gcost[b] << " cpu " << ccost;
+        std::vector<uint16_t> ggrad((size_t)st[0]);
+        CUDA_OK(cudaMemcpy(ggrad.data(), (const uint16_t *)dgrad.p + off, ggrad.size() * 2, cudaMemcpyDeviceToHost));
+        int64_t bad = 0, first = -1;
+        for (int64_t n = 0; n < T * (U + 1); ++n)
+            for (int64_t k = 0; k < V + D; ++k) {
+                int64_t i = n * W + k;
+                double a = bf16_to_float(ggrad[i]), c = bf16_to_float(cgrad[i]);
+                if (!close(a, c, 2e-2, 1e-3)) { if (first < 0) first = i; ++bad; }
+            }
+        EXPECT_EQ(bad, 0) << "sample " << b << ": first differing element " << first << " gpu "
+                          << (first >= 0 ? bf16_to_float(ggrad[first]) : 0.0) << " cpu "
+                          << (first >= 0 ? bf16_to_float(cgrad[first]) : 0.0);
+    }
+}
+
+// ---- timings (TDT_GPU_PERF=1): forward+backward on joint slices, CUDA events, median ---------------
+
+double median_ms(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+TEST(GpuPerf, Timings) {
+    REQUIRE_GPU();
+    const char *env = std::getenv("TDT_GPU_PERF");
+    if (!env || std::string(env) != "1") GTEST_SKIP() << "set TDT_GPU_PERF=1";
+    struct Shape { const char *name; int64_t B, T, U, V; tdt_dtype_t dt; };
+    const Shape shapes[] = {
+        {"base", 8, 100, 20, 1025, TDT_DTYPE_FLOAT32},
+        {"parakeet", 4, 200, 40, 8193, TDT_DTYPE_FLOAT32},
+        {"parakeet-bf16", 4, 200, 40, 8193, TDT_DTYPE_BFLOAT16},
+        {"large", 16, 400, 100, 1025, TDT_DTYPE_FLOAT32},
+        {"long", 1, 1500, 400, 1025, TDT_DTYPE_FLOAT32},
+        {"ragged", 32, 150, 60, 257, TDT_DTYPE_FLOAT32},
+    };
+    std::printf("%-14s %9s %9s %9s %9s %9s\n", "shape", "fwd ms", "bwd ms", "f+b ms", "floor ms", "GB");
+    for (const Shape &sh : shapes) {
+        const int64_t D = 5, W = sh.V + D, elems = sh.B * sh.T * (sh.U + 1) * W;
+        const size_t es = esize(sh.dt), bytes = (size_t)elems * es;
+        DevBuf lg, gr, lab, Tl, Ul, cost, work, gcs;
+        ASSERT_EQ(lg.alloc(bytes), cudaSuccess);
+        ASSERT_EQ(gr.alloc(bytes), cudaSuccess);
+        {   // random tile, repeated
+            const size_t tile = std::min<size_t>(bytes, (size_t)32 << 20);
+            std::vector<uint8_t> t(tile);
+            Rng r(7);
+            for (size_t i = 0; i + es <= tile; i += es) store_el(t.data(), (int64_t)(i / es), r.normal(), sh.dt);
+            for (size_t off = 0; off < bytes; off += tile)
+                CUDA_OK(cudaMemcpy((char *)lg.p + off, t.data(), std::min(tile, bytes - off), cudaMemcpyHostToDevice));
+        }
+        std::vector<int32_t> labels(sh.B * sh.U), T(sh.B), U(sh.B);
+        Rng r(3);
+        for (auto &l : labels) l = r.below((int)sh.V - 1);
+        for (int64_t b = 0; b < sh.B; ++b) {
+            T[b] = (int32_t)sh.T; U[b] = (int32_t)sh.U;
+            if (std::string(sh.name) == "ragged") {
+                T[b] = (int32_t)(sh.T / 2 + r.below((int)(sh.T / 2) + 1));
+                U[b] = (int32_t)(sh.U / 2 + r.below((int)(sh.U / 2) + 1));
+            }
+        }
+        ASSERT_EQ(lab.upload(labels.data(), labels.size() * 4), cudaSuccess);
+        ASSERT_EQ(Tl.upload(T.data(), T.size() * 4), cudaSuccess);
+        ASSERT_EQ(Ul.upload(U.data(), U.size() * 4), cudaSuccess);
+        ASSERT_EQ(cost.alloc(sh.B * 8), cudaSuccess);
+        std::vector<float> ones(sh.B, 1.0f);
+        ASSERT_EQ(gcs.upload(ones.data(), ones.size() * 4), cudaSuccess);
+        tdt_problem_t p;
+        std::memset(&p, 0, sizeof p);
+        p.batch = sh.B; p.max_frames = sh.T; p.max_labels = sh.U; p.vocab_size = sh.V; p.dtype = sh.dt;
+        int64_t st[3];
+        strides_of(sh.T, sh.U, W, st);
+        p.token_logits = lg.p;
+        p.duration_logits = (const char *)lg.p + sh.V * es;
+        std::memcpy(p.token_strides, st, sizeof st);
+        std::memcpy(p.duration_strides, st, sizeof st);
+        p.labels = (const int32_t *)lab.p; p.frame_lengths = (const int32_t *)Tl.p; p.label_lengths = (const int32_t *)Ul.p;
+        tdt_gradients_t g;
+        std::memset(&g, 0, sizeof g);
+        g.token_grads = gr.p;
+        g.duration_grads = (char *)gr.p + sh.V * es;
+        std::memcpy(g.token_strides, st, sizeof st);
+        std::memcpy(g.duration_strides, st, sizeof st);
+        const std::vector<int> durs = {0, 1, 2, 3, 4};
+        tdt_options_t o;
+        std::memset(&o, 0, sizeof o);
+        o.location = TDT_LOCATION_GPU; o.blank = (int)sh.V - 1; o.durations = durs.data(); o.num_durations = 5;
+        size_t ws = 0;
+        TDT_OK(tdt_get_workspace_size(&p, &o, &ws));
+        ASSERT_EQ(work.alloc(ws), cudaSuccess);
+        cudaEvent_t e0, e1, e2;
+        CUDA_OK(cudaEventCreate(&e0)); CUDA_OK(cudaEventCreate(&e1)); CUDA_OK(cudaEventCreate(&e2));
+        std::vector<float> tf, tb, tt;
+        for (int it = 0; it < 23; ++it) {
+            CUDA_OK(cudaEventRecord(e0, nullptr));
+            TDT_OK(tdt_forward(&p, &o, cost.p, work.p, ws));
+            CUDA_OK(cudaEventRecord(e1, nullptr));
+            TDT_OK(tdt_backward(&p, &o, gcs.p, &g, work.p, ws));
+            CUDA_OK(cudaEventRecord(e2, nullptr));
+            CUDA_OK(cudaEventSynchronize(e2));
+            float a = 0, b = 0;
+            CUDA_OK(cudaEventElapsedTime(&a, e0, e1));
+            CUDA_OK(cudaEventElapsedTime(&b, e1, e2));
+            if (it >= 3) { tf.push_back(a); tb.push_back(b); tt.push_back(a + b); }
+        }
+        std::vector<float> c(sh.B);
+        CUDA_OK(cudaMemcpy(c.data(), cost.p, sh.B * 4, cudaMemcpyDeviceToHost));
+        for (float x : c) EXPECT_TRUE(std::isfinite(x));
+        const double tok_bytes = (double)sh.B * sh.T * (sh.U + 1) * sh.V * es;
+        std::printf("%-14s %9.3f %9.3f %9.3f %9.3f %9.2f\n", sh.name, median_ms(tf), median_ms(tb),
+                    median_ms(tt), 3 * tok_bytes / 4.2e12 * 1e3, tok_bytes / 1e9);
+        cudaEventDestroy(e0); cudaEventDestroy(e1); cudaEventDestroy(e2);
+    }
+}
+
+}  // namespace
