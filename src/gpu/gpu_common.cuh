@@ -205,8 +205,10 @@ cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int threads, cudaS
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                     cudaStream_t stream);
 
-/* Lanes per node for the V-wide kernels: a whole warp when a row is long enough to give each
- * lane several 16-byte vectors, else 8 lanes (one 128-byte line per load), 4 nodes a warp. */
-static inline int tdt_gpu_group_size(int64_t V, int vec) { return V / vec >= 64 ? 32 : 8; }
+/* Lanes per node for the V-wide kernels. Each node costs a fixed latency (lengths, workspace
+ * values, a reduction or the occupancies) besides its row, so rows of up to a few thousand
+ * elements go 8 lanes a node (4 nodes a warp in flight, one 128-byte line per group load);
+ * only long rows (Parakeet's V = 8193) take a whole warp. */
+static inline int tdt_gpu_group_size(int64_t V, int vec) { return V / vec >= 512 ? 32 : 8; }
 
 #endif /* TDT_GPU_COMMON_CUH */

@@ -2,7 +2,7 @@
  * grad.cuh - the fused gradient pass (backward, one kernel): token and duration gradients of
  * sum_b g_b * cost_b, written once, upstream scale included.
  *
- * Math (docs/math.md, "gradients"): at node (t, u) inside a feasible sample's lattice,
+ * Math (docs/math.md, section 3, "Gradients"): at node (t, u) inside a feasible sample's lattice,
  * tdt_node_grad() (src/common/lattice.h) turns alpha, beta, LL and the arc weights into the
  * occupancy sums; then per token v, with p = softmax(z)_v = exp(z_v - lse) (p = 0 for
  * log-prob inputs),
@@ -107,23 +107,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) grad_kernel(const tdt_gp
         T *gz = tok_g ? tok_g + tdt_row_offset(a.tok_gs, b, t, u) : (T *)0;
         T *gh = dur_g ? dur_g + tdt_row_offset(a.dur_gs, b, t, u) : (T *)0;
 
-        int ok = tdt_sample_lengths(a, b, &Tb, &Ub);
-        double ll = -TDT_INF;
-        if (ok) {
-            ok = a.ws.state[b] == TDT_GPU_STATE_OK;
-            ll = a.ws.ll[b];
-        }
-        if (!ok || ll == -TDT_INF || t >= Tb || u > Ub) { /* group-uniform */
+        /* The per-sample values depend only on b: issue their loads together (one memory
+         * round trip, not three dependent ones). b < B, so each read is in bounds. */
+        const int lengths_ok = tdt_sample_lengths(a, b, &Tb, &Ub);
+        const int32_t state = a.ws.state[b];
+        const double ll = a.ws.ll[b];
+        double gb = 1.0;
+        if (a.grad_costs)
+            gb = a.acc_double ? static_cast<const double *>(a.grad_costs)[b]
+                              : (double)static_cast<const float *>(a.grad_costs)[b];
+        if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
+            /* group-uniform: outside the lattice, infeasible, or bad data */
             if (gz) zero_row<DT>(gz, a.V, lane, G);
             if (gh)
                 for (int k = lane; k < D; k += G) gh[k] = T(0);
             continue;
         }
-
-        double gb = 1.0;
-        if (a.grad_costs)
-            gb = a.acc_double ? static_cast<const double *>(a.grad_costs)[b]
-                              : (double)static_cast<const float *>(a.grad_costs)[b];
         const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
         const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
         const int64_t nl = n - off; /* node index inside the sample */

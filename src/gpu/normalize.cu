@@ -1,7 +1,7 @@
 /*
  * normalize.cu - the per-node fused log-softmax (forward pass, first kernel).
  *
- * Math (docs/math.md, "per-node log-probabilities"): for every node (t, u) inside a sample's
+ * Math (docs/math.md, sections 1 and 5): for every node (t, u) inside a sample's
  * lattice (t < T_b, u <= U_b),
  *     lse(t,u)      = log sum_v exp z(t,u,v)                       (token log-normaliser)
  *     lp_blank(t,u) = z(t,u,blank)   - lse - sigma
