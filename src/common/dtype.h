@@ -35,37 +35,32 @@ TDT_HD uint16_t tdt_float_to_bf16(float f) {
 }
 
 TDT_HD float tdt_fp16_to_float(uint16_t h) {
+    /* branch-free, like the narrowing below */
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
-    if (exp == 0x1fu) return tdt_bits_to_float(sign | 0x7f800000u | (man << 13)); /* inf, NaN */
-    if (exp == 0) {
-        /* zero or subnormal: man * 2^-24, exact in float32 */
-        float f = (float)man * 5.9604644775390625e-8f;
-        return sign ? -f : f;
-    }
-    return tdt_bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+    float sub = (float)man * 5.9604644775390625e-8f; /* zero or subnormal: man * 2^-24, exact */
+    uint32_t bits = exp == 0x1fu ? (sign | 0x7f800000u | (man << 13))     /* inf, NaN */
+                    : exp == 0 ? (sign | tdt_float_to_bits(sub))
+                               : (sign | ((exp + 112u) << 23) | (man << 13));
+    return tdt_bits_to_float(bits);
 }
 
 TDT_HD uint16_t tdt_float_to_fp16(float f) {
+    /* Every case is computed and one is selected, with no branch, so row loops vectorise. */
     uint32_t bits = tdt_float_to_bits(f);
-    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    uint32_t sign = (bits >> 16) & 0x8000u;
     uint32_t absb = bits & 0x7fffffffu;
-    if (absb > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
-    if (absb >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
-    if (absb < 0x38800000u) {
-        /* below 2^-14: subnormal half; scale so the result's integer part is the mantissa,
-           and let float rounding (to nearest even) do the work */
-        float a = tdt_bits_to_float(absb) * 16777216.0f; /* * 2^24 */
-        uint32_t m = (uint32_t)a;
-        float frac = a - (float)m;
-        if (frac > 0.5f || (frac == 0.5f && (m & 1u))) m++;
-        return (uint16_t)(sign | m);
-    }
-    /* normal: rebias the exponent, round the 13 dropped bits to nearest even */
+    /* normal half: rebias the exponent, round the 13 dropped bits to nearest even */
     uint32_t r = absb - (112u << 23);
-    r += 0xfffu + ((r >> 13) & 1u);
-    return (uint16_t)(sign | (r >> 13));
+    uint32_t normal = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+    /* subnormal half (below 2^-14): adding 0.5 makes the float unit of the last place 2^-24,
+       so the hardware's round-to-nearest-even does the rounding; the low bits are the count */
+    uint32_t sub = tdt_float_to_bits(tdt_bits_to_float(absb) + 0.5f) - 0x3f000000u;
+    uint32_t h = absb > 0x7f800000u ? 0x7e00u                  /* NaN */
+                 : absb >= 0x477ff000u ? 0x7c00u               /* rounds to >= 65520: inf */
+                 : absb < 0x38800000u ? sub : normal;
+    return (uint16_t)(sign | h);
 }
 
 #endif /* TDT_COMMON_DTYPE_H */
