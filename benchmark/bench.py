@@ -51,10 +51,13 @@ def make_inputs(shape, dtype, device, seed=0):
     return joint, targets, logit_lengths.to(device), target_lengths.to(device)
 
 
+VALIDATE = True  # --no-validate: skip the binding's length/label check (its one small D2H copy)
+
+
 def ours(joint, targets, logit_lengths, target_lengths, V, reduction="sum"):
     return warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], targets, logit_lengths,
                              target_lengths, blank_token_id=V - 1, durations=DURATIONS,
-                             reduction=reduction)
+                             reduction=reduction, validate=VALIDATE)
 
 
 def transformers_loss():
@@ -165,7 +168,11 @@ def main():
     p.add_argument("--baseline-shapes", default="base,parakeet,ragged",
                    help="shapes on which to time transformers' PyTorch loss (it takes ~1 s a call)")
     p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--no-validate", action="store_true",
+                   help="time tdt_loss(..., validate=False): no host synchronisation at all")
     args = p.parse_args()
+    global VALIDATE
+    VALIDATE = not args.no_validate
     args.baseline_shapes = set(args.baseline_shapes.split(","))
     device = torch.device(args.device)
     shapes = [(n, SHAPES[n]) for n in args.shapes.split(",") if n]
@@ -177,8 +184,8 @@ def main():
     print("warp_tdt %s (library %s), torch %s, device %s%s" % (
         warp_tdt.__version__, warp_tdt.library_version(), torch.__version__, device,
         (" (" + torch.cuda.get_device_name(device) + ")") if device.type == "cuda" else ""))
-    print("copy bandwidth %.0f GB/s (read + write); baseline: %s" % (
-        floor_bw * 1e-9, "transformers.loss.loss_tdt.tdt_loss" if baseline else "none (transformers missing)"))
+    print("copy bandwidth %.0f GB/s (read + write); validate=%s; baseline: %s" % (
+        floor_bw * 1e-9, VALIDATE, "transformers.loss.loss_tdt.tdt_loss" if baseline else "none (transformers missing)"))
     print("%-9s %-9s %9s %8s %9s %7s %7s %12s  %s" % ("shape", "dtype", "ms", "GB/s", "floor ms",
                                                      "x floor", "peak", "baseline ms", "check"))
     rows = []
