@@ -141,7 +141,7 @@ enum fault {
     F_DUR_NOPOS, F_TOK_NULL, F_FLEN_NULL, F_LLEN_NULL, F_LABELS_NULL, F_COSTS_NULL, F_WS_NULL,
     F_TOK_STRIDE_NEG, F_DUR_STRIDE_NEG, F_GRAD_STRIDE_NEG, F_INPLACE_STRIDES, F_WS_SMALL,
     F_FLEN_RANGE, F_LLEN_RANGE, F_LABEL_RANGE, F_LABEL_BLANK, F_STRIDE_HUGE, F_BWD_NO_FWD,
-    F_BATCH_HUGE,
+    F_BATCH_HUGE, F_BWD_OTHER_FWD,
     NUM_FAULTS
 };
 
@@ -154,7 +154,8 @@ static const char *const fault_names[NUM_FAULTS] = {
     "labels NULL", "costs NULL", "workspace NULL", "token stride < 0", "duration stride < 0",
     "gradient stride < 0", "in-place with other strides", "workspace too small",
     "frame length out of range", "label length out of range", "label out of range",
-    "label == blank", "stride overflows", "backward without forward", "batch overflows"};
+    "label == blank", "stride overflows", "backward without forward", "batch overflows",
+    "backward after the forward of a smaller batch"};
 
 typedef struct cfg {
     int kind, tdt, log_probs, allow_neginf, allow_nonfinite, want_tok, want_dur;
@@ -378,6 +379,7 @@ typedef struct inv {
     void *gc;                     /* grad_costs or NULL */
     void *ws;
     size_t wsb;
+    int64_t fwd_batch;            /* >= 0: the forward runs on the first fwd_batch samples only */
 } inv_t;
 
 /* Runs the call shape of kind; returns the status of the first call that failed (or SUCCESS).
@@ -391,7 +393,14 @@ static tdt_status_t invoke(int kind, inv_t *v, int skip_forward, int *failed_pha
     if (kind == K_COSTS) return compute_tdt_loss(p, o, v->costs, NULL, v->ws, v->wsb);
     if (kind == K_FORWARD) return tdt_forward(p, o, v->costs, v->ws, v->wsb);
     if (!skip_forward) {
+        tdt_problem_t pf;
+        if (p && v->fwd_batch >= 0) {
+            pf = *p;
+            pf.batch = v->fwd_batch;
+            p = &pf;
+        }
         s = tdt_forward(p, o, v->costs, v->ws, v->wsb);
+        p = v->pass_problem ? &v->p : NULL;
         REQUIRE(known_status(s), "tdt_forward returned %d", (int)s);
         if (s != TDT_STATUS_SUCCESS) return s;
     }
@@ -948,6 +957,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     iv.gc = gcbuf;
     iv.ws = ws_mem + c->misalign;
     iv.wsb = need;
+    iv.fwd_batch = -1;
 
     /* ---- fault injection and the status it predicts ---- */
     int fault = c->fault;
@@ -1085,6 +1095,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         skip_forward = 1;
         post = grads_active ? TDT_STATUS_INVALID_WORKSPACE : TDT_STATUS_SUCCESS;
         break;
+    case F_BWD_OTHER_FWD:
+        /* the workspace holds the forward of the first B - 1 samples: refused on the CPU */
+        if (c->kind == K_COSTS || B == 0) break;
+        if (c->kind == K_ONESHOT) c->kind = K_TWOPHASE;
+        iv.fwd_batch = B - 1;
+        skip_forward = 2;
+        post = grads_active ? TDT_STATUS_INVALID_WORKSPACE : TDT_STATUS_SUCCESS;
+        break;
     case F_BATCH_HUGE:
         /* needs every per-sample pointer (an empty batch may have passed NULLs) */
         if (!P.token_logits || !P.frame_lengths || !P.label_lengths || !P.labels) break;
@@ -1110,7 +1128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     int phase = 0;
     const int kind = c->kind;
-    s = invoke(kind, &iv, skip_forward, &phase);
+    s = invoke(kind, &iv, skip_forward == 1, &phase);
     REQUIRE(known_status(s), "call returned %d, not a tdt_status_t", (int)s);
     const char *err = tdt_last_error();
     REQUIRE(err != NULL, "tdt_last_error() NULL");
@@ -1149,7 +1167,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
        valid call from here on; carry its options */
     O = iv.o;
     P = iv.p;
-    if (skip_forward) goto cleanup; /* backward on a workspace with no forward, no gradients */
+    if (skip_forward) goto cleanup; /* backward on a workspace not filled by this forward */
 
     {
         const int wrote_grads = kind != K_COSTS;
@@ -1200,6 +1218,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                             REQUIRE(x == y || fabs(x - y) <= e * fabs(y) + (dt == TDT_DTYPE_FLOAT16 ? 6e-8 : dt == TDT_DTYPE_FLOAT64 ? 1e-300 : 2.4e-38) * (1.0 + fabs(W.gc[b])) || (x != x && y != y),
                                     "backward(grad_costs %g) token grad (%lld,%lld,%lld,%lld) = %.9g, g * one-shot = %.9g",
                                     W.gc[b], (long long)b, (long long)t, (long long)u, (long long)v, x, y);
+                        }
+                        for (int64_t k = 0; c->want_dur && c->tdt && k < D; ++k) {
+                            int64_t o = view_off(&W.gd, b, t, u) + k;
+                            double x = get(g_dur1, o, dt), y = W.gc[b] * get(W.g_dur.mem, o, dt);
+                            double e = dt == TDT_DTYPE_FLOAT64 ? 1e-15 : dt == TDT_DTYPE_FLOAT32 ? 3e-7 : dt == TDT_DTYPE_FLOAT16 ? 2e-3 : 1.6e-2;
+                            REQUIRE(x == y || fabs(x - y) <= e * fabs(y) + (dt == TDT_DTYPE_FLOAT16 ? 6e-8 : dt == TDT_DTYPE_FLOAT64 ? 1e-300 : 2.4e-38) * (1.0 + fabs(W.gc[b])) || (x != x && y != y),
+                                    "backward(grad_costs %g) duration grad (%lld,%lld,%lld,%lld) = %.9g, g * one-shot = %.9g",
+                                    W.gc[b], (long long)b, (long long)t, (long long)u, (long long)k, x, y);
                         }
                     }
         }

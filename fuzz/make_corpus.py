@@ -21,7 +21,7 @@ FAULTS = [
     "dur_nopos", "tok_null", "flen_null", "llen_null", "labels_null", "costs_null", "ws_null",
     "tok_stride_neg", "dur_stride_neg", "grad_stride_neg", "inplace_strides", "ws_small",
     "flen_range", "llen_range", "label_range", "label_blank", "stride_huge", "bwd_no_fwd",
-    "batch_huge",
+    "batch_huge", "bwd_other_fwd",
 ]
 KINDS = {"oneshot": 0, "twophase": 1, "twophase_gc": 2, "costs": 3}
 DTYPES = {"f32": 0, "f64": 1, "f16": 2, "bf16": 3}
