@@ -157,7 +157,7 @@ static tdt_status_t check_data(const tdt_problem_t *p, int blank) {
         if (U < 0 || U > p->max_labels)
             TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "label_lengths[%lld] = %d is outside [0, %lld] (max_labels)",
                      (long long)b, U, (long long)p->max_labels);
-        const int32_t *y = p->labels + b * p->max_labels;
+        const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
         for (int32_t i = 0; i < U; ++i) {
             if (y[i] < 0 || y[i] >= p->vocab_size)
                 TDT_FAIL(TDT_STATUS_INVALID_LABEL, "labels[%lld][%d] = %d is outside [0, %lld) (vocab_size)",
