@@ -32,6 +32,7 @@ mkdir -p "$artifacts"
 # UBSan reports abort (the build uses -fno-sanitize-recover=all); keep stacks readable.
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/fuzz/lsan.supp}
 
 status=0
 regs=("$root"/fuzz/regressions/*.bin)
