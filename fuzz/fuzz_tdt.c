@@ -8,7 +8,8 @@
  *            bit 3 log-prob inputs, bit 4 allow -inf logits, bit 5 allow NaN / +inf logits,
  *            bit 6 no token gradient, bit 7 no duration gradient
  *   byte  1  dtype (mod 4)               byte  2  B (mod 5)        byte 3  max_frames (mod 13)
- *   byte  4  max_labels (mod 9)          byte  5  V - 1 (mod 12)   byte 6  blank (>= 250: V - 1)
+ *   byte  4  max_labels (mod 9)          byte  5  V - 1 (mod 12; >= 240: V = 13 + 4 (b - 240))
+ *   byte  6  blank (>= 250: V - 1)
  *   byte  7  D - 1 (mod 6), then D duration bytes (low 4 bits < 8: that duration, made
  *            distinct; else one of 8..1000, 2^31 - 1: durations beyond T)
  *   next     options: bits 0-1 sigma, 2-3 FastEmit lambda, 4-5 clamp, bit 6 NULL for empty
@@ -223,7 +224,9 @@ static void decode_cfg(rd_t *r, cfg_t *c) {
     c->B = u8(r) % 5;
     c->T = u8(r) % 13;
     c->U = u8(r) % 9;
-    c->V = 1 + u8(r) % 12;
+    uint8_t vb = u8(r);
+    /* rarely a wide vocabulary (13..73), so the SIMD main loops run, not only their tails */
+    c->V = vb >= 240 ? 13 + (vb - 240) * 4 : 1 + vb % 12;
     uint8_t bl = u8(r);
     c->blank = bl >= 250 ? (int)c->V - 1 : (int)(bl % c->V);
     c->D = 1 + u8(r) % 6;

@@ -77,8 +77,8 @@ def encode(kind="oneshot", tdt=True, log_probs=False, neginf=False, nonfinite=Fa
     out.append(KINDS[kind] | tdt << 2 | log_probs << 3 | neginf << 4 | nonfinite << 5 |
                (not tok_grad) << 6 | (not dur_grad) << 7)
     out.append(DTYPES[dtype])
-    assert 0 <= B < 5 and 0 <= T < 13 and 0 <= U < 9 and 1 <= V <= 12
-    out += bytes([B, T, U, V - 1])
+    assert 0 <= B < 5 and 0 <= T < 13 and 0 <= U < 9 and (1 <= V <= 12 or (V - 13) % 4 == 0 and 13 <= V <= 73)
+    out += bytes([B, T, U, V - 1 if V <= 12 else 240 + (V - 13) // 4])
     out.append(250 if blank == V - 1 and V > 1 else blank)
     assert 1 <= len(durations) <= 6
     out.append(len(durations) - 1)
@@ -166,6 +166,12 @@ def seeds():
     s["shape_empty_nulls"] = encode(B=0, T=0, U=0, null_empty=True)
     s["threads_more_than_work"] = encode(B=1, T=1, U=0, threads=4, lengths=[(1, 0)])
     s["nan_gaps_padded"] = encode(B=3, T=7, U=3, in_pad=7, g_pad=7, nan_gaps=True)
+    s["wide_vocab_f32_joint"] = encode(dtype="f32", B=2, T=5, U=3, V=69, blank=68,
+                                       durations=(0, 1, 2, 3, 4), in_layout="joint",
+                                       g_layout="joint", lengths=[(5, 3), (4, 2)])
+    s["wide_vocab_f16_masked"] = encode(dtype="f16", B=2, T=4, U=2, V=33, neginf=True, dense=True,
+                                        lengths=[(4, 2), (3, 1)])
+    s["wide_vocab_bf16_rnnt"] = encode(dtype="bf16", tdt=False, B=3, T=6, U=4, V=17, blank=0)
     s["random_strides"] = encode(B=2, T=4, U=2, V=3, durations=(1, 2), in_layout="random",
                                  g_layout="random", lengths=[(4, 2), (3, 1)],
                                  in_strides=[40, 9, 3, 20, 5, 2])
