@@ -14,6 +14,9 @@
  *   tdt_bench --shapes base,long --backend gpu --dtypes f32,bf16
  *   tdt_bench --shape 4,200,40,8193 --ragged   any shape (B,T,U,V)
  */
+#include <pthread.h>
+#include <unistd.h>
+
 #include "common.h"
 
 #ifdef TDT_BENCH_CUDA
@@ -54,6 +57,106 @@ static double median(double *x, int n) {
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
+/* ---- host work spread over the machine's cores (the `huge` shape has 2.5e9 elements) -------- */
+
+typedef struct par_job {
+    void (*fn)(void *ctx, size_t lo, size_t hi, int part);
+    void *ctx;
+    size_t lo, hi;
+    int part;
+} par_job_t;
+
+static void *par_main(void *arg) {
+    par_job_t *j = (par_job_t *)arg;
+    j->fn(j->ctx, j->lo, j->hi, j->part);
+    return NULL;
+}
+
+#define PAR_MAX 64
+
+/* Calls fn(ctx, lo, hi, part) over [0, n) split into at most PAR_MAX parts; returns the parts. */
+static int par_for(size_t n, void (*fn)(void *, size_t, size_t, int), void *ctx) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int parts = cores < 1 ? 1 : cores > PAR_MAX ? PAR_MAX : (int)cores;
+    if (n < ((size_t)1 << 20)) parts = 1;
+    par_job_t jobs[PAR_MAX];
+    pthread_t th[PAR_MAX];
+    for (int i = 0; i < parts; ++i) {
+        jobs[i].fn = fn;
+        jobs[i].ctx = ctx;
+        jobs[i].lo = n / (size_t)parts * (size_t)i;
+        jobs[i].hi = i + 1 == parts ? n : n / (size_t)parts * (size_t)(i + 1);
+        jobs[i].part = i;
+    }
+    for (int i = 1; i < parts; ++i)
+        if (pthread_create(&th[i], NULL, par_main, &jobs[i]) != 0) par_main(&jobs[i]), th[i] = 0;
+    par_main(&jobs[0]);
+    for (int i = 1; i < parts; ++i)
+        if (th[i]) pthread_join(th[i], NULL);
+    return parts;
+}
+
+/* bench_make (common.h), the same numbers, with the logits drawn in parallel: splitmix64's
+ * k-th output is a function of seed + k * golden, so pair i of normals takes outputs 2i + 1
+ * and 2i + 2 wherever it is computed. */
+typedef struct gen_ctx {
+    bench_problem_t *p;
+    uint64_t seed;
+    size_t n;
+} gen_ctx_t;
+
+static void gen_part(void *arg, size_t lo, size_t hi, int part) {
+    const gen_ctx_t *g = (const gen_ctx_t *)arg;
+    (void)part;
+    for (size_t pair = lo; pair < hi; ++pair) {
+        uint64_t st = g->seed + (uint64_t)(2 * pair) * 0x9e3779b97f4a7c15ull;
+        double u1 = bench_uniform(&st), u2 = bench_uniform(&st);
+        double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+        size_t i = 2 * pair;
+        bench_store(g->p->joint, i, g->p->dtype, r * cos(a));
+        if (i + 1 < g->n) bench_store(g->p->joint, i + 1, g->p->dtype, r * sin(a));
+    }
+}
+
+static int bench_make_fast(bench_problem_t *p, uint64_t seed, int ragged) {
+    int64_t W = p->V + (p->rnnt ? 0 : p->D), rows = p->B * p->T * (p->U + 1);
+    size_t n = (size_t)rows * (size_t)W, pairs = (n + 1) / 2;
+    p->joint = malloc(n * bench_dtype_size(p->dtype));
+    p->labels = (int32_t *)malloc((size_t)(p->B * (p->U > 0 ? p->U : 1)) * sizeof(int32_t));
+    p->frame_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
+    p->label_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
+    if (!p->joint || !p->labels || !p->frame_lengths || !p->label_lengths) return 0;
+    gen_ctx_t g = {p, seed, n};
+    par_for(pairs, gen_part, &g);
+    uint64_t st = seed + (uint64_t)(2 * pairs) * 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < p->B * p->U; ++i)
+        p->labels[i] = (int32_t)(bench_rand(&st) % (uint64_t)(p->V > 1 ? p->V - 1 : 1));
+    for (int64_t b = 0; b < p->B; ++b) {
+        p->frame_lengths[b] = (int32_t)(ragged ? p->T / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->T - p->T / 2 + 1)) : p->T);
+        p->label_lengths[b] = (int32_t)(ragged ? p->U / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->U - p->U / 2 + 1)) : p->U);
+    }
+    return 1;
+}
+
+/* The gradient comparison of check(), in parallel: the worst |x - y| / (rel |y| + 1e-6). */
+typedef struct cmp_ctx {
+    const void *grad, *ref;
+    tdt_dtype_t dtype, ref_dtype;
+    double rel;
+    double worst[PAR_MAX];
+} cmp_ctx_t;
+
+static void cmp_part(void *arg, size_t lo, size_t hi, int part) {
+    cmp_ctx_t *c = (cmp_ctx_t *)arg;
+    double worst = 0.0;
+    for (size_t i = lo; i < hi; ++i) {
+        double x = bench_load(c->grad, i, c->dtype), y = bench_load(c->ref, i, c->ref_dtype);
+        double d = fabs(x - y) / (c->rel * fabs(y) + 1e-6);
+        if (!(d <= worst)) worst = d; /* NaN-safe: a NaN difference sticks */
+    }
+    c->worst[part] = worst;
+}
+
 /* Compares costs and gradients with a tolerance for the dtype; prints the verdict. */
 static int check(const bench_problem_t *p, const void *costs, const void *grad, const void *ref_costs,
                  tdt_dtype_t ref_dtype, const void *ref_grad, char *verdict, size_t len) {
@@ -66,11 +169,12 @@ static int check(const bench_problem_t *p, const void *costs, const void *grad, 
         double d = x == y ? 0.0 : fabs(x - y) / fabs(y);
         if (!(d <= worst_cost)) worst_cost = d; /* NaN-safe */
     }
-    size_t n = grad ? bench_joint_elems(p) : 0;
-    for (size_t i = 0; i < n; ++i) {
-        double x = bench_load(grad, i, p->dtype), y = bench_load(ref_grad, i, ref_dtype);
-        double d = fabs(x - y) / (rel * fabs(y) + 1e-6);
-        if (!(d <= worst_grad)) worst_grad = d;
+    if (grad) {
+        cmp_ctx_t c;
+        c.grad = grad; c.ref = ref_grad; c.dtype = p->dtype; c.ref_dtype = ref_dtype; c.rel = rel;
+        int parts = par_for(bench_joint_elems(p), cmp_part, &c);
+        for (int i = 0; i < parts; ++i)
+            if (!(c.worst[i] <= worst_grad)) worst_grad = c.worst[i];
     }
     int ok = worst_cost <= cost_tol && worst_grad <= 1.0;
     snprintf(verdict, len, "%s (cost rel %.1e, grad err/tol %.2f)", ok ? "ok" : "FAILED", worst_cost, worst_grad);
@@ -367,7 +471,7 @@ int main(int argc, char **argv) {
             memset(&p, 0, sizeof p);
             p.B = sh->B; p.T = sh->T; p.U = sh->U; p.V = sh->V; p.D = a.D; p.dtype = a.dtypes[d];
             memcpy(p.durations, a.durations, sizeof p.durations);
-            if (!bench_make(&p, 1234, sh->ragged)) { fprintf(stderr, "tdt_bench: out of memory\n"); return 2; }
+            if (!bench_make_fast(&p, 1234, sh->ragged)) { fprintf(stderr, "tdt_bench: out of memory\n"); return 2; }
             if (run_cpu) bench_cpu(&a, sh, &p, cpu_gbs);
 #ifdef TDT_BENCH_CUDA
             if (run_gpu) bench_gpu(&a, sh, &p, gpu_gbs);
