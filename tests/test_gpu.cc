@@ -639,7 +639,9 @@ std::vector<Config> configs() {
     d.durs = {0, 1, 2, 3, 4, 5, 6}; d.seed = 10;  // generic (runtime arc count) kernels
     v.push_back({"SevenDurations", d});
     d.durs = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}; d.T = 14; d.seed = 11;
-    v.push_back({"TwelveDurations", d});
+    v.push_back({"TwelveDurations", d});  // span 12: a shared-memory ring of 16 diagonals
+    d.durs = {0, 1, 2, 3, 4, 5, 6, 7}; d.T = 13; d.seed = 18;
+    v.push_back({"EightDurations", d});
     Spec w; w.B = 2; w.T = 20; w.U = 6; w.V = 600; w.pad = 3; w.ragged = true; w.seed = 12;
     v.push_back({"WideRowsMisaligned", w});  // 32-lane groups, 16-byte heads and tails
     w.grads = Grads::Separate; w.seed = 13;
@@ -949,6 +951,27 @@ TEST(GpuLong, LabelsOver2048) {  // diagonals longer than a block: threads strid
         if (rnnt) s.durs = {};
         check_vs_cpu(s);
     }
+}
+
+// Diagonals of 257..512 nodes: two prefetched nodes a thread (and t + u beyond 2 max_frames:
+// the per-node arrays' row of such a diagonal, (t + u) mod max_frames, wraps twice).
+TEST(GpuLong, DiagonalsOfTwoNodesAThread) {
+    REQUIRE_GPU();
+    for (bool rnnt : {false, true}) {
+        Spec s; s.B = 2; s.T = 420; s.U = 450; s.V = 9; s.dt = TDT_DTYPE_FLOAT64; s.scale = 0.5;
+        s.Tb = {420, 301}; s.Ub = {450, 333}; s.seed = rnnt ? 21 : 20;
+        if (rnnt) s.durs = {};
+        check_vs_cpu(s);
+    }
+}
+
+// max_labels + 1 = 3701: eight diagonals of it (TDT durations up to 4) exceed a block's shared
+// memory, so the sweep keeps its values in the workspace array instead of the ring.
+TEST(GpuLong, LabelsBeyondTheSharedMemoryRing) {
+    REQUIRE_GPU();
+    Spec s; s.B = 1; s.T = 40; s.U = 3700; s.V = 8; s.dt = TDT_DTYPE_FLOAT64; s.scale = 0.5;
+    s.seed = 22;
+    check_vs_cpu(s);
 }
 
 TEST(GpuLong, FramesOver4096) {
