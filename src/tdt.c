@@ -229,8 +229,9 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     }
 
     /* workspace */
-    if (!tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, o->num_durations > 0 ? o->num_durations : 0,
-                              &c->layout))
+    /* RNN-T ignores num_durations: its layout is that of 0 durations (no larger than the size
+       tdt_get_workspace_size() reports for any num_durations) */
+    if (!tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, c->num_durations, &c->layout))
         TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace for batch %lld x max_frames %lld x (max_labels %lld + 1) "
                  "overflows 64-bit sizes", (long long)p->batch, (long long)p->max_frames, (long long)p->max_labels);
     if (workspace_bytes < c->layout.total + TDT_WS_ALIGN)
