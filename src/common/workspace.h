@@ -14,6 +14,9 @@
  *                     | ll       [B]      | double: log p(y|x) per sample               |
  *                     | state    [B]      | int32: per-sample state flags (GPU)         |
  *
+ * The per-node arrays hold sample b's nodes at b * max_frames * (max_labels + 1) +
+ * tdt_node_index() (lattice.h): anti-diagonal-major, so a sweep's diagonal is contiguous.
+ *
  * tdt_get_workspace_size() returns layout total + TDT_WS_ALIGN (slack for an unaligned pointer).
  */
 #ifndef TDT_COMMON_WORKSPACE_H

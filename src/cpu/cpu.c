@@ -8,7 +8,8 @@
  *      log-normaliser lse = log sum_v exp(z_v) (fused log-softmax: log-probs are never stored),
  *      lp_blank, lp_label, and the duration log-softmax, into the workspace;
  *   2. lattice pass (forward), over 2B tasks: alpha of sample b, beta of sample b, each a
- *      sequential float64 sweep with the shared recurrences of src/common/lattice.h; then costs;
+ *      sequential float64 sweep, anti-diagonal by anti-diagonal, with the shared recurrences of
+ *      src/common/lattice.h (the same functions the CUDA sweep calls); then costs;
  *   3. gradient pass (backward), over rows (b, t) of the padded extent: node occupancies from
  *      alpha and beta, then one read of the token row and one write of its gradient (scaled by
  *      the upstream gradient there), and the duration gradient; zeros outside each lattice.
@@ -193,9 +194,9 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
         for (int64_t t = 0; t < p->max_frames; ++t) {
             const int64_t T = p->frame_lengths[b], U = p->label_lengths[b];
             if (t >= T) continue;
-            const int32_t *y = p->labels + b * p->max_labels;
+            const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
             for (int64_t u = 0; u <= U; ++u) {
-                int64_t n = tdt_sample_offset(b, p->max_frames, row) + tdt_node_index(row, t, u);
+                int64_t n = tdt_sample_offset(b, p->max_frames, row) + tdt_node_index(p->max_frames, row, t, u);
                 const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
                 double lse = logits ? row_lse(z, p->vocab_size, p->dtype) : 0.0;
                 ws->lse[n] = lse;
@@ -223,6 +224,7 @@ static tdt_lattice_t sample_lattice(const tdt_call_t *c, const tdt_ws_t *ws, int
     L.lp_label = ws->lp_label + off;
     L.lp_dur = ws->lp_dur + off * c->layout.dur_stride;
     L.row = row;
+    L.frames = c->p.max_frames;
     L.T = c->p.frame_lengths[b];
     L.U = c->p.label_lengths[b];
     return L;
@@ -236,17 +238,26 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
         const int64_t b = task % B;
         tdt_lattice_t L = sample_lattice(c, ws, b);
         const int64_t off = tdt_sample_offset(b, c->p.max_frames, row);
+        /* anti-diagonal by anti-diagonal, as the GPU does: each diagonal is contiguous in the
+           per-node arrays (lattice.h), and every arc crosses to another diagonal */
+        const int64_t S = tdt_num_diagonals(&L);
         if (task < B) {
             double *alpha = ws->alpha + off;
-            for (int64_t t = 0; t < L.T; ++t)
-                for (int64_t u = 0; u <= L.U; ++u)
-                    alpha[tdt_node_index(row, t, u)] = tdt_alpha_node(&L, &c->arcs, alpha, t, u);
+            for (int64_t s = 0; s < S; ++s) {
+                int64_t lo, hi;
+                tdt_diagonal_range(&L, s, &lo, &hi);
+                for (int64_t u = lo; u <= hi; ++u)
+                    alpha[tdt_node_index(L.frames, row, s - u, u)] = tdt_alpha_node(&L, &c->arcs, alpha, s - u, u);
+            }
             ws->ll[b] = tdt_log_likelihood(&L, &c->arcs, alpha);
         } else {
             double *beta = ws->beta + off;
-            for (int64_t t = L.T - 1; t >= 0; --t)
-                for (int64_t u = L.U; u >= 0; --u)
-                    beta[tdt_node_index(row, t, u)] = tdt_beta_node(&L, &c->arcs, beta, t, u);
+            for (int64_t s = S - 1; s >= 0; --s) {
+                int64_t lo, hi;
+                tdt_diagonal_range(&L, s, &lo, &hi);
+                for (int64_t u = lo; u <= hi; ++u)
+                    beta[tdt_node_index(L.frames, row, s - u, u)] = tdt_beta_node(&L, &c->arcs, beta, s - u, u);
+            }
         }
     }
     for (int64_t b = 0; b < B; ++b) {
@@ -278,7 +289,7 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
             const int feasible = ll != -INFINITY;
             tdt_lattice_t L = sample_lattice(c, ws, b);
             const int64_t off = tdt_sample_offset(b, p->max_frames, row);
-            const int32_t *y = p->labels + b * p->max_labels;
+            const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
             for (int64_t u = 0; u < row; ++u) {
                 void *gz = c->g.token_grads
                                ? (char *)c->g.token_grads + tdt_row_offset(c->g.token_strides, b, t, u) * (int64_t)esz
@@ -294,7 +305,7 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                 tdt_node_grad_t ng;
                 tdt_node_grad(&L, &c->arcs, ws->alpha + off, ws->beta + off, t, u, ll,
                               c->o.fastemit_lambda, &ng);
-                int64_t n = off + tdt_node_index(row, t, u);
+                int64_t n = off + tdt_node_index(p->max_frames, row, t, u);
                 if (gz) {
                     const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
                     token_grad_row(c, z, gz, ws->lse[n], &ng, u < U ? y[u] : -1, scale);

@@ -10,8 +10,9 @@
 #include "grad.cuh"
 #include "sweep.cuh"
 
-cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int threads, cudaStream_t stream) {
-    return sweep_launch<0>(a, threads, stream);
+cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int ring_diags, size_t smem_bytes,
+                                     cudaStream_t stream) {
+    return sweep_launch<0>(a, ring_diags, smem_bytes, stream);
 }
 
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,

@@ -133,7 +133,9 @@ __device__ __forceinline__ int64_t tdt_row_head(const void *p, int64_t V) {
 
 /* ---- nodes and samples ---------------------------------------------------------------------- */
 
-/* Global node index n in [0, B * maxT * row) -> (b, t, u). */
+/* Logits row n in [0, B * maxT * row), in the logits' (b, t, u) order -> (b, t, u). The kernels
+ * over logits rows walk this order (neighbouring rows are neighbours in memory); the per-node
+ * workspace arrays are in lattice.h's diagonal order (tdt_ws_node). */
 __device__ __forceinline__ void tdt_decode_node(const tdt_gpu_args_t &a, int64_t n, int64_t *b,
                                                 int64_t *t, int64_t *u) {
     int64_t per_sample = a.maxT * a.row;
@@ -141,6 +143,12 @@ __device__ __forceinline__ void tdt_decode_node(const tdt_gpu_args_t &a, int64_t
     int64_t r = n - *b * per_sample;
     *t = r / a.row;
     *u = r - *t * a.row;
+}
+
+/* Index of node (b, t, u) in the workspace's per-node arrays. */
+__device__ __forceinline__ int64_t tdt_ws_node(const tdt_gpu_args_t &a, int64_t b, int64_t t,
+                                               int64_t u) {
+    return tdt_sample_offset(b, a.maxT, a.row) + tdt_node_index(a.maxT, a.row, t, u);
 }
 
 /* Reads T_b and U_b from device memory; 0 if either is out of range (bad data: the sample is
@@ -163,6 +171,7 @@ __device__ __forceinline__ tdt_lattice_t tdt_sample_lattice(const tdt_gpu_args_t
     L.lp_label = a.ws.lp_label + off;
     L.lp_dur = a.ws.lp_dur + off * (a.D > 1 ? a.D : 1);
     L.row = a.row;
+    L.frames = a.maxT;
     L.T = T;
     L.U = U;
     return L;
@@ -201,7 +210,8 @@ cudaError_t tdt_launch_sweep(const tdt_gpu_args_t &a, cudaStream_t stream);
 cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                             cudaStream_t stream);
 /* generic.cu: the same kernels for arc counts without their own instantiation. */
-cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int threads, cudaStream_t stream);
+cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int ring_diags, size_t smem_bytes,
+                                     cudaStream_t stream);
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                     cudaStream_t stream);
 

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) grad_kernel(const tdt_gp
         }
         const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
         const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
-        const int64_t nl = n - off; /* node index inside the sample */
+        const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
         tdt_node_grad_t ng;
         tdt_node_grad(&L, &A, a.ws.alpha + off, a.ws.beta + off, t, u, ll, a.fastemit_lambda,
                       &ng);
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) grad_kernel(const tdt_gp
         if (gz) {
             const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
             row_consts<Acc> rc;
-            rc.lse = (Acc)a.ws.lse[n];
+            rc.lse = (Acc)a.ws.lse[off + nl];
             rc.occ = (Acc)ng.tok_occ;
             rc.clamp = (Acc)a.clamp;
             rc.scale = (Acc)gb;

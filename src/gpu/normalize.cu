@@ -149,10 +149,11 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
 
         const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
         double lse = a.log_probs ? 0.0 : row_logsumexp<DT, G>(z, a.V, lane, mask);
+        const int64_t nw = tdt_ws_node(a, b, t, u); /* the node in the workspace's order */
 
         if (lane == 0) {
-            a.ws.lse[n] = lse;
-            a.ws.lp_blank[n] = (double)E::to_acc(z[a.blank]) - lse - a.sigma;
+            a.ws.lse[nw] = lse;
+            a.ws.lp_blank[nw] = (double)E::to_acc(z[a.blank]) - lse - a.sigma;
             double lpl = -TDT_INF; /* u == U_b: no label arc leaves this row */
             if (u < Ub) {
                 int32_t y = a.labels[b * a.maxU + u];
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
                           ? (double)E::to_acc(z[y]) - lse - a.sigma
                           : (double)NAN; /* bad label: never indexed; the sweep flags it */
             }
-            a.ws.lp_label[n] = lpl;
+            a.ws.lp_label[nw] = lpl;
         }
         if (D > 0 && lane == (G > 1 ? 1 : 0)) {
             /* The duration row is short (D <= 32): one lane, the shared small log-softmax. */
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
             double hd[TDT_MAX_DURATIONS];
             for (int k = 0; k < D; ++k) hd[k] = (double)E::to_acc(h[k]);
             if (!a.log_probs) tdt_log_softmax_small(hd, D);
-            double *out = a.ws.lp_dur + n * D;
+            double *out = a.ws.lp_dur + nw * D;
             for (int k = 0; k < D; ++k) out[k] = hd[k];
         }
     }
