@@ -97,9 +97,16 @@ template <> struct tdt_elem<TDT_DTYPE_BFLOAT16> {
     }
 };
 
-/* exp in the accumulate precision (expf is the accurate single-precision exp, not __expf). */
-__device__ __forceinline__ float tdt_exp_acc(float x) { return expf(x); }
-__device__ __forceinline__ double tdt_exp_acc(double x) { return exp(x); }
+/* exp in the accumulate precision, per element type: float64 exp for float64 and expf (the
+ * accurate single-precision exp) for float32; for float16 / bfloat16, whose values carry 11 / 8
+ * significant bits, __expf (one multiply and the hardware's ex2, relative error ~1e-6 over the
+ * softmax's range), since the accurate expf's instruction count makes the 16-bit passes
+ * arithmetic-bound: at copy bandwidth an SM must take 8 elements a clock. */
+template <int DT> __device__ __forceinline__ typename tdt_elem<DT>::Acc tdt_exp_acc(typename tdt_elem<DT>::Acc x);
+template <> __device__ __forceinline__ float tdt_exp_acc<TDT_DTYPE_FLOAT32>(float x) { return expf(x); }
+template <> __device__ __forceinline__ double tdt_exp_acc<TDT_DTYPE_FLOAT64>(double x) { return exp(x); }
+template <> __device__ __forceinline__ float tdt_exp_acc<TDT_DTYPE_FLOAT16>(float x) { return __expf(x); }
+template <> __device__ __forceinline__ float tdt_exp_acc<TDT_DTYPE_BFLOAT16>(float x) { return __expf(x); }
 
 /* One 16-byte vector of VEC elements, loaded or stored in a single instruction. The pointer
  * must be 16-byte aligned (the callers split each row into scalar head, vector body, scalar

@@ -77,7 +77,7 @@ __device__ __forceinline__ typename tdt_elem<DT>::T token_grad_elem(
     int64_t v, typename tdt_elem<DT>::T x) {
     typedef tdt_elem<DT> E;
     typedef typename E::Acc Acc;
-    const Acc p = a.log_probs ? (Acc)0 : tdt_exp_acc(E::to_acc(x) - rc.lse);
+    const Acc p = a.log_probs ? (Acc)0 : tdt_exp_acc<DT>(E::to_acc(x) - rc.lse);
     if (SPECIAL && (v == a.blank || v == rc.y))
         return E::from_double(rc.gb * tdt_token_grad(&ng, (double)p, v == a.blank, v == rc.y, a.clamp));
     if (a.log_probs) return E::from_acc((Acc)0);

@@ -43,19 +43,19 @@ template <typename Acc> struct lse_state {
 
 /* Adds n values (n <= 8) to the state: one rescale per call, one exp per value. A NaN value
  * makes s NaN (fmax skips NaN for the max but the sum does not); all -inf leaves {m, 0}. */
-template <typename Acc, int N>
+template <int DT, typename Acc, int N>
 __device__ __forceinline__ void lse_add(lse_state<Acc> &st, const Acc (&x)[N]) {
     const Acc ninf = -(Acc)INFINITY;
     Acc mv = x[0];
 #pragma unroll
     for (int j = 1; j < N; ++j) mv = fmax(mv, x[j]);
     if (mv > st.m) {
-        st.s = st.s * tdt_exp_acc(st.m - mv); /* exp(-inf) = 0 for the first finite value */
+        st.s = st.s * tdt_exp_acc<DT>(st.m - mv); /* exp(-inf) = 0 for the first finite value */
         st.m = mv;
     }
     if (st.m != ninf) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) st.s += tdt_exp_acc(x[j] - st.m);
+        for (int j = 0; j < N; ++j) st.s += tdt_exp_acc<DT>(x[j] - st.m);
     } else {
 #pragma unroll
         for (int j = 0; j < N; ++j)
@@ -64,14 +64,14 @@ __device__ __forceinline__ void lse_add(lse_state<Acc> &st, const Acc (&x)[N]) {
 }
 
 /* Merges another lane's state into st (same rule as tdt_lse_merge, in Acc). */
-template <typename Acc>
+template <int DT, typename Acc>
 __device__ __forceinline__ void lse_merge(lse_state<Acc> &st, Acc m2, Acc s2) {
     const Acc ninf = -(Acc)INFINITY;
     if (m2 > st.m) {
-        st.s = st.s * tdt_exp_acc(st.m - m2) + s2;
+        st.s = st.s * tdt_exp_acc<DT>(st.m - m2) + s2;
         st.m = m2;
     } else if (m2 != ninf) {
-        st.s += s2 * tdt_exp_acc(m2 - st.m);
+        st.s += s2 * tdt_exp_acc<DT>(m2 - st.m);
     } else if (s2 != s2) {
         st.s = s2; /* NaN from the other lane */
     }
@@ -94,7 +94,7 @@ __device__ double row_logsumexp(const typename tdt_elem<DT>::T *z, int64_t V, in
 
     for (int64_t i = lane; i < head; i += G) {
         Acc x[1] = {E::to_acc(z[i])};
-        lse_add(st, x);
+        lse_add<DT>(st, x);
     }
     const T *zv = z + head;
     for (int64_t i0 = lane; i0 < nvec; i0 += (int64_t)G * kUnroll) {
@@ -111,20 +111,20 @@ __device__ double row_logsumexp(const typename tdt_elem<DT>::T *z, int64_t V, in
                 Acc x[VEC];
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) x[e] = E::to_acc(buf[j].v[e]);
-                lse_add(st, x);
+                lse_add<DT>(st, x);
             }
         }
     }
     for (int64_t i = tail + lane; i < V; i += G) {
         Acc x[1] = {E::to_acc(z[i])};
-        lse_add(st, x);
+        lse_add<DT>(st, x);
     }
 
 #pragma unroll
     for (int off = G / 2; off > 0; off /= 2) {
         Acc m2 = __shfl_xor_sync(mask, st.m, off, G);
         Acc s2 = __shfl_xor_sync(mask, st.s, off, G);
-        lse_merge(st, m2, s2);
+        lse_merge<DT>(st, m2, s2);
     }
     if (st.m == -(Acc)INFINITY && st.s == (Acc)0) return -TDT_INF; /* all -inf */
     return (double)st.m + log((double)st.s);
