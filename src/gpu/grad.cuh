@@ -42,8 +42,17 @@
 namespace {
 
 const int kThreads = 256;
-const int kUnroll = 2;
-const int kMinBlocks = 3; /* <= 85 registers: 24 warps per SM keep enough 16-byte loads in flight */
+
+/* Per element type: 16-byte loads in flight per lane (UNROLL) and blocks per SM (MIN_BLOCKS).
+ * float32 / float64: 4 loads, 2 blocks (<= 128 registers, no spills; 16 warps per SM).
+ * float16 / bfloat16: 2 loads, 3 blocks (<= 80 registers, a few spills; 24 warps per SM): with
+ * 8 elements per load, 4 loads made the unrolled row loop too long for the instruction cache
+ * (measured on an H200, large bf16: warps stalled 10 cycles per instruction on instruction
+ * fetch, backward 3.8 ms against 1.9 ms with 2 loads; see benchmark/NOTES.md). */
+template <int DT> struct grad_tuning {
+    enum { WIDE = tdt_elem<DT>::VEC >= 8 };
+    enum { UNROLL = WIDE ? 2 : 4, MIN_BLOCKS = WIDE ? 3 : 2 };
+};
 
 template <int DT> __device__ __forceinline__ void zero_row(typename tdt_elem<DT>::T *g, int64_t n,
                                                            int lane, int G) {
@@ -87,7 +96,7 @@ __device__ __forceinline__ typename tdt_elem<DT>::T token_grad_elem(
 }
 
 template <int DT, int G, int KD>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) grad_kernel(const tdt_gpu_args_t a) {
+__global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_kernel(const tdt_gpu_args_t a) {
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
     typedef typename E::Acc Acc;
@@ -146,6 +155,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) grad_kernel(const tdt_gp
             const bool vec_store = (((uintptr_t)gz ^ (uintptr_t)z) & 15u) == 0;
 
             for (int64_t i = lane; i < head; i += G) gz[i] = token_grad_elem<DT, true>(a, ng, rc, i, z[i]);
+            const int kUnroll = grad_tuning<DT>::UNROLL;
             for (int64_t i0 = lane; i0 < nvec; i0 += (int64_t)G * kUnroll) {
                 tdt_vec<DT> buf[kUnroll];
 #pragma unroll
