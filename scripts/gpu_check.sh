@@ -36,7 +36,7 @@ step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTU
   && cmake --build build-gpu -j$(nproc)"
 export WARP_TDT_LIBRARY=$PWD/build-gpu/libwarptdt.so PYTHONPATH=$PWD/pytorch_binding
 step gpu_tests 120 build-gpu/tests/tdt_gpu_tests
-step pytest 150 python3 -m pytest -q -rs -x tests/python
+step pytest 150 python3 -m pytest -q -rs tests/python
 if (( ngpu >= 2 )); then
   step ddp 90 torchrun --nproc_per_node=2 tests/multigpu/ddp_tdt.py --steps 5
 fi
