@@ -120,29 +120,48 @@ static inline double bench_load(const void *base, size_t i, tdt_dtype_t d) {
     return 0.0;
 }
 
-/* Random problem: normal logits, labels uniform in [0, V-1), blank V-1; lengths full when
- * ragged == 0, else T_b in [T/2, T] and U_b in [U/2, U]. */
-static inline int bench_make(bench_problem_t *p, uint64_t seed, int ragged) {
-    uint64_t st = seed;
-    int64_t W = p->V + (p->rnnt ? 0 : p->D), rows = p->B * p->T * (p->U + 1);
-    size_t n = (size_t)rows * (size_t)W;
-    p->joint = malloc(n * bench_dtype_size(p->dtype));
-    p->labels = (int32_t *)malloc((size_t)(p->B * (p->U > 0 ? p->U : 1)) * sizeof(int32_t));
-    p->frame_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
-    p->label_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
-    if (!p->joint || !p->labels || !p->frame_lengths || !p->label_lengths) return 0;
-    for (size_t i = 0; i < n; i += 2) {
-        /* Box-Muller gives two normals per pair of uniforms */
-        double r = sqrt(-2.0 * log(bench_uniform(&st))), a = 6.283185307179586 * bench_uniform(&st);
+/* Pair i of standard normals (Box-Muller on splitmix64 outputs 2i + 1 and 2i + 2 of the seed):
+ * a function of (seed, i) alone, so any split of the pairs across threads draws the same numbers. */
+static inline void bench_fill_pairs(bench_problem_t *p, uint64_t seed, size_t n, size_t lo, size_t hi) {
+    for (size_t pair = lo; pair < hi; ++pair) {
+        uint64_t st = seed + (uint64_t)(2 * pair) * 0x9e3779b97f4a7c15ull;
+        double u1 = bench_uniform(&st), u2 = bench_uniform(&st);
+        double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
+        size_t i = 2 * pair;
         bench_store(p->joint, i, p->dtype, r * cos(a));
         if (i + 1 < n) bench_store(p->joint, i + 1, p->dtype, r * sin(a));
     }
+}
+
+/* Allocates a problem's buffers; *n = joint elements. 0 when out of memory. */
+static inline int bench_alloc(bench_problem_t *p, size_t *n) {
+    int64_t W = p->V + (p->rnnt ? 0 : p->D), rows = p->B * p->T * (p->U + 1);
+    *n = (size_t)rows * (size_t)W;
+    p->joint = malloc(*n * bench_dtype_size(p->dtype));
+    p->labels = (int32_t *)malloc((size_t)(p->B * (p->U > 0 ? p->U : 1)) * sizeof(int32_t));
+    p->frame_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
+    p->label_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
+    return p->joint && p->labels && p->frame_lengths && p->label_lengths;
+}
+
+/* Labels uniform in [0, V-1) (blank is V - 1); lengths full when ragged == 0, else T_b in
+ * [T/2, T] and U_b in [U/2, U]; drawn after the n logits' pairs. */
+static inline void bench_fill_labels(bench_problem_t *p, uint64_t seed, size_t n, int ragged) {
+    uint64_t st = seed + (uint64_t)(2 * ((n + 1) / 2)) * 0x9e3779b97f4a7c15ull;
     for (int64_t i = 0; i < p->B * p->U; ++i)
         p->labels[i] = (int32_t)(bench_rand(&st) % (uint64_t)(p->V > 1 ? p->V - 1 : 1));
     for (int64_t b = 0; b < p->B; ++b) {
         p->frame_lengths[b] = (int32_t)(ragged ? p->T / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->T - p->T / 2 + 1)) : p->T);
         p->label_lengths[b] = (int32_t)(ragged ? p->U / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->U - p->U / 2 + 1)) : p->U);
     }
+}
+
+/* Random problem: normal logits, labels and lengths as above. 0 when out of memory. */
+static inline int bench_make(bench_problem_t *p, uint64_t seed, int ragged) {
+    size_t n;
+    if (!bench_alloc(p, &n)) return 0;
+    bench_fill_pairs(p, seed, n, 0, (n + 1) / 2);
+    bench_fill_labels(p, seed, n, ragged);
     return 1;
 }
 

@@ -96,9 +96,7 @@ static int par_for(size_t n, void (*fn)(void *, size_t, size_t, int), void *ctx)
     return parts;
 }
 
-/* bench_make (common.h), the same numbers, with the logits drawn in parallel: splitmix64's
- * k-th output is a function of seed + k * golden, so pair i of normals takes outputs 2i + 1
- * and 2i + 2 wherever it is computed. */
+/* bench_make (common.h), the same numbers, with the logits drawn in parallel. */
 typedef struct gen_ctx {
     bench_problem_t *p;
     uint64_t seed;
@@ -108,33 +106,15 @@ typedef struct gen_ctx {
 static void gen_part(void *arg, size_t lo, size_t hi, int part) {
     const gen_ctx_t *g = (const gen_ctx_t *)arg;
     (void)part;
-    for (size_t pair = lo; pair < hi; ++pair) {
-        uint64_t st = g->seed + (uint64_t)(2 * pair) * 0x9e3779b97f4a7c15ull;
-        double u1 = bench_uniform(&st), u2 = bench_uniform(&st);
-        double r = sqrt(-2.0 * log(u1)), a = 6.283185307179586 * u2;
-        size_t i = 2 * pair;
-        bench_store(g->p->joint, i, g->p->dtype, r * cos(a));
-        if (i + 1 < g->n) bench_store(g->p->joint, i + 1, g->p->dtype, r * sin(a));
-    }
+    bench_fill_pairs(g->p, g->seed, g->n, lo, hi);
 }
 
 static int bench_make_fast(bench_problem_t *p, uint64_t seed, int ragged) {
-    int64_t W = p->V + (p->rnnt ? 0 : p->D), rows = p->B * p->T * (p->U + 1);
-    size_t n = (size_t)rows * (size_t)W, pairs = (n + 1) / 2;
-    p->joint = malloc(n * bench_dtype_size(p->dtype));
-    p->labels = (int32_t *)malloc((size_t)(p->B * (p->U > 0 ? p->U : 1)) * sizeof(int32_t));
-    p->frame_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
-    p->label_lengths = (int32_t *)malloc((size_t)(p->B > 0 ? p->B : 1) * sizeof(int32_t));
-    if (!p->joint || !p->labels || !p->frame_lengths || !p->label_lengths) return 0;
+    size_t n;
+    if (!bench_alloc(p, &n)) return 0;
     gen_ctx_t g = {p, seed, n};
-    par_for(pairs, gen_part, &g);
-    uint64_t st = seed + (uint64_t)(2 * pairs) * 0x9e3779b97f4a7c15ull;
-    for (int64_t i = 0; i < p->B * p->U; ++i)
-        p->labels[i] = (int32_t)(bench_rand(&st) % (uint64_t)(p->V > 1 ? p->V - 1 : 1));
-    for (int64_t b = 0; b < p->B; ++b) {
-        p->frame_lengths[b] = (int32_t)(ragged ? p->T / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->T - p->T / 2 + 1)) : p->T);
-        p->label_lengths[b] = (int32_t)(ragged ? p->U / 2 + (int64_t)(bench_rand(&st) % (uint64_t)(p->U - p->U / 2 + 1)) : p->U);
-    }
+    par_for((n + 1) / 2, gen_part, &g);
+    bench_fill_labels(p, seed, n, ragged);
     return 1;
 }
 
