@@ -708,8 +708,12 @@ static void check_misc(const cfg_t *c) {
     REQUIRE(tdt_get_workspace_size(&p, NULL, &n) == TDT_STATUS_NULL_POINTER, "ws size options NULL");
     REQUIRE(tdt_get_workspace_size(&p, &o, NULL) == TDT_STATUS_NULL_POINTER, "ws size out NULL");
     o.num_durations = c->fparam & 1 ? -1 - (c->fparam >> 1) : TDT_MAX_DURATIONS + 1 + (c->fparam >> 1);
+    REQUIRE(tdt_get_workspace_size(&p, &o, &n) == TDT_STATUS_SUCCESS,
+            "ws size of RNN-T (no duration logits) must ignore num_durations %d", o.num_durations);
+    p.duration_logits = &p; /* a placeholder: the TDT size, never dereferenced */
     REQUIRE(tdt_get_workspace_size(&p, &o, &n) == TDT_STATUS_TOO_MANY_DURATIONS,
             "ws size with num_durations %d", o.num_durations);
+    p.duration_logits = NULL;
     o.num_durations = (int)c->D;
     p.batch = -1 - c->fparam;
     REQUIRE(tdt_get_workspace_size(&p, &o, &n) == TDT_STATUS_INVALID_SIZE, "ws size batch < 0");

@@ -194,11 +194,13 @@ typedef struct tdt_gradients {
  * the others alone.
  * ------------------------------------------------------------------------------------------- */
 
-/* Bytes of workspace that the calls below need for this problem. Reads only batch, max_frames
- * and max_labels of problem, and num_durations and location of options (nothing is
- * dereferenced but the two structs), so it can be called before any tensor exists. The same
- * size serves TDT and RNN-T, the one-shot call and the forward/backward pair. Any alignment of
- * the workspace pointer is accepted (the size includes slack for alignment). */
+/* Bytes of workspace that the calls below need for this problem. Reads only batch, max_frames,
+ * max_labels and whether duration_logits is NULL of problem, and num_durations of options
+ * (nothing is dereferenced but the two structs), so it can be called before any tensor exists;
+ * a placeholder non-NULL duration_logits asks for the TDT size. RNN-T (duration_logits NULL)
+ * ignores num_durations; its size is never larger than TDT's for the same shapes. The same size
+ * serves the one-shot call and the forward/backward pair. Any alignment of the workspace pointer
+ * is accepted (the size includes slack for alignment). */
 TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem, const tdt_options_t *options,
                                     size_t *workspace_bytes);
 

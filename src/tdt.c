@@ -229,8 +229,7 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     }
 
     /* workspace */
-    /* RNN-T ignores num_durations: its layout is that of 0 durations (no larger than the size
-       tdt_get_workspace_size() reports for any num_durations) */
+    /* RNN-T ignores num_durations: its layout is that of 0 durations, as in the size query */
     if (!tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, c->num_durations, &c->layout))
         TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace for batch %lld x max_frames %lld x (max_labels %lld + 1) "
                  "overflows 64-bit sizes", (long long)p->batch, (long long)p->max_frames, (long long)p->max_labels);
@@ -269,11 +268,13 @@ TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem,
     if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
     if (!workspace_bytes) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace_bytes is NULL");
     TDT_CHECK(check_sizes(problem));
-    if (options->num_durations < 0 || options->num_durations > TDT_MAX_DURATIONS)
+    /* RNN-T (no duration logits) ignores num_durations, here as in the call itself */
+    int num_durations = problem->duration_logits ? options->num_durations : 0;
+    if (num_durations < 0 || num_durations > TDT_MAX_DURATIONS)
         TDT_FAIL(TDT_STATUS_TOO_MANY_DURATIONS, "options->num_durations = %d must be in [0, %d]",
-                 options->num_durations, TDT_MAX_DURATIONS);
+                 num_durations, TDT_MAX_DURATIONS);
     if (!tdt_workspace_layout(problem->batch, problem->max_frames, problem->max_labels,
-                              options->num_durations, &layout))
+                              num_durations, &layout))
         TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace size overflows 64-bit sizes");
     *workspace_bytes = layout.total + TDT_WS_ALIGN;
     tdt_clear_error();
