@@ -101,43 +101,6 @@ TDT_HD int64_t tdt_row_offset(const int64_t *strides, int64_t b, int64_t t, int6
     return b * strides[0] + t * strides[1] + u * strides[2];
 }
 
-/* ---- log-space arithmetic ----------------------------------------------------------------- */
-
-/* log(exp(a) + exp(b)), exact for -inf operands, never NaN for non-NaN inputs. */
-TDT_HD double tdt_log_add(double a, double b) {
-    if (a == -TDT_INF) return b;
-    if (b == -TDT_INF) return a;
-    return a > b ? a + log1p(exp(b - a)) : b + log1p(exp(a - b));
-}
-
-/* Online log-sum-exp state: max m and sum s of exp(x - m). Start from {-inf, 0}. (The
- * normaliser's kernels merge such states; the lattice uses two passes, see above.) */
-TDT_HD void tdt_lse_push(double *m, double *s, double x) {
-    if (x > *m) {
-        *s = *s * exp(*m - x) + 1.0;
-        *m = x;
-    } else if (x != -TDT_INF) {
-        *s += exp(x - *m);
-    }
-}
-
-/* Merge of two online states (for parallel reductions). */
-TDT_HD void tdt_lse_merge(double *m, double *s, double m2, double s2) {
-    if (m2 > *m) {
-        *s = *s * exp(*m - m2) + s2;
-        *m = m2;
-    } else if (m2 != -TDT_INF) {
-        *s += s2 * exp(m2 - *m);
-    }
-}
-
-/* Final value of an online state: log(sum exp(x)); -inf for an empty or all -inf set; NaN
- * propagates (a NaN input leaves m or s NaN). */
-TDT_HD double tdt_lse_value(double m, double s) {
-    if (m == -TDT_INF && s == 0.0) return -TDT_INF;
-    return m + log(s);
-}
-
 /* ---- arcs --------------------------------------------------------------------------------- */
 
 /* The arc set for TDT durations d[0..count-1] (validated by the dispatch layer). */

@@ -63,7 +63,7 @@ __device__ __forceinline__ void lse_add(lse_state<Acc> &st, const Acc (&x)[N]) {
     }
 }
 
-/* Merges another lane's state into st (same rule as tdt_lse_merge, in Acc). */
+/* Merges another lane's online (max, sum) state into st, in Acc. */
 template <int DT, typename Acc>
 __device__ __forceinline__ void lse_merge(lse_state<Acc> &st, Acc m2, Acc s2) {
     const Acc ninf = -(Acc)INFINITY;
