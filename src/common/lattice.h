@@ -298,6 +298,10 @@ TDT_HD void tdt_diagonal_range(const tdt_lattice_t *L, int64_t s, int64_t *u_lo,
     *u_hi = s < L->U ? s : L->U;
 }
 
+/* The reported cost from log p(y|x): -(1 + lambda) log p (FastEmit scales the cost too);
+ * +inf for an infeasible sample (ll = -inf), NaN for NaN. */
+TDT_HD double tdt_cost(double ll, double fastemit_lambda) { return -(1.0 + fastemit_lambda) * ll; }
+
 /* ---- gradients ---------------------------------------------------------------------------- */
 
 /* Arc occupancy exp(alpha + w + beta(dst) - LL); exactly 0 when any term is -inf. */

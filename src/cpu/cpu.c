@@ -262,7 +262,7 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
     }
     for (int64_t b = 0; b < B; ++b) {
         double ll = ws->ll[b];
-        double cost = ll == -INFINITY ? INFINITY : -(1.0 + c->o.fastemit_lambda) * ll;
+        double cost = tdt_cost(ll, c->o.fastemit_lambda);
         if (tdt_acc_is_double(c->p.dtype))
             ((double *)c->costs)[b] = cost;
         else

@@ -6,7 +6,7 @@
  * log-probabilities the normaliser left in the workspace,
  *     alpha(t,u) = tdt_alpha_combine(tdt_alpha_terms(t,u))   over arcs into (t,u), alpha(0,0) = 0
  *     beta(t,u)  = tdt_beta_combine(tdt_beta_terms(t,u))     over arcs out of (t,u), terminal 0
- *     LL         = tdt_log_likelihood(...),   cost = -(1 + fastemit_lambda) * LL
+ *     LL         = tdt_log_likelihood(...),   cost = tdt_cost(LL) = -(1 + fastemit_lambda) * LL
  * exactly the functions of src/common/lattice.h that the CPU backend calls (its tdt_alpha_node
  * is the same two steps). Every arc advances t + u by at least one and by at most
  * span = max(blank duration, label duration + 1), so all nodes of anti-diagonal s = t + u depend
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
             sweep<false, NPT>(L, A, st);
             if (tid == 0) {
                 double ll = tdt_log_likelihood(&L, &A, g);     /* -inf when T == 0 */
-                double cost = -(1.0 + a.fastemit_lambda) * ll; /* +inf when infeasible */
+                double cost = tdt_cost(ll, a.fastemit_lambda); /* +inf when infeasible */
                 a.ws.ll[b] = ll;
                 a.ws.state[b] = TDT_GPU_STATE_OK;
                 if (a.acc_double)
