@@ -96,7 +96,10 @@ def _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt
 
     o = _lib.Options()
     o.location = _lib.LOCATION_GPU if logits.is_cuda else _lib.LOCATION_CPU
-    o.num_threads = 0
+    # CPU: as many OpenMP threads as torch's own CPU ops use (torch.set_num_threads() is the one
+    # knob); not the library's default, which is the calling thread's OpenMP setting and need not
+    # follow torch (a library built against another OpenMP runtime, or a thread torch never set)
+    o.num_threads = 0 if logits.is_cuda else max(1, torch.get_num_threads())
     o.blank = spec.blank
     keep = None
     if tdt:

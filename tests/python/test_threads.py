@@ -1,0 +1,47 @@
+"""The CPU library runs with torch.get_num_threads() threads (torch.set_num_threads() is the one
+knob), and its results do not depend on the count."""
+
+import pytest
+import torch
+
+import reference as R
+import warp_tdt
+from warp_tdt import _core
+
+
+def _case(seed):
+    return R.random_case(B=3, T=12, U=5, V=40, seed=seed)
+
+
+def _joint_grad(case):
+    V = case["token_logits"].shape[-1]
+    joint = torch.cat([case["token_logits"], case["duration_logits"]], -1).requires_grad_(True)
+    warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
+                      case["target_lengths"], case["blank_token_id"], case["durations"],
+                      reduction="sum").backward()
+    return joint.grad
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_follow_torch(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        case = _case(10)
+        tok = case["token_logits"]
+        spec = _core.Spec("separate", tok.shape[-1], tuple(case["durations"]),
+                          case["blank_token_id"], 0.0, 0.0, 0.0, False)
+        labels = case["targets"].clamp(min=0).int()
+        _, options, _ = _core._build(spec, tok, case["duration_logits"], labels,
+                                     case["logit_lengths"].int(), case["target_lengths"].int(),
+                                     False)
+        assert options.num_threads == torch.get_num_threads()
+        g = _joint_grad(case)
+    finally:
+        torch.set_num_threads(before)
+    torch.set_num_threads(3 - threads)
+    try:
+        g_other = _joint_grad(case)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(g, g_other)  # the same bits for any thread count
