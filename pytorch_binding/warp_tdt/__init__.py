@@ -26,12 +26,22 @@ __all__ = [
     "TDTLoss",
     "RNNTLoss",
     "cuda_available",
+    "empty_cache",
     "library_path",
     "library_version",
     "WarpTDTError",
     "WarpTDTValueError",
     "LibraryNotFoundError",
 ]
+
+
+def empty_cache():
+    """Releases the idle CPU buffers kept for reuse (the last gradient and workspace, see
+    _hostmem.py); a buffer still in use is released when its last tensor is freed. Setting
+    WARP_TDT_CPU_CACHE=0 turns the reuse off altogether."""
+    from . import _hostmem
+
+    _hostmem.empty_cache()
 
 
 def library_path():

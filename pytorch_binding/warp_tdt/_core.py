@@ -19,7 +19,7 @@ from typing import NamedTuple, Tuple
 
 import torch
 
-from . import _lib
+from . import _hostmem, _lib
 
 __all__ = ["Spec", "forward", "backward", "validate_data", "workspace_bound", "acc_dtype"]
 
@@ -66,6 +66,17 @@ def workspace_bound(batch, max_frames, rows, num_durations):
 # Data pointers of the last gradient buffers written (token, duration): lets the tests check
 # that the gradient autograd hands on is the very buffer the library wrote.
 last_grad_ptrs = (0, 0)
+
+
+def _empty_grad(x):
+    """An uninitialised gradient buffer laid out like x (the library writes every element, so it
+    is never zero-filled). On the CPU a contiguous one comes from _hostmem, which reuses the
+    previous call's memory once autograd has dropped it instead of faulting in fresh pages."""
+    if not x.is_cuda and x.is_contiguous():
+        g = _hostmem.empty(tuple(x.shape), x.dtype, "grad")
+        if g is not None:
+            return g
+    return torch.empty_like(x, memory_format=torch.preserve_format)
 
 
 def _strides3(t):
@@ -151,8 +162,13 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
             "for B=%d T=%d U+1=%d D=%d; the library's workspace layout grew, update "
             "_core.workspace_bound()" % (size, need, B, logits.shape[1], logits.shape[2],
                                         len(spec.durations)))
-    alloc = torch.zeros if zero_workspace else torch.empty
-    workspace = alloc(size, dtype=torch.uint8, device=logits.device)
+    workspace = None
+    if zero_workspace:
+        workspace = torch.zeros(size, dtype=torch.uint8, device=logits.device)
+    elif not logits.is_cuda:
+        workspace = _hostmem.empty((size,), torch.uint8, "workspace")
+    if workspace is None:
+        workspace = torch.empty(size, dtype=torch.uint8, device=logits.device)
     costs = torch.empty(B, dtype=acc, device=logits.device)
     if B == 0:
         return costs, workspace
@@ -185,8 +201,7 @@ def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_le
         g_logits = logits.detach() if need_logits or joint else None
         g_dur = duration.detach() if need_duration else None
     else:
-        g_logits = (torch.empty_like(logits, memory_format=torch.preserve_format)
-                    if need_logits or (joint and need_duration) else None)
+        g_logits = (_empty_grad(logits) if need_logits or (joint and need_duration) else None)
         g_dur = torch.empty_like(duration, memory_format=torch.preserve_format) if need_duration else None
     if logits.shape[0] == 0 or logits.numel() == 0:
         if g_logits is not None:
