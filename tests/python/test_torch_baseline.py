@@ -20,12 +20,13 @@ CASES = [dict(seed=0), dict(seed=1, durations=[2, 0, 1]), dict(seed=2, blank=0),
          dict(seed=4, T=1, U=2), dict(seed=5, U=0), dict(seed=6, durations=[1, 3, 0, 5, 2, 4])]
 
 
-def _run(case, dtype, layout, reduction, sigma, weights):
-    tok0 = case["token_logits"].to(dtype)
-    dur0 = case["duration_logits"].to(dtype)
+def _run(case, dtype, layout, reduction, sigma, weights, device="cpu"):
+    tok0 = case["token_logits"].to(device, dtype)
+    dur0 = case["duration_logits"].to(device, dtype)
     V = tok0.shape[-1]
-    args = (case["targets"], case["logit_lengths"], case["target_lengths"],
-            case["blank_token_id"], case["durations"], sigma, reduction)
+    args = (case["targets"].to(device), case["logit_lengths"].to(device),
+            case["target_lengths"].to(device), case["blank_token_id"], case["durations"], sigma,
+            reduction)
     if layout == "joint":
         joint = torch.cat([tok0, dur0], -1).requires_grad_(True)
         loss = torch_tdt.tdt_loss(joint[..., :V], joint[..., V:], *args)
@@ -34,23 +35,23 @@ def _run(case, dtype, layout, reduction, sigma, weights):
         loss = torch_tdt.tdt_loss(tok, dur, *args)
     if reduction == "none":
         finite = torch.where(torch.isinf(loss), torch.zeros_like(loss), loss)
-        (finite * weights.to(loss.dtype)).sum().backward()
+        (finite * weights.to(loss.device, loss.dtype)).sum().backward()
     elif bool(torch.isfinite(loss)):
         loss.backward()
     if layout == "joint":
-        return loss.detach(), joint.grad[..., :V], joint.grad[..., V:]
-    return loss.detach(), tok.grad, dur.grad
+        return loss.detach().cpu(), joint.grad[..., :V].cpu(), joint.grad[..., V:].cpu()
+    return loss.detach().cpu(), tok.grad.cpu(), dur.grad.cpu()
 
 
 @pytest.mark.parametrize("case_kw", CASES, ids=lambda kw: "seed%d" % kw["seed"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("layout", ["separate", "joint"])
-def test_matches_reference(case_kw, dtype, layout):
+def test_matches_reference(device, case_kw, dtype, layout):
     kw = dict(case_kw)
     case = R.random_case(B=4, T=kw.pop("T", 9), U=kw.pop("U", 4), V=7, dtype=torch.float64, **kw)
     w = torch.rand(4, generator=torch.Generator().manual_seed(9), dtype=torch.float64) + 0.5
     for sigma in (0.0, 0.05):
-        loss, gz, gh = _run(case, dtype, layout, "none", sigma, w)
+        loss, gz, gh = _run(case, dtype, layout, "none", sigma, w, device)
         rloss, rgz, rgh = H.ref_tdt(case, reduction="none", weights=w, sigma=sigma)
         assert torch.equal(torch.isinf(loss), torch.isinf(rloss))
         fin = torch.isfinite(rloss)
