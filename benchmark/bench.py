@@ -4,23 +4,34 @@ the two slices of one joint (B, T, U+1, V+D) tensor, as a Parakeet training step
 For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
   1. checks the result first: CUDA results against the same library's CPU backend (costs and the
      joint gradient), CPU results against a float64 run; a wrong answer prints FAILED, no time;
-  2. times forward+backward with CUDA events (median over --iters, after warm-up), and the peak
-     extra memory from torch's allocator in multiples of the logits' bytes;
-  3. times the PyTorch TDT loss of transformers (when installed) on the same inputs, for scale;
+  2. times forward+backward (CUDA events on a GPU, wall clock on the CPU; median over --iters,
+     after warm-up), and on a GPU the peak extra memory from torch's allocator in multiples of the
+     logits' bytes;
+  3. times the baselines on the same inputs, each first checked against warp_tdt (costs and joint
+     gradient; FAILED instead of a time otherwise): the vectorised pure-PyTorch TDT loss of
+     torch_tdt.py (this folder; always there) and transformers' PyTorch TDT loss (when installed);
   4. prints ms, effective GB/s, the floor (3 x logits bytes over a device copy measured in the same
-     run) and the ratio to it; --plot writes a PNG (time per shape: ours, the floor, the baseline).
+     run), the ratio to it, and the speed-up over the pure-PyTorch loss; --plot writes a PNG (time
+     per shape: ours, the floor, the baselines).
+
+On the CPU, --threads sets torch.set_num_threads() (default: every core this process may use);
+the binding runs the library with torch.get_num_threads() threads.
 
     PYTHONPATH=pytorch_binding WARP_TDT_LIBRARY=build/libwarptdt.so \\
         python3 benchmark/bench.py --device cuda --shapes parakeet,base --dtypes float32,bfloat16
+    PYTHONPATH=pytorch_binding /usr/bin/python3 benchmark/bench.py --device cpu --shapes base \\
+        --threads 2
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import torch
 
+import torch_tdt  # this folder: the pure-PyTorch baseline
 import warp_tdt
 
 SHAPES = {  # name: (B, T, U, V, ragged)
@@ -62,10 +73,21 @@ def ours(joint, targets, logit_lengths, target_lengths, V, reduction="sum"):
 
 def transformers_loss():
     try:
-        from transformers.loss.loss_tdt import tdt_loss
+        from transformers.loss import loss_tdt
     except Exception:  # not installed, or an older transformers
         return None
-    return tdt_loss
+    if hasattr(loss_tdt, "_load_tdt_kernel"):  # its pure-PyTorch loss, never a hub kernel
+        loss_tdt._load_tdt_kernel = lambda: None
+    return loss_tdt.tdt_loss
+
+
+def baselines():
+    """(column name, loss function) of every baseline available here."""
+    out = [("torch", torch_tdt.tdt_loss)]
+    hf = transformers_loss()
+    if hf is not None:
+        out.append(("transformers", hf))
+    return out
 
 
 def sync(device):
@@ -102,8 +124,21 @@ def copy_bandwidth(device):
     return 2 * n / (ms * 1e-3)
 
 
+def compare(loss, grad, ref_loss, ref_grad, dtype):
+    """(ok, verdict) of costs and joint gradient against reference ones."""
+    ref = ref_loss.detach().cpu().double()
+    cost_err = ((loss.detach().cpu().double() - ref).abs() / ref.abs()).max().item()
+    rel = {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 1.6e-2)
+    g, rg = grad.cpu().double(), ref_grad.cpu().double()
+    grad_err = ((g - rg).abs() / (rel * rg.abs() + 1e-6)).max().item()
+    ok = cost_err < (1e-10 if dtype == torch.float64 else 2e-5) and grad_err <= 1.0
+    return ok, "%s (cost rel %.1e, grad err/tol %.2f)" % ("ok" if ok else "FAILED", cost_err,
+                                                           grad_err)
+
+
 def check(joint, targets, T_b, U_b, V, device, dtype):
-    """Our costs and joint gradient against the CPU backend (CUDA runs) or float64 (CPU runs)."""
+    """Our costs and joint gradient against the CPU backend (CUDA runs) or float64 (CPU runs).
+    Returns (ok, verdict, our costs, our joint gradient)."""
     x = joint.detach().clone().requires_grad_(True)
     loss = ours(x, targets, T_b, U_b, V, reduction="none")
     loss.sum().backward()
@@ -111,24 +146,31 @@ def check(joint, targets, T_b, U_b, V, device, dtype):
     r = joint.detach().to("cpu", ref_dtype).requires_grad_(True)
     ref = ours(r, targets.cpu(), T_b.cpu(), U_b.cpu(), V, reduction="none")
     ref.sum().backward()
-    cost_err = ((loss.detach().cpu().double() - ref.detach().double()).abs()
-                / ref.detach().double().abs()).max().item()
-    rel = {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 1.6e-2)
-    g, rg = x.grad.cpu().double(), r.grad.double()
-    grad_err = ((g - rg).abs() / (rel * rg.abs() + 1e-6)).max().item()
-    ok = cost_err < (1e-10 if dtype == torch.float64 else 2e-5) and grad_err <= 1.0
-    return ok, "%s (cost rel %.1e, grad err/tol %.2f)" % ("ok" if ok else "FAILED", cost_err, grad_err)
+    ok, verdict = compare(loss, x.grad, ref, r.grad, dtype)
+    return ok, verdict, loss.detach(), x.grad
 
 
-def bench(name, shape, dtype, device, args, baseline, floor_bw):
+def check_baseline(fn, joint, targets, T_b, U_b, V, dtype, our_loss, our_grad):
+    """A baseline's costs and joint gradient against warp_tdt's (already checked) ones."""
+    y = joint.detach().clone().requires_grad_(True)
+    loss = fn(y[..., :V], y[..., V:], targets, T_b, U_b, blank_token_id=V - 1, durations=DURATIONS,
+              reduction="none")
+    loss.sum().backward()
+    return compare(loss, y.grad, our_loss, our_grad, dtype)
+
+
+def bench(name, shape, dtype, device, args, bases, floor_bw):
     B, T, U, V, _ = shape
     joint, targets, T_b, U_b = make_inputs(shape, dtype, device)
     logits_bytes = joint.numel() * joint.element_size()
-    ok, verdict = check(joint, targets, T_b, U_b, V, device, dtype)
+    ok, verdict, our_loss, our_grad = check(joint, targets, T_b, U_b, V, device, dtype)
     row = {"shape": name, "dtype": str(dtype).replace("torch.", ""), "ok": ok, "verdict": verdict,
-           "floor_ms": 3 * logits_bytes / floor_bw * 1e3}
+           "floor_ms": 3 * logits_bytes / floor_bw * 1e3, "base": {}}
     if not ok:
         return row
+    with_baselines = name in args.baseline_shapes and dtype != torch.float64
+    if not with_baselines:
+        our_loss = our_grad = None  # the baselines' reference; free it before timing
     x = joint.detach().clone().requires_grad_(True)
 
     def step():
@@ -145,15 +187,22 @@ def bench(name, shape, dtype, device, args, baseline, floor_bw):
         torch.cuda.synchronize(device)
         row["peak_x"] = (torch.cuda.max_memory_allocated(device) - before) / logits_bytes
     row["gbs"] = 3 * logits_bytes / (row["ms"] * 1e-3) * 1e-9
-    if baseline is not None and name in args.baseline_shapes and dtype != torch.float64:
+    if not with_baselines:
+        return row
+    for bname, fn in bases:
+        bok, bverdict = check_baseline(fn, joint, targets, T_b, U_b, V, dtype, our_loss, our_grad)
+        row["verdict"] += "; %s %s" % (bname, bverdict)
+        if not bok:
+            row["base"][bname] = "FAILED"
+            continue
         y = joint.detach().clone().requires_grad_(True)
 
-        def base_step():
+        def base_step(fn=fn):
             y.grad = None
-            baseline(y[..., :V], y[..., V:], targets, T_b, U_b, blank_token_id=V - 1,
-                     durations=DURATIONS, reduction="sum").backward()
+            fn(y[..., :V], y[..., V:], targets, T_b, U_b, blank_token_id=V - 1,
+               durations=DURATIONS, reduction="sum").backward()
 
-        row["baseline_ms"] = time_step(base_step, device, args.baseline_iters, warmup=1)
+        row["base"][bname] = time_step(base_step, device, args.baseline_iters, warmup=1)
     return row
 
 
@@ -166,7 +215,10 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--baseline-iters", type=int, default=2)
     p.add_argument("--baseline-shapes", default="base,parakeet,ragged",
-                   help="shapes on which to time transformers' PyTorch loss (it takes ~1 s a call)")
+                   help="shapes on which to time the PyTorch baselines (~0.1-3 s a call)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU: torch.set_num_threads(N), which the binding passes on to the "
+                        "library (default 0: every core this process may use)")
     p.add_argument("--plot", help="write a PNG plot here")
     p.add_argument("--no-validate", action="store_true",
                    help="time tdt_loss(..., validate=False): no host synchronisation at all")
@@ -179,15 +231,25 @@ def main():
     if args.shape:
         B, T, U, V = (int(v) for v in args.shape.split(","))
         shapes.append(("custom", (B, T, U, V, False)))
-    baseline = transformers_loss()
+    if device.type == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        torch.set_num_threads(args.threads if args.threads > 0 else cores)
+    bases = baselines()
     floor_bw = copy_bandwidth(device)
     print("warp_tdt %s (library %s), torch %s, device %s%s" % (
         warp_tdt.__version__, warp_tdt.library_version(), torch.__version__, device,
-        (" (" + torch.cuda.get_device_name(device) + ")") if device.type == "cuda" else ""))
-    print("copy bandwidth %.0f GB/s (read + write); validate=%s; baseline: %s" % (
-        floor_bw * 1e-9, VALIDATE, "transformers.loss.loss_tdt.tdt_loss" if baseline else "none (transformers missing)"))
-    print("%-9s %-9s %9s %8s %9s %7s %7s %12s  %s" % ("shape", "dtype", "ms", "GB/s", "floor ms",
-                                                     "x floor", "peak", "baseline ms", "check"))
+        (" (" + torch.cuda.get_device_name(device) + ")") if device.type == "cuda"
+        else " (%d threads)" % torch.get_num_threads()))
+    print("copy bandwidth %.0f GB/s (read + write); validate=%s; baselines: %s%s" % (
+        floor_bw * 1e-9, VALIDATE,
+        "torch = torch_tdt.tdt_loss (vectorised pure PyTorch)",
+        ", transformers = transformers.loss.loss_tdt.tdt_loss" if len(bases) > 1
+        else " (transformers not installed)"))
+    names = [b for b, _ in bases]
+    head = "%-9s %-9s %9s %8s %9s %7s %7s" % ("shape", "dtype", "ms", "GB/s", "floor ms", "x floor",
+                                             "peak")
+    head += "".join(" %12s" % (n[:9] + " ms") for n in names) + " %8s" % "x torch"
+    print(head + "  check")
     rows = []
     for name, shape in shapes:
         for dn in args.dtypes.split(","):
@@ -196,23 +258,29 @@ def main():
                 continue
             if name in ("huge", "large") and device.type == "cpu":
                 continue
-            row = bench(name, shape, dtype, device, args, baseline, floor_bw)
+            row = bench(name, shape, dtype, device, args, bases, floor_bw)
             rows.append(row)
             if row["ok"]:
-                print("%-9s %-9s %9.3f %8.0f %9.3f %7.2f %7s %12s  %s" % (
+                line = "%-9s %-9s %9.3f %8.0f %9.3f %7.2f %7s" % (
                     name, row["dtype"], row["ms"], row["gbs"], row["floor_ms"],
-                    row["ms"] / row["floor_ms"], "%.2fx" % row["peak_x"] if "peak_x" in row else "-",
-                    "%.1f" % row["baseline_ms"] if "baseline_ms" in row else "-", row["verdict"]))
+                    row["ms"] / row["floor_ms"], "%.2fx" % row["peak_x"] if "peak_x" in row else "-")
+                for n in names:
+                    v = row["base"].get(n, "-")
+                    line += " %12s" % ("%.1f" % v if isinstance(v, float) else v)
+                t = row["base"].get("torch")
+                line += " %8s" % ("%.1f" % (t / row["ms"]) if isinstance(t, float) else "-")
             else:
-                print("%-9s %-9s %9s %8s %9.3f %7s %7s %12s  %s" % (name, row["dtype"], "-", "-",
-                                                                    row["floor_ms"], "-", "-", "-",
-                                                                    row["verdict"]))
+                line = "%-9s %-9s %9s %8s %9.3f %7s %7s" % (name, row["dtype"], "-", "-",
+                                                           row["floor_ms"], "-", "-")
+                line += "".join(" %12s" % "-" for _ in names) + " %8s" % "-"
+            print(line + "  " + row["verdict"])
             sys.stdout.flush()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.plot:
         plot(rows, args.plot, str(device))
-    return 0 if all(r["ok"] for r in rows) else 1
+    ok = all(r["ok"] and "FAILED" not in r["base"].values() for r in rows)
+    return 0 if ok else 1
 
 
 def plot(rows, path, device):
@@ -227,11 +295,16 @@ def plot(rows, path, device):
     labels = ["%s\n%s" % (r["shape"], r["dtype"]) for r in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4.5))
-    w = 0.27
-    ax.bar([x - w for x in xs], [r["ms"] for r in rows], w, label="warp_tdt")
-    ax.bar(list(xs), [r["floor_ms"] for r in rows], w, label="floor (3 x logits / copy BW)")
-    ax.bar([x + w for x in xs], [r.get("baseline_ms", 0) for r in rows], w,
-           label="transformers PyTorch loss")
+    series = [("warp_tdt", [r["ms"] for r in rows]),
+              ("floor (3 x logits / copy BW)", [r["floor_ms"] for r in rows])]
+    for n, label in (("torch", "pure-PyTorch vectorised loss"),
+                     ("transformers", "transformers PyTorch loss")):
+        vals = [r["base"].get(n) for r in rows]
+        if any(isinstance(v, float) for v in vals):
+            series.append((label, [v if isinstance(v, float) else 0 for v in vals]))
+    w = 0.8 / len(series)
+    for i, (label, vals) in enumerate(series):
+        ax.bar([x + (i - (len(series) - 1) / 2) * w for x in xs], vals, w, label=label)
     ax.set_yscale("log")
     ax.set_ylabel("forward+backward, ms (log)")
     ax.set_xticks(list(xs))
