@@ -31,15 +31,20 @@
  * node do not wait on each other. NaN in any term gives NaN; a node whose terms are all -inf
  * (or that has no arc) gets -inf; an absent arc is a -inf term and contributes exactly 0.
  *
- * Sweeps in two steps: tdt_alpha_terms / tdt_beta_terms gather the arc weights of a node (the
- * normaliser's output, known before the sweep starts, so a GPU sweep loads the next diagonal's
- * while it computes the current one), and tdt_alpha_combine / tdt_beta_combine add them to the
- * alphas / betas of the arcs' other ends, read through a tdt_diag_view_t (the workspace array,
- * or a ring of the last few diagonals in GPU shared memory). tdt_alpha_node / tdt_beta_node are
- * the two steps together on the workspace array (the CPU backend's call).
+ * Sweeps by arc slot (tdt_slot_t: the 2 * count arcs of a node as data): per slot, the weights
+ * of its arc (tdt_alpha_slot_weight / tdt_beta_slot_weight: the normaliser's output, known
+ * before the sweep starts, so a GPU sweep loads the next diagonal's while it computes the
+ * current one) and its term (tdt_alpha_slot_term / tdt_beta_slot_term: the weights plus the
+ * alpha / beta at the arc's other end, read through a tdt_diag_view_t, the workspace array or
+ * a ring of the last few diagonals in GPU shared memory); then the log-sum-exp of the node's
+ * terms. tdt_alpha_node / tdt_beta_node run the slots of a node in one loop (the CPU
+ * backend's call); a GPU sweep gives each lane of a group a few slots and reduces across the
+ * group with the same tdt_lse_max / tdt_lse_finish.
  *
- * Determinism: every function visits arcs in the same fixed order (k ascending, blank before
- * label), so a node's value does not depend on the thread or block that computes it.
+ * Determinism: every function visits slots in one fixed order (k ascending, blank before
+ * label), so on one backend a node's value does not depend on the thread or block that
+ * computes it (a GPU group adds its lanes' partial sums in a fixed tree: the two backends may
+ * differ in the last bits).
  */
 #ifndef TDT_COMMON_LATTICE_H
 #define TDT_COMMON_LATTICE_H
@@ -128,7 +133,7 @@ TDT_HD double tdt_arc_dur(const tdt_lattice_t *L, const tdt_arcs_t *A, int64_t n
 
 /* ---- the sweeps ---------------------------------------------------------------------------- */
 
-/* Where a combine step reads alpha (or beta) of node (s - u, u) on anti-diagonal s
+/* Where a sweep reads alpha (or beta) of node (s - u, u) on anti-diagonal s
  * (0 <= s <= max_frames + max_labels, u <= max_labels):
  * v[r * row + u], with r = s & ring_mask for a ring of ring_mask + 1 diagonals (a power of two,
  * at least one more than the longest arc's diagonal span), or r = tdt_diag_row(s) for the
@@ -143,149 +148,157 @@ TDT_HD int64_t tdt_view_index(const tdt_lattice_t *L, const tdt_diag_view_t *X, 
     return (X->ring_mask >= 0 ? (s & X->ring_mask) : tdt_diag_row(s, L->frames)) * L->row + u;
 }
 
-/* The arc weights of one node's arcs, gathered apart from the alphas / betas they are added
- * to: for arc k of each kind, the token log-prob and the duration log-prob (0 for RNN-T) of
- * the node the arc leaves, kept apart so that a GPU sweep can have these loads in flight for a
- * whole diagonal before anything consumes them. Entries of arcs that do not exist hold values
- * of some node of the lattice (so every load is in range) and are never used. */
-typedef struct tdt_arc_terms {
-    double lp_blank[TDT_MAX_DURATIONS], dur_blank[TDT_MAX_DURATIONS]; /* blank arc k */
-    double lp_label[TDT_MAX_DURATIONS], dur_label[TDT_MAX_DURATIONS]; /* label arc k */
-} tdt_arc_terms_t;
+/* Arc slots. The 2 * count arcs that enter (alpha) or leave (beta) a node, in the one order
+ * every sum below uses: slot j = 2k is blank arc k, slot 2k + 1 label arc k. A slot is data: how
+ * far its arc moves in t and in u, and which log-probs weigh it; a slot past 2 * count, or a
+ * blank arc of duration 0, has dt = -1 and never exists. A sweep computes one term per slot
+ * (-inf for an arc that does not exist at the node) and takes their log-sum-exp: the CPU
+ * backend loops over a node's slots, a GPU sweep spreads them over the lanes of a group
+ * (src/gpu/sweep.cuh); both call the functions below. */
+typedef struct tdt_slot {
+    int dt;       /* frames the arc advances, -1: no arc */
+    int du;       /* labels the arc advances: 0 blank, 1 label */
+    int k;        /* its duration index (lp_dur column) */
+} tdt_slot_t;
 
-/* Max for a log-sum-exp that keeps NaN: once a term is NaN the max is NaN. */
+TDT_HD int tdt_num_slots(const tdt_arcs_t *A) { return 2 * A->count; }
+
+TDT_HD tdt_slot_t tdt_slot_of(const tdt_arcs_t *A, int j) {
+    tdt_slot_t q;
+    q.k = j >> 1;
+    q.du = j & 1;
+    q.dt = -1;
+    if (j >= 0 && j < 2 * A->count) q.dt = q.du ? A->label_dur[q.k] : A->blank_dur[q.k];
+    if (q.dt < 0) q.k = 0; /* keeps the absent arc's (discarded) loads in range */
+    return q;
+}
+
+/* Slot q's arc into (t, u) exists: its source (t - dt, u - du) is a node. */
+TDT_HD int tdt_slot_in(const tdt_slot_t *q, int64_t t, int64_t u) {
+    return q->dt >= 0 && t >= q->dt && u >= q->du;
+}
+/* Slot q's arc out of (t, u) ends on a node (t + dt, u + du) of the lattice... */
+TDT_HD int tdt_slot_out(const tdt_lattice_t *L, const tdt_slot_t *q, int64_t t, int64_t u) {
+    return q->dt >= 0 && t + q->dt < L->T && u + q->du <= L->U;
+}
+/* ... or is a terminal blank arc: from (t, U) landing exactly on T. */
+TDT_HD int tdt_slot_final(const tdt_lattice_t *L, const tdt_slot_t *q, int64_t t, int64_t u) {
+    return q->du == 0 && q->dt > 0 && u == L->U && t + q->dt == L->T;
+}
+
+/* The two log-probs that weigh slot q's arc when it leaves node n (the weight of an arc is a
+ * property of the node it leaves): the token's (blank or label) and the duration's (0 for
+ * RNN-T). Returned apart, so a GPU sweep can have the loads in flight for a whole diagonal
+ * before anything consumes them. */
+TDT_HD void tdt_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
+                            int64_t n, double *lp, double *dur) {
+    *lp = (q->du ? L->lp_label : L->lp_blank)[n];
+    *dur = tdt_arc_dur(L, A, n, q->k);
+}
+
+/* Weights of slot q's arc into (t, u), read at its source; an absent arc reads (t, u) itself
+ * (in range) and its values are never used. */
+TDT_HD void tdt_alpha_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
+                                  int64_t t, int64_t u, double *lp, double *dur) {
+    const int e = tdt_slot_in(q, t, u);
+    tdt_slot_weight(L, A, q, tdt_node_index(L->frames, L->row, e ? t - q->dt : t, e ? u - q->du : u),
+                    lp, dur);
+}
+
+/* Weights of slot q's arc out of (t, u): the node's own. */
+TDT_HD void tdt_beta_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
+                                 int64_t t, int64_t u, double *lp, double *dur) {
+    tdt_slot_weight(L, A, q, tdt_node_index(L->frames, L->row, t, u), lp, dur);
+}
+
+/* alpha's term of slot q at (t, u): alpha(source) + (lp + dur), read through X; -inf when the
+ * arc does not exist. Only an existing arc reads X (on a GPU, a predicated load: no branch, and
+ * nothing is read that no sweep wrote). */
+TDT_HD double tdt_alpha_slot_term(const tdt_lattice_t *L, const tdt_diag_view_t *X,
+                                  const tdt_slot_t *q, int64_t t, int64_t u, double lp, double dur) {
+    const int e = tdt_slot_in(q, t, u);
+    const double a = e ? X->v[tdt_view_index(L, X, t + u - q->dt - q->du, u - q->du)] : 0.0;
+    return e ? a + (lp + dur) : -TDT_INF;
+}
+
+/* beta's term of slot q at (t, u): (lp + dur) + beta(destination), the destination's beta 0
+ * for a terminal arc; -inf when the arc does not exist. */
+TDT_HD double tdt_beta_slot_term(const tdt_lattice_t *L, const tdt_diag_view_t *X,
+                                 const tdt_slot_t *q, int64_t t, int64_t u, double lp, double dur) {
+    const int e = tdt_slot_out(L, q, t, u), f = tdt_slot_final(L, q, t, u);
+    const double b = e ? X->v[tdt_view_index(L, X, t + u + q->dt + q->du, u + q->du)] : 0.0;
+    const double w = lp + dur;
+    return e ? w + b : f ? w : -TDT_INF;
+}
+
+/* Max for a log-sum-exp that keeps NaN: once a term is NaN the max is NaN. Commutative in
+ * value, so a reduction over lanes in any tree gives every lane the same max. */
 TDT_HD double tdt_lse_max(double m, double x) { return (x > m || x != x) ? x : m; }
 
-/* Existence of the arcs into (t, u) (alpha) and out of it (beta), shared by the steps below. */
-TDT_HD int tdt_blank_in(const tdt_arcs_t *A, int k, int64_t t) {
-    return A->blank_dur[k] > 0 && t - A->blank_dur[k] >= 0;
-}
-TDT_HD int tdt_label_in(const tdt_arcs_t *A, int k, int64_t t, int64_t u) {
-    return u > 0 && A->label_dur[k] >= 0 && t - A->label_dur[k] >= 0;
-}
-TDT_HD int tdt_blank_out(const tdt_lattice_t *L, const tdt_arcs_t *A, int k, int64_t t) {
-    return A->blank_dur[k] > 0 && t + A->blank_dur[k] < L->T;
-}
-TDT_HD int tdt_blank_final(const tdt_lattice_t *L, const tdt_arcs_t *A, int k, int64_t t, int64_t u) {
-    return A->blank_dur[k] > 0 && u == L->U && t + A->blank_dur[k] == L->T;
-}
-TDT_HD int tdt_label_out(const tdt_lattice_t *L, const tdt_arcs_t *A, int k, int64_t t, int64_t u) {
-    return u < L->U && A->label_dur[k] >= 0 && t + A->label_dur[k] < L->T;
-}
-
-/* Two-pass log-sum-exp of the terms xb[k], xl[k] (-inf for absent arcs: exp(-inf - m) is
- * exactly 0), with no branch around the exps so they run independently. */
-TDT_HD double tdt_lse_terms(const tdt_arcs_t *A, const double *xb, const double *xl) {
-    double m = -TDT_INF, sum = 0.0;
-    TDT_FOR_ARCS(k, A) {
-        m = tdt_lse_max(m, xb[k]);
-        m = tdt_lse_max(m, xl[k]);
-    }
-    TDT_FOR_ARCS(k, A) { sum += exp(xb[k] - m) + exp(xl[k] - m); }
-    const double r = m + log(sum); /* NaN when m is NaN (or -inf: handled here) */
+/* log-sum-exp from the terms' max m and sum of exp(term - m): -inf when every term is -inf (the
+ * sum is then NaN and ignored), NaN when m is NaN. */
+TDT_HD double tdt_lse_finish(double m, double sum) {
+    const double r = m + log(sum);
     return m == -TDT_INF ? -TDT_INF : r;
 }
 
-/* Weights of the arcs into (t, u): blank arc k from (t - d, u), label arc k from (t - d, u - 1)
- * (their sources' log-probs: the weight of an arc is a property of the node it leaves). */
-TDT_HD void tdt_alpha_terms(const tdt_lattice_t *L, const tdt_arcs_t *A, int64_t t, int64_t u,
-                            tdt_arc_terms_t *w) {
-    TDT_FOR_ARCS(k, A) {
-        const int b = tdt_blank_in(A, k, t), l = tdt_label_in(A, k, t, u);
-        int64_t n = tdt_node_index(L->frames, L->row, b ? t - A->blank_dur[k] : t, u);
-        w->lp_blank[k] = L->lp_blank[n];
-        w->dur_blank[k] = tdt_arc_dur(L, A, n, k);
-        n = tdt_node_index(L->frames, L->row, l ? t - A->label_dur[k] : t, l ? u - 1 : u);
-        w->lp_label[k] = L->lp_label[n];
-        w->dur_label[k] = tdt_arc_dur(L, A, n, k);
-    }
+/* Two-pass log-sum-exp of x[0..n-1] (-inf for absent arcs: exp(-inf - m) is exactly 0), with
+ * no branch around the exps so they run independently. */
+TDT_HD double tdt_lse_terms(const double *x, int n) {
+    double m = -TDT_INF, sum = 0.0;
+    for (int j = 0; j < n; ++j) m = tdt_lse_max(m, x[j]);
+    for (int j = 0; j < n; ++j) sum += exp(x[j] - m);
+    return tdt_lse_finish(m, sum);
 }
 
-/* alpha(t, u) from the gathered weights and the alphas of its predecessors (all on earlier
- * anti-diagonals), read through X: logsumexp_k alpha(src) + (lp + dur). */
-TDT_HD double tdt_alpha_combine(const tdt_lattice_t *L, const tdt_arcs_t *A,
-                                const tdt_diag_view_t *X, int64_t t, int64_t u,
-                                const tdt_arc_terms_t *w) {
-    const int64_t s = t + u;
-    double xb[TDT_MAX_DURATIONS], xl[TDT_MAX_DURATIONS];
-    TDT_FOR_ARCS(k, A) {
-        const int b = tdt_blank_in(A, k, t), l = tdt_label_in(A, k, t, u);
-        /* an absent arc reads diagonal s + 1 instead (in range, and written by no one while
-           diagonal s is: a sweep's threads may all read it), and discards the value */
-        const double ab = X->v[tdt_view_index(L, X, b ? s - A->blank_dur[k] : s + 1, u)];
-        const double al = X->v[tdt_view_index(L, X, l ? s - A->label_dur[k] - 1 : s + 1, l ? u - 1 : u)];
-        xb[k] = b ? ab + (w->lp_blank[k] + w->dur_blank[k]) : -TDT_INF;
-        xl[k] = l ? al + (w->lp_label[k] + w->dur_label[k]) : -TDT_INF;
-    }
-    const double r = tdt_lse_terms(A, xb, xl);
-    return t == 0 && u == 0 ? 0.0 : r;
+/* alpha(0, 0) = 0, whatever its (arc-less) log-sum-exp says. */
+TDT_HD double tdt_alpha_start(int64_t t, int64_t u, double lse) {
+    return t == 0 && u == 0 ? 0.0 : lse;
 }
 
-/* Weights of the arcs out of (t, u): all from the node itself. */
-TDT_HD void tdt_beta_terms(const tdt_lattice_t *L, const tdt_arcs_t *A, int64_t t, int64_t u,
-                           tdt_arc_terms_t *w) {
-    const int64_t n = tdt_node_index(L->frames, L->row, t, u);
-    const double lb = L->lp_blank[n], ll = L->lp_label[n];
-    TDT_FOR_ARCS(k, A) {
-        const double dk = tdt_arc_dur(L, A, n, k);
-        w->lp_blank[k] = lb;
-        w->dur_blank[k] = dk;
-        w->lp_label[k] = ll;
-        w->dur_label[k] = dk;
-    }
-}
-
-/* beta(t, u) from the gathered weights and the betas of its successors (all on later
- * anti-diagonals), read through X: logsumexp_k (lp + dur) + beta(dst); a terminal blank arc
- * ends at 0. */
-TDT_HD double tdt_beta_combine(const tdt_lattice_t *L, const tdt_arcs_t *A,
-                               const tdt_diag_view_t *X, int64_t t, int64_t u,
-                               const tdt_arc_terms_t *w) {
-    const int64_t s = t + u;
-    double xb[TDT_MAX_DURATIONS], xl[TDT_MAX_DURATIONS];
-    TDT_FOR_ARCS(k, A) {
-        const int b = tdt_blank_out(L, A, k, t), f = tdt_blank_final(L, A, k, t, u);
-        const int l = tdt_label_out(L, A, k, t, u);
-        const double bb = X->v[tdt_view_index(L, X, b ? s + A->blank_dur[k] : s + 1, u)];
-        const double bl = X->v[tdt_view_index(L, X, l ? s + A->label_dur[k] + 1 : s + 1, l ? u + 1 : u)];
-        const double wb = w->lp_blank[k] + w->dur_blank[k];
-        xb[k] = b ? wb + bb : f ? wb : -TDT_INF;
-        xl[k] = l ? (w->lp_label[k] + w->dur_label[k]) + bl : -TDT_INF;
-    }
-    return tdt_lse_terms(A, xb, xl);
-}
-
-/* alpha(t, u) on the workspace array (both steps). */
+/* alpha(t, u) on the workspace array: logsumexp over slots of alpha(src) + weight. */
 TDT_HD double tdt_alpha_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha,
                              int64_t t, int64_t u) {
-    tdt_arc_terms_t w;
-    tdt_diag_view_t X = {alpha, -1};
-    tdt_alpha_terms(L, A, t, u, &w);
-    return tdt_alpha_combine(L, A, &X, t, u, &w);
+    const tdt_diag_view_t X = {alpha, -1};
+    double x[2 * TDT_MAX_DURATIONS], lp, dur;
+    const int n = tdt_num_slots(A);
+    for (int j = 0; j < n; ++j) {
+        const tdt_slot_t q = tdt_slot_of(A, j);
+        tdt_alpha_slot_weight(L, A, &q, t, u, &lp, &dur);
+        x[j] = tdt_alpha_slot_term(L, &X, &q, t, u, lp, dur);
+    }
+    return tdt_alpha_start(t, u, tdt_lse_terms(x, n));
 }
 
-/* beta(t, u) on the workspace array (both steps). */
+/* beta(t, u) on the workspace array: logsumexp over slots of weight + beta(dst). */
 TDT_HD double tdt_beta_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
                             int64_t t, int64_t u) {
-    tdt_arc_terms_t w;
-    tdt_diag_view_t X = {beta, -1};
-    tdt_beta_terms(L, A, t, u, &w);
-    return tdt_beta_combine(L, A, &X, t, u, &w);
+    const tdt_diag_view_t X = {beta, -1};
+    double x[2 * TDT_MAX_DURATIONS], lp, dur;
+    const int n = tdt_num_slots(A);
+    for (int j = 0; j < n; ++j) {
+        const tdt_slot_t q = tdt_slot_of(A, j);
+        tdt_beta_slot_weight(L, A, &q, t, u, &lp, &dur);
+        x[j] = tdt_beta_slot_term(L, &X, &q, t, u, lp, dur);
+    }
+    return tdt_lse_terms(x, n);
 }
 
-/* log p(y | x) from alpha: the terminal blank arcs that land exactly on T. -inf if none. */
+/* log p(y | x) from alpha: the terminal blank arcs, from (T - dt, U) landing exactly on T.
+ * -inf if there are none. */
 TDT_HD double tdt_log_likelihood(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha) {
-    double xb[TDT_MAX_DURATIONS], xl[TDT_MAX_DURATIONS];
-    TDT_FOR_ARCS(k, A) {
-        int64_t d = A->blank_dur[k];
-        xb[k] = -TDT_INF;
-        xl[k] = -TDT_INF;
-        if (d > 0 && L->T - d >= 0) {
-            int64_t n = tdt_node_index(L->frames, L->row, L->T - d, L->U);
-            xb[k] = alpha[n] + (L->lp_blank[n] + tdt_arc_dur(L, A, n, k));
+    double x[2 * TDT_MAX_DURATIONS], lp, dur;
+    const int n = tdt_num_slots(A);
+    for (int j = 0; j < n; ++j) {
+        const tdt_slot_t q = tdt_slot_of(A, j);
+        x[j] = -TDT_INF;
+        if (q.du == 0 && q.dt > 0 && L->T - q.dt >= 0) {
+            const int64_t i = tdt_node_index(L->frames, L->row, L->T - q.dt, L->U);
+            tdt_slot_weight(L, A, &q, i, &lp, &dur);
+            x[j] = alpha[i] + (lp + dur);
         }
     }
-    return tdt_lse_terms(A, xb, xl);
+    return tdt_lse_terms(x, n);
 }
 
 /* Number of anti-diagonals of a sample: s = t + u runs over 0 .. T - 1 + U. */
@@ -310,28 +323,30 @@ TDT_HD double tdt_occupancy(double alpha_src, double w, double beta_dst, double 
     return x == -TDT_INF ? 0.0 : exp(x - ll);
 }
 
+/* Occupancy of slot q's arc out of node n = (t, u), whose alpha is a: 0 when the arc does not
+ * exist (or a is -inf). */
+TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
+                                 const tdt_slot_t *q, int64_t t, int64_t u, int64_t n, double a,
+                                 double ll) {
+    const int e = tdt_slot_out(L, q, t, u);
+    if (a == -TDT_INF || !(e || tdt_slot_final(L, q, t, u))) return 0.0;
+    double lp, dur;
+    tdt_slot_weight(L, A, q, n, &lp, &dur);
+    const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
+    return tdt_occupancy(a, lp + dur, b, ll);
+}
+
 /* Gradient coefficients of node (t, u) for a feasible sample (ll finite). */
 TDT_HD void tdt_node_grad(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha,
                           const double *beta, int64_t t, int64_t u, double ll,
                           double fastemit_lambda, tdt_node_grad_t *g) {
-    int64_t n = tdt_node_index(L->frames, L->row, t, u);
-    double a = alpha[n];
+    const int64_t n = tdt_node_index(L->frames, L->row, t, u);
+    const double a = alpha[n];
     double occ_blank = 0.0, occ_label = 0.0;
     TDT_FOR_ARCS(k, A) {
-        double ob = 0.0, ol = 0.0;
-        int64_t d = A->blank_dur[k];
-        if (a != -TDT_INF && d > 0) {
-            double w = L->lp_blank[n] + tdt_arc_dur(L, A, n, k);
-            if (t + d < L->T)
-                ob = tdt_occupancy(a, w, beta[tdt_node_index(L->frames, L->row, t + d, u)], ll);
-            else if (u == L->U && t + d == L->T)
-                ob = tdt_occupancy(a, w, 0.0, ll);
-        }
-        d = A->label_dur[k];
-        if (a != -TDT_INF && u < L->U && d >= 0 && t + d < L->T) {
-            double w = L->lp_label[n] + tdt_arc_dur(L, A, n, k);
-            ol = tdt_occupancy(a, w, beta[tdt_node_index(L->frames, L->row, t + d, u + 1)], ll);
-        }
+        const tdt_slot_t qb = tdt_slot_of(A, 2 * k), ql = tdt_slot_of(A, 2 * k + 1);
+        const double ob = tdt_slot_occupancy(L, A, beta, &qb, t, u, n, a, ll);
+        const double ol = tdt_slot_occupancy(L, A, beta, &ql, t, u, n, a, ll);
         g->dur_arc[k] = ob + ol;
         occ_blank += ob;
         occ_label += ol;
