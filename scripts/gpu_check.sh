@@ -6,11 +6,18 @@
 # run a budget (BUDGET seconds, default 540): steps past it are skipped and say so.
 # Output in $OUT (default gpu-logs/): summary.log, logs.tgz (one log per step), bench.png.
 # The exit status is the number of failed steps.
+#   PHASES: which groups of steps to run, in order (default: all of them):
+#     build tests bench tune profile pytest pybench ddp sanitize
+#   (a warm machine keeps build-gpu/ between calls, so later calls can skip build).
+#   tune: tdt_bench forward times with each lanes-a-node choice of the sweep (TDT_SWEEP_LANES in
+#   a second build, build-tune/, made with -DTDT_SWEEP_TUNING=ON by the build phase).
 #   GoogleTest: set GTEST_DIR (default third_party/googletest, else the system's sources).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 BUDGET=${BUDGET:-540}
+PHASES=" ${PHASES:-build tests bench tune pytest pybench ddp sanitize} "  # profile: on request
+want() { [[ $PHASES == *" $1 "* ]]; }
 LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 GTEST_DIR=${GTEST_DIR:-third_party/googletest}
@@ -32,28 +39,63 @@ nvidia-smi > "$LOGS/nvidia-smi.log" 2>&1
 gtest_flag=""
 [[ -f $GTEST_DIR/CMakeLists.txt ]] && gtest_flag="-DTDT_GTEST_SOURCE_DIR=$GTEST_DIR"
 
-step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 $gtest_flag \
-  && cmake --build build-gpu -j$(nproc)"
+if want build; then
+  step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 $gtest_flag \
+    && cmake --build build-gpu -j$(nproc)"
+  if want tune; then
+    step build_tune 240 bash -c "cmake -B build-tune -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DTDT_SWEEP_TUNING=ON $gtest_flag && cmake --build build-tune -j$(nproc) --target tdt_bench"
+  fi
+fi
 export WARP_TDT_LIBRARY=$PWD/build-gpu/libwarptdt.so PYTHONPATH=$PWD/pytorch_binding
-step gpu_tests 120 build-gpu/tests/tdt_gpu_tests
-step pytest 150 python3 -m pytest -q -rs tests/python
-if (( ngpu >= 2 )); then
+if want tests; then
+  step gpu_tests 180 build-gpu/tests/tdt_gpu_tests
+  step cpu_tests 90 build-gpu/tests/tdt_tests
+  step demo 60 build-gpu/benchmark/tdt_demo
+fi
+if want bench; then
+  step tdt_bench 150 build-gpu/benchmark/tdt_bench --backend gpu --iters 30
+fi
+if want tune; then
+  for g in 1 2 4 8; do
+    step tune_lanes$g 60 env TDT_SWEEP_LANES=$g build-tune/benchmark/tdt_bench --backend gpu \
+      --shapes base,parakeet,large,long,ragged --dtypes f32 --iters 20
+  done
+fi
+if want pytest; then
+  step pytest 360 python3 -m pytest -q -rs tests/python
+fi
+if want sanitize; then
+  # the whole GPU suite under each tool (GpuPerf only prints timings and is skipped there)
+  san="--error-exitcode=1 --print-limit 20"
+  tools=" ${SAN_TOOLS:-memcheck racecheck initcheck} "
+  [[ $tools == *" memcheck "* ]] && \
+    step memcheck ${SAN_LIMIT:-240} compute-sanitizer --tool memcheck $san build-gpu/tests/tdt_gpu_tests
+  [[ $tools == *" racecheck "* ]] && \
+    step racecheck ${SAN_LIMIT:-240} compute-sanitizer --tool racecheck --racecheck-report all $san \
+      build-gpu/tests/tdt_gpu_tests
+  [[ $tools == *" initcheck "* ]] && \
+    step initcheck ${SAN_LIMIT:-240} compute-sanitizer --tool initcheck $san build-gpu/tests/tdt_gpu_tests \
+    ${INITCHECK_FILTER:+--gtest_filter=$INITCHECK_FILTER}
+fi
+if want pybench; then
+  step bench_py 150 python3 benchmark/bench.py --device cuda --iters 20 --plot "$OUT/bench.png"
+  step bench_py_novalidate 60 python3 benchmark/bench.py --device cuda --iters 20 --no-validate \
+    --shapes base,parakeet,ragged --baseline-shapes none
+  step train_example 60 python3 examples/train_tiny_tdt.py --check
+fi
+if want ddp && (( ngpu >= 2 )); then
   step ddp 90 torchrun --nproc_per_node=2 tests/multigpu/ddp_tdt.py --steps 5
 fi
-step tdt_bench 120 build-gpu/benchmark/tdt_bench --backend gpu --iters 30
-step demo 60 build-gpu/benchmark/tdt_demo
-step bench_py 120 python3 benchmark/bench.py --device cuda --iters 20 --plot "$OUT/bench.png"
-step bench_py_novalidate 60 python3 benchmark/bench.py --device cuda --iters 20 --no-validate \
-  --shapes base,parakeet,ragged --baseline-shapes none
-step train_example 60 python3 examples/train_tiny_tdt.py --check
-san="--error-exitcode=1"
-step memcheck 120 compute-sanitizer --tool memcheck $san build-gpu/tests/tdt_gpu_tests \
-  --gtest_filter='-GpuHuge.*:GpuPerf.*:GpuLong.*'
-step racecheck 60 compute-sanitizer --tool racecheck $san build-gpu/tests/tdt_gpu_tests \
-  --gtest_filter='GpuGolden.*:GpuEdge.*:GpuCalls.*:GpuBadData.*'
-step initcheck 60 compute-sanitizer --tool initcheck $san build-gpu/tests/tdt_gpu_tests \
-  --gtest_filter='GpuGolden.*:GpuEdge.*:GpuBadData.*'
-step cpu_tests 60 build-gpu/tests/tdt_tests
+if want profile; then
+  # where the sweep's time goes: stall reasons per SASS instruction, and the warp-state summary
+  ncu_args=(--clock-control none --kernel-name regex:sweep_kernel --launch-count 1)
+  bench_base=(build-gpu/benchmark/tdt_bench --backend gpu --shapes base --dtypes f32 --iters 1)
+  step ncu_sweep_source 60 ncu "${ncu_args[@]}" --section SourceCounters --section WarpStateStats \
+    --import-source yes --page source --print-source sass --csv "${bench_base[@]}"
+  step ncu_sweep_details 60 ncu "${ncu_args[@]}" --section WarpStateStats --section SchedulerStats \
+    --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis "${bench_base[@]}"
+fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.log"
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
 exit $failed
