@@ -37,8 +37,7 @@
  * current one) and its term (tdt_alpha_slot_term / tdt_beta_slot_term: the weights plus the
  * alpha / beta at the arc's other end, read through a tdt_diag_view_t, the workspace array or
  * a ring of the last few diagonals in GPU shared memory); then the log-sum-exp of the node's
- * terms. tdt_alpha_node / tdt_beta_node run the slots of a node in one loop (the CPU
- * backend's call); a GPU sweep gives each lane of a group a few slots and reduces across the
+ * terms. tdt_sweep_node runs the slots of a node in one loop (the CPU backend's call); a GPU sweep gives each lane of a group a few slots and reduces across the
  * group with the same tdt_lse_max / tdt_lse_finish.
  *
  * Determinism: every function visits slots in one fixed order (k ascending, blank before
@@ -256,32 +255,26 @@ TDT_HD double tdt_alpha_start(int64_t t, int64_t u, double lse) {
     return t == 0 && u == 0 ? 0.0 : lse;
 }
 
-/* alpha(t, u) on the workspace array: logsumexp over slots of alpha(src) + weight. */
-TDT_HD double tdt_alpha_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha,
-                             int64_t t, int64_t u) {
-    const tdt_diag_view_t X = {alpha, -1};
+/* alpha (is_beta = 0) or beta (is_beta = 1) of (t, u) on the workspace array v: the log-sum-exp
+ * over the node's slots of their terms (the CPU backend's call; a GPU sweep spreads the same
+ * slots over the lanes of a group). */
+TDT_HD double tdt_sweep_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *v,
+                             int64_t t, int64_t u, int is_beta) {
+    const tdt_diag_view_t X = {v, -1};
     double x[2 * TDT_MAX_DURATIONS], lp, dur;
     const int n = tdt_num_slots(A);
     for (int j = 0; j < n; ++j) {
         const tdt_slot_t q = tdt_slot_of(A, j);
-        tdt_alpha_slot_weight(L, A, &q, t, u, &lp, &dur);
-        x[j] = tdt_alpha_slot_term(L, &X, &q, t, u, lp, dur);
+        if (is_beta) {
+            tdt_beta_slot_weight(L, A, &q, t, u, &lp, &dur);
+            x[j] = tdt_beta_slot_term(L, &X, &q, t, u, lp, dur);
+        } else {
+            tdt_alpha_slot_weight(L, A, &q, t, u, &lp, &dur);
+            x[j] = tdt_alpha_slot_term(L, &X, &q, t, u, lp, dur);
+        }
     }
-    return tdt_alpha_start(t, u, tdt_lse_terms(x, n));
-}
-
-/* beta(t, u) on the workspace array: logsumexp over slots of weight + beta(dst). */
-TDT_HD double tdt_beta_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
-                            int64_t t, int64_t u) {
-    const tdt_diag_view_t X = {beta, -1};
-    double x[2 * TDT_MAX_DURATIONS], lp, dur;
-    const int n = tdt_num_slots(A);
-    for (int j = 0; j < n; ++j) {
-        const tdt_slot_t q = tdt_slot_of(A, j);
-        tdt_beta_slot_weight(L, A, &q, t, u, &lp, &dur);
-        x[j] = tdt_beta_slot_term(L, &X, &q, t, u, lp, dur);
-    }
-    return tdt_lse_terms(x, n);
+    const double r = tdt_lse_terms(x, n);
+    return is_beta ? r : tdt_alpha_start(t, u, r);
 }
 
 /* log p(y | x) from alpha: the terminal blank arcs, from (T - dt, U) landing exactly on T.

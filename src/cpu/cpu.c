@@ -247,7 +247,7 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
                 int64_t lo, hi;
                 tdt_diagonal_range(&L, s, &lo, &hi);
                 for (int64_t u = lo; u <= hi; ++u)
-                    alpha[tdt_node_index(L.frames, row, s - u, u)] = tdt_alpha_node(&L, &c->arcs, alpha, s - u, u);
+                    alpha[tdt_node_index(L.frames, row, s - u, u)] = tdt_sweep_node(&L, &c->arcs, alpha, s - u, u, 0);
             }
             ws->ll[b] = tdt_log_likelihood(&L, &c->arcs, alpha);
         } else {
@@ -256,7 +256,7 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
                 int64_t lo, hi;
                 tdt_diagonal_range(&L, s, &lo, &hi);
                 for (int64_t u = lo; u <= hi; ++u)
-                    beta[tdt_node_index(L.frames, row, s - u, u)] = tdt_beta_node(&L, &c->arcs, beta, s - u, u);
+                    beta[tdt_node_index(L.frames, row, s - u, u)] = tdt_sweep_node(&L, &c->arcs, beta, s - u, u, 1);
             }
         }
     }
