@@ -57,7 +57,7 @@ if want bench; then
   step tdt_bench 150 build-gpu/benchmark/tdt_bench --backend gpu --iters 30
 fi
 if want tune; then
-  for g in 1 2 4 8; do
+  for g in 1 2 4; do
     step tune_lanes$g 60 env TDT_SWEEP_LANES=$g build-tune/benchmark/tdt_bench --backend gpu \
       --shapes base,parakeet,large,long,ragged --dtypes f32 --iters 20
   done

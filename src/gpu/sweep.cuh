@@ -7,8 +7,8 @@
  *     alpha(t,u) = logsumexp over slots j of tdt_alpha_slot_term(j)   alpha(0,0) = 0
  *     beta(t,u)  = logsumexp over slots j of tdt_beta_slot_term(j)    terminal arcs end at 0
  *     LL         = tdt_log_likelihood(...),   cost = tdt_cost(LL) = -(1 + fastemit_lambda) * LL
- * with the slot functions of src/common/lattice.h that the CPU backend's tdt_alpha_node /
- * tdt_beta_node loop over (a slot is one arc of a node: 2 * D of them for TDT, 2 for RNN-T).
+ * with the slot functions of src/common/lattice.h that the CPU backend's tdt_sweep_node loops
+ * over (a slot is one arc of a node: 2 * D of them for TDT, 2 for RNN-T).
  * Every arc advances t + u by at least one and by at most span = max(blank duration, label
  * duration + 1), so all nodes of anti-diagonal s = t + u depend only on diagonals
  * s - span .. s - 1 (alpha) or s + 1 .. s + span (beta).
@@ -72,12 +72,6 @@ namespace {
  * for this diagonal and the next one's in flight, without spills for one node a lane group
  * (10 slots, G = 1, is the largest case of durations 0..4). */
 const int kMaxThreads = 512;
-
-#ifdef TDT_SWEEP_CUDA_EXP /* benchmark builds only: CUDA's exp() instead of exp_le0() */
-#define SWEEP_EXP exp
-#else
-#define SWEEP_EXP exp_le0
-#endif
 
 /* Arc slots per lane for arc count KD (0: any count up to TDT_MAX_DURATIONS) and G lanes a
  * node. */
@@ -177,7 +171,7 @@ __device__ __forceinline__ double node_value(const tdt_lattice_t &L, const tdt_d
     }
     m = group_max<G>(m);
 #pragma unroll
-    for (int i = 0; i < SPL; ++i) sum += SWEEP_EXP(x[i] - m);
+    for (int i = 0; i < SPL; ++i) sum += exp_le0(x[i] - m);
     const double r = tdt_lse_finish(m, group_sum<G>(sum));
     return BETA ? r : tdt_alpha_start(t, u, r);
 }
@@ -326,13 +320,11 @@ cudaError_t sweep_launch_g(const tdt_gpu_args_t &a, int threads, int ring_diags,
 }
 
 /* The most lanes a node uses: the power of two at or above its 2 * KD slots, at most 4 (8 lanes
- * measured no faster than 4 on the H200, and slower on ragged). The runtime arc count (KD = 0)
- * takes 4: SPL = 16 slots a lane cover TDT_MAX_DURATIONS. */
-template <int KD> struct sweep_gmax {
-    enum { G = KD == 1 ? 2 : 4 };
-};
-template <int KD, int G> struct sweep_gpick {
-    enum { V = KD == 0 ? 4 : G < sweep_gmax<KD>::G ? G : sweep_gmax<KD>::G };
+ * measured no faster than 4 on the H200, and slower on ragged: benchmark/NOTES.md, v3). The
+ * runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover TDT_MAX_DURATIONS. Only the
+ * G that can occur are instantiated. */
+template <int KD, int G> struct sweep_g {
+    enum { MAX = KD == 1 ? 2 : 4, V = KD == 0 ? 4 : G < MAX ? G : MAX };
 };
 
 /* Lanes a node, from the longest diagonal, min(maxT, maxU + 1) nodes, and tdt_bench on the H200
@@ -343,31 +335,27 @@ template <int KD, int G> struct sweep_gpick {
 template <int KD>
 cudaError_t sweep_launch(const tdt_gpu_args_t &a, int ring_diags, size_t smem_bytes,
                          cudaStream_t stream) {
-    enum { GMAX = sweep_gmax<KD>::G };
     const int64_t diag = a.maxT < a.row ? a.maxT : a.row;
     int G = diag <= kMaxThreads / 4 ? 4 : diag <= kMaxThreads ? 2 : 1;
-    if (KD == 0) G = 4;
-    if (ring_diags == 0) G = 1;
-#ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try other G */
+#ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try another G */
     if (const char *env = getenv("TDT_SWEEP_LANES")) {
         const int g = atoi(env);
-        if (KD != 0 && ring_diags != 0 && (g == 1 || g == 2 || g == 4 || g == 8)) G = g;
+        if (g == 1 || g == 2 || g == 4) G = g;
     }
 #endif
-    if (G > GMAX && !(G == 8 && KD >= 3)) G = GMAX;
+    if (KD == 0) G = 4;
+    if (ring_diags == 0) G = 1;
+    if (G > sweep_g<KD, 4>::MAX) G = sweep_g<KD, 4>::MAX;
     int64_t threads = (diag * G + 31) / 32 * 32;
     if (threads < 32) threads = 32; /* maxT == 0: nothing to sweep, still a valid launch */
     if (threads > kMaxThreads) threads = kMaxThreads;
     const int th = (int)threads;
     if (ring_diags == 0)
-        return sweep_launch_g<KD, KD == 0 ? 4 : 1, false>(a, th, 0, 0, stream);
+        return sweep_launch_g<KD, sweep_g<KD, 1>::V, false>(a, th, 0, 0, stream);
     switch (G) {
-#ifdef TDT_SWEEP_TUNING
-    case 8: return sweep_launch_g<KD, KD >= 3 ? 8 : sweep_gpick<KD, 8>::V, true>(a, th, ring_diags, smem_bytes, stream);
-#endif
-    case 4: return sweep_launch_g<KD, sweep_gpick<KD, 4>::V, true>(a, th, ring_diags, smem_bytes, stream);
-    case 2: return sweep_launch_g<KD, sweep_gpick<KD, 2>::V, true>(a, th, ring_diags, smem_bytes, stream);
-    default: return sweep_launch_g<KD, sweep_gpick<KD, 1>::V, true>(a, th, ring_diags, smem_bytes, stream);
+    case 4: return sweep_launch_g<KD, sweep_g<KD, 4>::V, true>(a, th, ring_diags, smem_bytes, stream);
+    case 2: return sweep_launch_g<KD, sweep_g<KD, 2>::V, true>(a, th, ring_diags, smem_bytes, stream);
+    default: return sweep_launch_g<KD, sweep_g<KD, 1>::V, true>(a, th, ring_diags, smem_bytes, stream);
     }
 }
 
