@@ -56,6 +56,18 @@ def lib_tdt(case, device="cpu", dtype=torch.float32, layout="separate", reductio
     return loss.detach().cpu(), gt.cpu(), gd.cpu()
 
 
+def joint_grad(case):
+    """The gradient of tdt_loss(reduction="sum") on a reference.random_case() given as the two
+    slices of one leaf joint tensor: the joint tensor's .grad itself (the buffer the binding
+    handed to autograd), on the case's device."""
+    V = case["token_logits"].shape[-1]
+    joint = torch.cat([case["token_logits"], case["duration_logits"]], -1).requires_grad_(True)
+    warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
+                      case["target_lengths"], case["blank_token_id"], case["durations"],
+                      reduction="sum").backward()
+    return joint.grad
+
+
 def ref_tdt(case, reduction="none", weights=None, sigma=0.0, fastemit_lambda=0.0, clamp=0.0):
     """The reference (loss reduced as the library should, token grad, duration grad), float64."""
     B = case["token_logits"].shape[0]

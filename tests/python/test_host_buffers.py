@@ -20,15 +20,6 @@ def _case(seed):
     return case
 
 
-def _joint_grad(case):
-    V = case["token_logits"].shape[-1]
-    joint = torch.cat([case["token_logits"], case["duration_logits"]], -1).requires_grad_(True)
-    warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
-                      case["target_lengths"], case["blank_token_id"], case["durations"],
-                      reduction="sum").backward()
-    return joint.grad
-
-
 def _ref_joint_grad(case):
     _, gz, gh = H.ref_tdt(case, reduction="sum")
     return torch.cat([gz, gh], -1)
@@ -46,26 +37,26 @@ def test_dropped_gradient_buffer_is_reused():
     if not _hostmem.enabled():
         pytest.skip("no anonymous mmap / torch.frombuffer here")
     case = _case(1)
-    g = _joint_grad(case)
+    g = H.joint_grad(case)
     ptr = g.data_ptr()
     del g
-    g2 = _joint_grad(_case(2))
+    g2 = H.joint_grad(_case(2))
     assert g2.data_ptr() == ptr
     H.assert_close(g2, _ref_joint_grad(_case(2)), torch.float32, "reused gradient buffer")
 
 
 def test_held_gradient_is_never_overwritten():
     a, b = _case(3), _case(4)
-    ga = _joint_grad(a)
+    ga = H.joint_grad(a)
     keep = ga.clone()
-    gb = _joint_grad(b)
+    gb = H.joint_grad(b)
     assert gb.data_ptr() != ga.data_ptr()
     assert torch.equal(ga, keep)
     H.assert_close(gb, _ref_joint_grad(b), torch.float32, "second gradient")
     # a view of the gradient keeps the buffer busy as well
     view = gb[1]
     del gb
-    gc = _joint_grad(a)
+    gc = H.joint_grad(a)
     assert gc.data_ptr() != view.data_ptr() - view.storage_offset() * 4
     H.assert_close(gc, ga, torch.float32, "third gradient")
 
@@ -88,14 +79,14 @@ def test_two_forwards_before_backward_keep_their_workspaces():
 def test_cache_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("WARP_TDT_CPU_CACHE", "0")
     case = _case(7)
-    g = _joint_grad(case)
+    g = H.joint_grad(case)
     assert not _hostmem._slots
     H.assert_close(g, _ref_joint_grad(case), torch.float32, "uncached gradient")
 
 
 def test_small_and_strided_gradients_use_torch():
     small = R.random_case(B=2, T=4, U=2, V=6, seed=8)
-    _joint_grad(small)
+    H.joint_grad(small)
     assert "grad" not in _hostmem._slots
     case = _case(9)
     tok = case["token_logits"].transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(True)

@@ -4,22 +4,13 @@ knob), and its results do not depend on the count."""
 import pytest
 import torch
 
+import helpers as H
 import reference as R
-import warp_tdt
 from warp_tdt import _core
 
 
 def _case(seed):
     return R.random_case(B=3, T=12, U=5, V=40, seed=seed)
-
-
-def _joint_grad(case):
-    V = case["token_logits"].shape[-1]
-    joint = torch.cat([case["token_logits"], case["duration_logits"]], -1).requires_grad_(True)
-    warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
-                      case["target_lengths"], case["blank_token_id"], case["durations"],
-                      reduction="sum").backward()
-    return joint.grad
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -36,12 +27,12 @@ def test_threads_follow_torch(threads):
                                      case["logit_lengths"].int(), case["target_lengths"].int(),
                                      False)
         assert options.num_threads == torch.get_num_threads()
-        g = _joint_grad(case)
+        g = H.joint_grad(case)
     finally:
         torch.set_num_threads(before)
     torch.set_num_threads(3 - threads)
     try:
-        g_other = _joint_grad(case)
+        g_other = H.joint_grad(case)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(g, g_other)  # the same bits for any thread count
