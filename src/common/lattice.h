@@ -37,7 +37,8 @@
  * current one) and its term (tdt_alpha_slot_term / tdt_beta_slot_term: the weights plus the
  * alpha / beta at the arc's other end, read through a tdt_diag_view_t, the workspace array or
  * a ring of the last few diagonals in GPU shared memory); then the log-sum-exp of the node's
- * terms. tdt_sweep_node runs the slots of a node in one loop (the CPU backend's call); a GPU sweep gives each lane of a group a few slots and reduces across the
+ * terms. tdt_sweep_node runs the slots of a node in one loop (tdt_sweep_chunk, at the end, does
+ * the same for a run of a diagonal's nodes: the CPU backend's call); a GPU sweep gives each lane of a group a few slots and reduces across the
  * group with the same tdt_lse_max / tdt_lse_finish.
  *
  * Determinism: every function visits slots in one fixed order (k ascending, blank before
@@ -377,6 +378,99 @@ TDT_HD void tdt_log_softmax_small(double *h, int count) {
     for (int k = 0; k < count; ++k) sum += exp(h[k] - m);
     const double lse = m == -TDT_INF ? -TDT_INF : m + log(sum);
     for (int k = 0; k < count; ++k) h[k] -= lse;
+}
+
+/* ==== Sweeps with per-diagonal geometry (the OpenMP backend's loops) ============================
+ *
+ * The functions above locate every arc's other end from scratch (tdt_slot_of, tdt_node_index,
+ * tdt_view_index: a tdt_diag_row and a 64-bit multiply per arc). A sweep that walks the
+ * diagonals in order can do that once: the slots once per sample, and for each slot once per
+ * diagonal the row that holds the diagonal of its arcs' other ends (they are contiguous in u
+ * there, see tdt_node_index). Existence, weights, terms and the log-sum-exp are the functions
+ * above, so the values are bit for bit those of tdt_sweep_node. Nothing above this section
+ * calls into it; the CUDA kernels do not use it. */
+
+/* Node index of the first entry of the row that holds diagonal s, so node (s - u, u) is at
+ * tdt_diag_offset(L, s) + u; 0 for s < 0 (a diagonal with no nodes, never read). */
+TDT_HD int64_t tdt_diag_offset(const tdt_lattice_t *L, int64_t s) {
+    return s >= 0 ? tdt_diag_row(s, L->frames) * L->row : 0;
+}
+
+/* A sweep's geometry: the slots of a node (tdt_slot_of, set once per sample by
+ * tdt_sweep_geo_init) and, for the diagonal s being swept (tdt_sweep_geo_diag), the row
+ * offset of s and of each slot's other end's diagonal: s - dt - du for alpha (the arc's
+ * source), s + dt + du for beta (its destination). A slot's other ends are then read through
+ * the view {v + off[j], ring_mask 0}, a ring of that one diagonal: tdt_view_index gives u. */
+typedef struct tdt_sweep_geo {
+    int n;                                /* tdt_num_slots */
+    int is_beta;                          /* 0: alpha, 1: beta */
+    const double *v;                      /* the workspace array swept (alpha or beta) */
+    int64_t node;                         /* tdt_diag_offset of s: node (s - u, u) is node + u */
+    tdt_slot_t q[2 * TDT_MAX_DURATIONS];  /* slot j */
+    int64_t off[2 * TDT_MAX_DURATIONS];   /* tdt_diag_offset of slot j's other end's diagonal */
+} tdt_sweep_geo_t;
+
+TDT_HD void tdt_sweep_geo_init(tdt_sweep_geo_t *G, const tdt_arcs_t *A, const double *v,
+                               int is_beta) {
+    G->n = tdt_num_slots(A);
+    G->is_beta = is_beta;
+    G->v = v;
+    G->node = 0;
+    for (int j = 0; j < G->n; ++j) G->q[j] = tdt_slot_of(A, j);
+}
+
+/* Points G at diagonal s. */
+TDT_HD void tdt_sweep_geo_diag(tdt_sweep_geo_t *G, const tdt_lattice_t *L, int64_t s) {
+    G->node = tdt_diag_offset(L, s);
+    for (int j = 0; j < G->n; ++j) {
+        const int64_t span = G->q[j].dt + G->q[j].du;
+        G->off[j] = tdt_diag_offset(L, G->is_beta ? s + span : s - span);
+    }
+}
+
+/* Nodes of a diagonal that one tdt_sweep_chunk call computes at most. */
+#define TDT_SWEEP_CHUNK 32
+
+/* tdt_sweep_node of the nodes (s - u, u), u = lo .. hi (hi - lo < TDT_SWEEP_CHUNK), of G's
+ * diagonal s, into out[u - lo]. Organised across the nodes: the terms slot by slot, then the
+ * log-sum-exp's max (tdt_lse_max), its sum and tdt_lse_finish node by node within each step,
+ * so the exps and logs of different nodes are independent work and the max needs no branch.
+ * Each node still sees its slots in order, with tdt_lse_terms's arithmetic, except that a
+ * -inf term (an arc that does not exist, or an unreachable end) is not passed to exp: it would
+ * add exp(-inf - m) == 0 to the sum and never be its max, so the value is the same to the bit. */
+TDT_HD void tdt_sweep_chunk(const tdt_sweep_geo_t *G, const tdt_lattice_t *L, const tdt_arcs_t *A,
+                            int64_t s, int64_t lo, int64_t hi, double *out) {
+    double x[2 * TDT_MAX_DURATIONS][TDT_SWEEP_CHUNK], m[TDT_SWEEP_CHUNK], sum[TDT_SWEEP_CHUNK];
+    const int nn = (int)(hi - lo + 1);
+    for (int j = 0; j < G->n; ++j) {
+        const tdt_slot_t *q = &G->q[j];
+        const tdt_diag_view_t X = {G->v + G->off[j], 0};
+        for (int i = 0; i < nn; ++i) {
+            const int64_t u = lo + i, t = s - u;
+            double lp, dur;
+            if (G->is_beta) {
+                tdt_slot_weight(L, A, q, G->node + u, &lp, &dur); /* the node's own weights */
+                x[j][i] = tdt_beta_slot_term(L, &X, q, t, u, lp, dur);
+            } else { /* the source's weights, at u - du on the row of X; the node's if none */
+                const int e = tdt_slot_in(q, t, u);
+                tdt_slot_weight(L, A, q, e ? G->off[j] + u - q->du : G->node + u, &lp, &dur);
+                x[j][i] = tdt_alpha_slot_term(L, &X, q, t, u, lp, dur);
+            }
+        }
+    }
+    for (int i = 0; i < nn; ++i) {
+        m[i] = -TDT_INF;
+        sum[i] = 0.0;
+    }
+    for (int j = 0; j < G->n; ++j)
+        for (int i = 0; i < nn; ++i) m[i] = tdt_lse_max(m[i], x[j][i]);
+    for (int j = 0; j < G->n; ++j)
+        for (int i = 0; i < nn; ++i)
+            if (x[j][i] != -TDT_INF) sum[i] += exp(x[j][i] - m[i]);
+    for (int i = 0; i < nn; ++i) {
+        const double r = tdt_lse_finish(m[i], sum[i]);
+        out[i] = G->is_beta ? r : tdt_alpha_start(s - lo - i, lo + i, r);
+    }
 }
 
 #endif /* TDT_COMMON_LATTICE_H */

@@ -241,24 +241,21 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
         /* anti-diagonal by anti-diagonal, as the GPU does: each diagonal is contiguous in the
            per-node arrays (lattice.h), and every arc crosses to another diagonal */
         const int64_t S = tdt_num_diagonals(&L);
-        if (task < B) {
-            double *alpha = ws->alpha + off;
-            for (int64_t s = 0; s < S; ++s) {
-                int64_t lo, hi;
-                tdt_diagonal_range(&L, s, &lo, &hi);
-                for (int64_t u = lo; u <= hi; ++u)
-                    alpha[tdt_node_index(L.frames, row, s - u, u)] = tdt_sweep_node(&L, &c->arcs, alpha, s - u, u, 0);
-            }
-            ws->ll[b] = tdt_log_likelihood(&L, &c->arcs, alpha);
-        } else {
-            double *beta = ws->beta + off;
-            for (int64_t s = S - 1; s >= 0; --s) {
-                int64_t lo, hi;
-                tdt_diagonal_range(&L, s, &lo, &hi);
-                for (int64_t u = lo; u <= hi; ++u)
-                    beta[tdt_node_index(L.frames, row, s - u, u)] = tdt_sweep_node(&L, &c->arcs, beta, s - u, u, 1);
+        const int is_beta = task >= B;
+        double *v = (is_beta ? ws->beta : ws->alpha) + off;
+        tdt_sweep_geo_t G; /* slot geometry once per sample, other ends' rows once a diagonal */
+        tdt_sweep_geo_init(&G, &c->arcs, v, is_beta);
+        for (int64_t i = 0; i < S; ++i) {
+            const int64_t s = is_beta ? S - 1 - i : i;
+            int64_t lo, hi;
+            tdt_diagonal_range(&L, s, &lo, &hi);
+            tdt_sweep_geo_diag(&G, &L, s);
+            for (int64_t u = lo; u <= hi; u += TDT_SWEEP_CHUNK) {
+                const int64_t last = hi - u < TDT_SWEEP_CHUNK ? hi : u + TDT_SWEEP_CHUNK - 1;
+                tdt_sweep_chunk(&G, &L, &c->arcs, s, u, last, v + G.node + u);
             }
         }
+        if (!is_beta) ws->ll[b] = tdt_log_likelihood(&L, &c->arcs, v);
     }
     for (int64_t b = 0; b < B; ++b) {
         double ll = ws->ll[b];
