@@ -148,6 +148,13 @@ static double row_lse(const void *z, int64_t V, tdt_dtype_t dtype) {
     }
 }
 
+/* The logits of the blank and of the label (none: label < 0, gives 0) of a token row. */
+static void load_patched(const void *z, int blank, int32_t label, tdt_dtype_t dt, double *zb,
+                         double *zl) {
+    *zb = load_one(z, blank, dt);
+    *zl = label >= 0 ? load_one(z, label, dt) : 0.0;
+}
+
 /* Writes the token-gradient row of a lattice node: the softmax term everywhere (none for
  * log-prob inputs), then the blank and label elements from the full formula. z may equal g:
  * the two patched logits are read before the row is overwritten. */
@@ -157,7 +164,13 @@ static void token_grad_row(const tdt_call_t *c, const void *z, void *g, double l
     const tdt_dtype_t dt = c->p.dtype;
     const int blank = c->o.blank;
     const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
-    double zb = load_one(z, blank, dt), zl = label >= 0 ? load_one(z, label, dt) : 0.0;
+    /* The two patched logits are read after the row pass, which brings the row into cache (they
+       are the row's blank and a label anywhere in it: read first, each is a cache miss the
+       hardware prefetcher does not see coming), except in place, where that pass overwrites
+       them. */
+    const int in_place = (const void *)g == z;
+    double zb = 0.0, zl = 0.0;
+    if (in_place) load_patched(z, blank, label, dt, &zb, &zl);
     if (!logits) {
         memset(g, 0, (size_t)V * dtype_size(dt));
     } else {
@@ -175,6 +188,7 @@ static void token_grad_row(const tdt_call_t *c, const void *z, void *g, double l
         default: row_grad_f32((const float *)z, (float *)g, V, (float)lse, occ, cl, sc); break;
         }
     }
+    if (!in_place) load_patched(z, blank, label, dt, &zb, &zl);
     double pb = logits ? exp(zb - lse) : 0.0;
     store_one(g, blank, dt, scale * tdt_token_grad(ng, pb, 1, 0, c->o.clamp));
     if (label >= 0) {
@@ -269,6 +283,9 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
 
 /* ---- pass 3: gradients ---------------------------------------------------------------------- */
 
+/* Nodes of a row whose gradient coefficients grad_pass computes before their V-wide rows. */
+#define GRAD_CHUNK 16
+
 static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const tdt_problem_t *p = &c->p;
     const int64_t row = p->max_labels + 1, D = c->num_durations, Dw = c->layout.dur_stride;
@@ -287,31 +304,41 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
             tdt_lattice_t L = sample_lattice(c, ws, b);
             const int64_t off = tdt_sample_offset(b, p->max_frames, row);
             const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
-            for (int64_t u = 0; u < row; ++u) {
-                void *gz = c->g.token_grads
-                               ? (char *)c->g.token_grads + tdt_row_offset(c->g.token_strides, b, t, u) * (int64_t)esz
-                               : NULL;
-                void *gh = c->g.duration_grads
-                               ? (char *)c->g.duration_grads + tdt_row_offset(c->g.duration_strides, b, t, u) * (int64_t)esz
-                               : NULL;
-                if (!feasible || t >= T || u > U) {
-                    if (gz) memset(gz, 0, (size_t)p->vocab_size * esz);
-                    if (gh) memset(gh, 0, (size_t)D * esz);
-                    continue;
-                }
-                tdt_node_grad_t ng;
-                tdt_node_grad(&L, &c->arcs, ws->alpha + off, ws->beta + off, t, u, ll,
-                              c->o.fastemit_lambda, &ng);
-                int64_t n = off + tdt_node_index(p->max_frames, row, t, u);
-                if (gz) {
-                    const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
-                    token_grad_row(c, z, gz, ws->lse[n], &ng, u < U ? y[u] : -1, scale);
-                }
-                if (gh) {
-                    const double *lp = ws->lp_dur + n * Dw;
-                    for (int64_t k = 0; k < D; ++k) {
-                        double q = logits ? exp(lp[k]) : 0.0;
-                        store_one(gh, k, p->dtype, scale * tdt_duration_grad(&ng, q, (int)k));
+            /* A run of nodes' coefficients first, then their rows: the lattice arrays of the
+               nodes of row t are one diagonal apart (lattice.h), so each node's reads miss the
+               cache; back to back, those misses overlap instead of each stalling between two
+               rows of V-wide streaming. */
+            for (int64_t u0 = 0; u0 < row; u0 += GRAD_CHUNK) {
+                const int64_t u1 = row - u0 < GRAD_CHUNK ? row : u0 + GRAD_CHUNK;
+                tdt_node_grad_t ng[GRAD_CHUNK];
+                for (int64_t u = u0; u < u1; ++u)
+                    if (feasible && t < T && u <= U)
+                        tdt_node_grad(&L, &c->arcs, ws->alpha + off, ws->beta + off, t, u, ll,
+                                      c->o.fastemit_lambda, &ng[u - u0]);
+                for (int64_t u = u0; u < u1; ++u) {
+                    void *gz = c->g.token_grads
+                                   ? (char *)c->g.token_grads + tdt_row_offset(c->g.token_strides, b, t, u) * (int64_t)esz
+                                   : NULL;
+                    void *gh = c->g.duration_grads
+                                   ? (char *)c->g.duration_grads + tdt_row_offset(c->g.duration_strides, b, t, u) * (int64_t)esz
+                                   : NULL;
+                    if (!feasible || t >= T || u > U) {
+                        if (gz) memset(gz, 0, (size_t)p->vocab_size * esz);
+                        if (gh) memset(gh, 0, (size_t)D * esz);
+                        continue;
+                    }
+                    const tdt_node_grad_t *g = &ng[u - u0];
+                    int64_t n = off + tdt_node_index(p->max_frames, row, t, u);
+                    if (gz) {
+                        const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
+                        token_grad_row(c, z, gz, ws->lse[n], g, u < U ? y[u] : -1, scale);
+                    }
+                    if (gh) {
+                        const double *lp = ws->lp_dur + n * Dw;
+                        for (int64_t k = 0; k < D; ++k) {
+                            double q = logits ? exp(lp[k]) : 0.0;
+                            store_one(gh, k, p->dtype, scale * tdt_duration_grad(g, q, (int)k));
+                        }
                     }
                 }
             }
