@@ -423,7 +423,7 @@ TDT_HD void tdt_sweep_geo_init(tdt_sweep_geo_t *G, const tdt_arcs_t *A, const do
 TDT_HD void tdt_sweep_geo_diag(tdt_sweep_geo_t *G, const tdt_lattice_t *L, int64_t s) {
     G->node = tdt_diag_offset(L, s);
     for (int j = 0; j < G->n; ++j) {
-        const int64_t span = G->q[j].dt + G->q[j].du;
+        const int64_t span = (int64_t)G->q[j].dt + G->q[j].du; /* dt may be INT_MAX */
         G->off[j] = tdt_diag_offset(L, G->is_beta ? s + span : s - span);
     }
 }
