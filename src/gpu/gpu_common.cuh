@@ -138,6 +138,72 @@ __device__ __forceinline__ int64_t tdt_row_head(const void *p, int64_t V) {
     return h < V ? h : V;
 }
 
+/* ---- row exponentials of the V-wide passes (normalize.cu, grad.cuh) ----------------------------
+ * Both passes sum or scale terms exp(x - c) over a row for one per-row reference c. A unit
+ * system X says how a reference is held (X::ref(c)) and how a term is made (X::term(x, r)):
+ *   tdt_rexp2 (float accumulate, the fast path of float32 / float16 / bfloat16): base 2. The
+ *     reference is r = c * K in float, K = log2(e) rounded to float, and a term is
+ *     ex2.approx.ftz(fma(x, K, -r)): one FFMA and one MUFU.EX2 an element. The product x * K is
+ *     exact inside the FMA, so the exponent is rounded once (0.5 ulp of it, as x - c in float
+ *     is) and ex2.approx adds about 2 ulp (expf's bound); subnormal terms (below 2^-126 of the
+ *     reference) flush to 0. K's own rounding (relative 1.3e-8) is a change of units that
+ *     to_log() undoes by dividing by K, leaving under 1.3e-8 * log(V) in a log-normaliser.
+ *     The reference's own rounding (r is not exactly c * K) is the same for every term of the
+ *     row, so it cancels where the terms are summed against r and is folded into one factor
+ *     (ref_fix) where they are scaled; it is at most 0.5 ulp of r, which fits() keeps below 1
+ *     (|c| <= 1e7: every float16 value, and logits far beyond any trained model's). Rows with
+ *     values past that take tdt_rexp_nat.
+ *   tdt_rexp_nat<DT> (natural units, exp in tdt_exp_acc's precision): float64 always; the
+ *     rare rows of the other types whose values are beyond fits().
+ * pow(d) is 2^d resp. e^d for a difference of two references (d <= 0 where the callers use it). */
+__device__ __forceinline__ float tdt_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+struct tdt_rexp2 {
+    typedef float Acc;
+    enum { MAY_OVERFLOW = 1 };
+    static __device__ __forceinline__ float K() { return 1.44269504088896341f; }
+    static __device__ __forceinline__ float ref(float c) { return c * K(); }
+    /* The reference of a float64 value c, and in *fix the factor 2^(r - c K) that its rounding
+     * left out of every term (exact to float64; 1 +- 2^-24). */
+    static __device__ __forceinline__ float ref_fix(double c, double *fix) {
+        const float r = (float)(c * (double)K());
+        *fix = exp2((double)r - c * (double)K());
+        return r;
+    }
+    static __device__ __forceinline__ float term(float x, float r) { return tdt_ex2(fmaf(x, K(), -r)); }
+    static __device__ __forceinline__ float pow(float d) { return tdt_ex2(d); }
+    /* log of 2^r * s in natural units (float64). */
+    static __device__ __forceinline__ double to_log(float r, float s) {
+        return ((double)r + log2((double)s)) / (double)K();
+    }
+    /* Whether a natural-unit value (a logit, a log-normaliser) may be a reference in these
+     * units: |c| <= 1e7 (false for NaN and inf). */
+    static __device__ __forceinline__ bool fits(double c) { return fabs(c) <= 1e7; }
+};
+
+template <int DT> struct tdt_rexp_nat {
+    typedef typename tdt_elem<DT>::Acc Acc;
+    enum { MAY_OVERFLOW = 0 };
+    static __device__ __forceinline__ Acc ref(Acc c) { return c; }
+    static __device__ __forceinline__ Acc ref_fix(double c, double *fix) {
+        *fix = 1.0;
+        return (Acc)c;
+    }
+    static __device__ __forceinline__ Acc term(Acc x, Acc r) { return tdt_exp_acc<DT>(x - r); }
+    static __device__ __forceinline__ Acc pow(Acc d) { return tdt_exp_acc<DT>(d); }
+    static __device__ __forceinline__ double to_log(Acc r, Acc s) { return (double)r + log((double)s); }
+    static __device__ __forceinline__ bool fits(double) { return true; }
+};
+
+/* The unit system of a type's hot loops: base 2 for the float-accumulate types, natural for
+ * float64 (whose accuracy stays that of exp()). */
+template <int DT> struct tdt_rexp_fast { typedef tdt_rexp2 X; };
+template <> struct tdt_rexp_fast<TDT_DTYPE_FLOAT64> { typedef tdt_rexp_nat<TDT_DTYPE_FLOAT64> X; };
+
 /* ---- nodes and samples ---------------------------------------------------------------------- */
 
 /* Logits row n in [0, B * maxT * row), in the logits' (b, t, u) order -> (b, t, u). The kernels

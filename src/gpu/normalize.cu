@@ -12,10 +12,14 @@
  * are written, into the caller's workspace (float64).
  *
  * Parallel mapping: a group of G lanes (G = 32, or 8 for short rows) owns one node at a time,
- * grid-striding over all B * maxT * (maxU + 1) nodes. Each lane keeps an online (max, sum)
- * over its share of the row, read as 16-byte vectors (a scalar head up to the row's first
- * 16-byte boundary and a scalar tail; rows of a joint tensor are not all 16-byte aligned), then
- * the group merges the G states with a fixed xor-shuffle tree. Lane 0 writes the node's values.
+ * grid-striding over all B * maxT * (maxU + 1) nodes. Each lane keeps an online (reference,
+ * sum) over its share of the row, read as 16-byte vectors in batches (a scalar head up to the
+ * row's first 16-byte boundary and a scalar tail; rows of a joint tensor are not all 16-byte
+ * aligned), then the group merges the G states with a fixed xor-shuffle tree. Lane 0 writes
+ * the node's values. The hot loop is one FFMA, one MUFU.EX2 and one add an element (plus the
+ * conversion of a 16-bit element): the reference starts at the blank's logit and moves only in
+ * the rare batch whose terms would pass 2^64 or are not finite (lse_slow), so there is no
+ * running max and no branch per element.
  *
  * Race-free: every node is owned by exactly one group; each output element has one writer and
  * no element is read after being written in this kernel. Nodes outside a sample's lattice and
@@ -23,9 +27,12 @@
  * out-of-range label is never used as an index (lp_label is set to NaN; the sweep then marks
  * the sample bad).
  *
- * Precision: the V-wide (max, sum) in float32 for float32/float16/bfloat16 (as tdt.h
- * promises), in float64 for float64; lse and everything stored is float64. Deterministic: the
- * lane split and the reduction tree depend only on V and the row's alignment, not on timing.
+ * Precision: the V-wide sums in float32 for float32/float16/bfloat16 (as tdt.h promises), in
+ * float64 for float64; lse and everything stored is float64. The terms of the float types are
+ * base-2 exponentials (tdt_rexp2 in gpu_common.cuh: about 2 ulp a term, as expf), float64 keeps
+ * exp(). Rows with a float value beyond 1e7 in magnitude are summed again in natural units
+ * (row_lse_nat; rare, so never a second pass in practice). Deterministic: the lane split, the
+ * batch order and the reduction tree depend only on V and the row's alignment, not on timing.
  *
  * Limits: none on V, T, U or B beyond memory; every offset is int64. D <= TDT_MAX_DURATIONS.
  */
@@ -34,106 +41,186 @@
 namespace {
 
 const int kThreads = 256;
-const int kUnroll = 4; /* 16-byte loads in flight per lane before they are consumed */
 
-/* Online log-sum-exp state of one lane, in the accumulate precision. */
-template <typename Acc> struct lse_state {
-    Acc m, s;
+/* 16-byte loads in flight per lane before they are consumed (a batch), per element type: the
+ * knob to tune on the device. Registers (sm_90, no spills): float32 64, 16-bit types 80,
+ * float64 112. */
+template <int DT> struct norm_tuning {
+    enum { UNROLL = 4 };
 };
 
-/* Adds n values (n <= 8) to the state: one rescale per call, one exp per value. A NaN value
- * makes s NaN (fmax skips NaN for the max but the sum does not); all -inf leaves {m, 0}. */
-template <int DT, typename Acc, int N>
-__device__ __forceinline__ void lse_add(lse_state<Acc> &st, const Acc (&x)[N]) {
+/* Online log-sum-exp state of one lane in the units X (gpu_common.cuh): the row's terms so far
+ * relative to the reference r, summed in s. r is the scaled value of an element already seen
+ * (or the blank's, which every lane starts from), so no term underflows more than against the
+ * row's true maximum; r is raised only when a batch's terms would exceed 2^64 (or are not
+ * finite), so the hot path has no max and no data-dependent branch per element. huge: a value
+ * that X cannot take as a reference (X::fits: base-2 units, |x| > 1e7) was seen. */
+template <typename X> struct lse_lane {
+    typename X::Acc r, s;
+    int huge;
+};
+
+/* A batch of values as loaded (raw elements, converted where used, so a 16-bit batch costs
+ * its raw registers only): NV 16-byte vectors, or one scalar (NV = 0). */
+template <int DT, int NV> struct batch {
+    enum { N = NV * tdt_elem<DT>::VEC };
+    tdt_vec<DT> v[NV];
+    __device__ __forceinline__ typename tdt_elem<DT>::Acc at(int j) const {
+        return tdt_elem<DT>::to_acc(v[j / tdt_elem<DT>::VEC].v[j % tdt_elem<DT>::VEC]);
+    }
+};
+template <int DT> struct batch<DT, 0> {
+    enum { N = 1 };
+    typename tdt_elem<DT>::T x;
+    __device__ __forceinline__ typename tdt_elem<DT>::Acc at(int) const { return tdt_elem<DT>::to_acc(x); }
+};
+
+/* The rare batch: raises the reference to the batch's maximum (rescaling s), then adds the
+ * batch. Semantics: a NaN anywhere makes s NaN (fmax skips NaN for the maximum, the sum does
+ * not); +inf makes the reference +inf and its own term NaN; -inf values add exactly 0, and while
+ * every value so far is -inf (r = -inf) s stays 0 unless a NaN comes. */
+template <typename X, typename Bt>
+__device__ __forceinline__ void lse_slow(lse_lane<X> &st, const Bt &x) {
+    typedef typename X::Acc Acc;
     const Acc ninf = -(Acc)INFINITY;
-    Acc mv = x[0];
+    Acc xm = x.at(0);
 #pragma unroll
-    for (int j = 1; j < N; ++j) mv = fmax(mv, x[j]);
-    if (mv > st.m) {
-        st.s = st.s * tdt_exp_acc<DT>(st.m - mv); /* exp(-inf) = 0 for the first finite value */
-        st.m = mv;
+    for (int j = 1; j < Bt::N; ++j) xm = fmax(xm, x.at(j));
+    const Acc rn = X::ref(xm);
+    if (X::MAY_OVERFLOW && xm > ninf && xm < -ninf && !X::fits((double)xm)) st.huge = 1;
+    if (rn > st.r) {
+        st.s = st.s * X::pow(st.r - rn); /* r = -inf: 0 (or NaN kept) */
+        st.r = rn;
     }
-    if (st.m != ninf) {
+    if (st.r == ninf) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) st.s += tdt_exp_acc<DT>(x[j] - st.m);
-    } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j)
-            if (x[j] != x[j]) st.s = x[j]; /* keep a NaN seen while the max is still -inf */
+        for (int j = 0; j < Bt::N; ++j)
+            if (x.at(j) != x.at(j)) st.s = x.at(j);
+        return;
     }
+    Acc bs = (Acc)0;
+#pragma unroll
+    for (int j = 0; j < Bt::N; ++j) bs += X::term(x.at(j), st.r);
+    st.s += bs;
 }
 
-/* Merges another lane's online (max, sum) state into st, in Acc. */
-template <int DT, typename Acc>
-__device__ __forceinline__ void lse_merge(lse_state<Acc> &st, Acc m2, Acc s2) {
-    const Acc ninf = -(Acc)INFINITY;
-    if (m2 > st.m) {
-        st.s = st.s * tdt_exp_acc<DT>(st.m - m2) + s2;
-        st.m = m2;
-    } else if (m2 != ninf) {
-        st.s += s2 * tdt_exp_acc<DT>(m2 - st.m);
-    } else if (s2 != s2) {
-        st.s = s2; /* NaN from the other lane */
+/* Adds a batch: one term an element, summed pairwise inside each 16-byte vector and then
+ * across the vectors (a fixed order), one compare for the whole batch. */
+template <typename X, typename Bt>
+__device__ __forceinline__ void lse_add(lse_lane<X> &st, const Bt &x) {
+    typedef typename X::Acc Acc;
+    const int W = Bt::N < 8 ? Bt::N : 8; /* pairwise groups of up to 8 terms */
+    Acc sum = (Acc)0;
+#pragma unroll
+    for (int j0 = 0; j0 < Bt::N; j0 += W) {
+        Acc e[W];
+#pragma unroll
+        for (int j = 0; j < W; ++j) e[j] = X::term(x.at(j0 + j), st.r);
+#pragma unroll
+        for (int w = 1; w < W; w *= 2)
+#pragma unroll
+            for (int j = 0; j + w < W; j += 2 * w) e[j] += e[j + w];
+        sum = j0 == 0 ? e[0] : sum + e[0];
     }
+    if (sum <= (Acc)1.8446744073709552e19) /* 2^64; false for NaN and +inf */
+        st.s += sum;
+    else
+        lse_slow<X>(st, x);
 }
 
-/* log sum_v exp z[v] over one row of V elements, the G lanes of a group together. Every lane
- * of the group gets the same result. */
+/* Merges the G lanes' states with a fixed xor-shuffle tree; returns log sum exp of the row in
+ * natural units (float64). All lanes take part; lane 0's value is the one used. */
+template <typename X, int G>
+__device__ __forceinline__ double lse_group(lse_lane<X> st, unsigned mask) {
+    typedef typename X::Acc Acc;
+    const Acc ninf = -(Acc)INFINITY;
+#pragma unroll
+    for (int off = G / 2; off > 0; off /= 2) {
+        const Acc r2 = __shfl_xor_sync(mask, st.r, off, G);
+        const Acc s2 = __shfl_xor_sync(mask, st.s, off, G);
+        if (r2 > st.r) {
+            st.s = st.s * X::pow(st.r - r2) + s2;
+            st.r = r2;
+        } else if (r2 == st.r) {
+            st.s += s2; /* also both -inf, or both +inf (then s is NaN already) */
+        } else {
+            st.s += s2 * X::pow(r2 - st.r); /* r2 = -inf: adds 0, or NaN */
+        }
+    }
+    if (st.r == ninf) return st.s == (Acc)0 ? -TDT_INF : (double)NAN; /* all -inf; or NaN */
+    return X::to_log(st.r, st.s); /* s >= about 1: the lane owning the reference's element */
+}
+
+/* log sum_v exp z[v] over one row of V elements, the G lanes of a group together, in the
+ * type's fast units: a scalar head up to the row's first 16-byte boundary and a scalar tail
+ * (taken together, one element a lane at a time), and between them 16-byte vectors, kUnroll of
+ * them a batch per lane. zb = z[blank], the lanes' common first reference. Returns the lse and
+ * sets *huge (group-uniform) when the row needs tdt_rexp_nat. */
 template <int DT, int G>
-__device__ double row_logsumexp(const typename tdt_elem<DT>::T *z, int64_t V, int lane,
-                                unsigned mask) {
+__device__ double row_lse_fast(const typename tdt_elem<DT>::T *z, int64_t V, typename tdt_elem<DT>::Acc zb,
+                               int lane, unsigned mask, int *huge) {
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
     typedef typename E::Acc Acc;
+    typedef typename tdt_rexp_fast<DT>::X X;
     const int VEC = E::VEC;
-    lse_state<Acc> st = {-(Acc)INFINITY, (Acc)0};
+    const int kUnroll = norm_tuning<DT>::UNROLL;
+    lse_lane<X> st;
+    st.r = X::fits((double)zb) ? X::ref(zb) : -(Acc)INFINITY; /* else the slow path decides */
+    st.s = (Acc)0;
+    st.huge = 0;
 
     const int64_t head = tdt_row_head<T>(z, V);
     const int64_t nvec = (V - head) / VEC;
     const int64_t tail = head + nvec * VEC;
+    /* This lane's vectors: lane, lane + G, ...; full batches of kUnroll, then one at a time. */
+    const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0;
+    const T *p = z + head + (int64_t)lane * VEC;
+    for (int64_t m = mine / kUnroll; m > 0; --m) {
+        batch<DT, kUnroll> x;
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) x.v[j] = tdt_vec<DT>::load(p + j * G * VEC);
+        lse_add<X>(st, x);
+        p += kUnroll * G * VEC;
+    }
+    for (int64_t m = mine % kUnroll; m > 0; --m) {
+        batch<DT, 1> x;
+        x.v[0] = tdt_vec<DT>::load(p);
+        lse_add<X>(st, x);
+        p += G * VEC;
+    }
+    const int64_t nscalar = head + (V - tail);
+    for (int64_t k = lane; k < nscalar; k += G) {
+        batch<DT, 0> x;
+        x.x = z[k < head ? k : tail + (k - head)];
+        lse_add<X>(st, x);
+    }
+    *huge = X::MAY_OVERFLOW ? __any_sync(mask, st.huge) : 0;
+    return lse_group<X, G>(st, mask);
+}
 
-    for (int64_t i = lane; i < head; i += G) {
-        Acc x[1] = {E::to_acc(z[i])};
-        lse_add<DT>(st, x);
+/* The same sum in natural units, one element a lane at a time: only for the rows that
+ * row_lse_fast cannot hold (float32 / bfloat16 values beyond 1e7, see tdt_rexp2::fits). */
+template <int DT, int G>
+__device__ __noinline__ double row_lse_nat(const typename tdt_elem<DT>::T *z, int64_t V, int lane,
+                                           unsigned mask) {
+    typedef tdt_elem<DT> E;
+    typedef typename E::Acc Acc;
+    typedef tdt_rexp_nat<DT> X;
+    lse_lane<X> st = {-(Acc)INFINITY, (Acc)0, 0};
+    for (int64_t k = lane; k < V; k += G) {
+        batch<DT, 0> x;
+        x.x = z[k];
+        lse_add<X>(st, x);
     }
-    const T *zv = z + head;
-    for (int64_t i0 = lane; i0 < nvec; i0 += (int64_t)G * kUnroll) {
-        tdt_vec<DT> buf[kUnroll];
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-            int64_t i = i0 + (int64_t)j * G;
-            if (i < nvec) buf[j] = tdt_vec<DT>::load(zv + i * VEC);
-        }
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-            int64_t i = i0 + (int64_t)j * G;
-            if (i < nvec) {
-                Acc x[VEC];
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) x[e] = E::to_acc(buf[j].v[e]);
-                lse_add<DT>(st, x);
-            }
-        }
-    }
-    for (int64_t i = tail + lane; i < V; i += G) {
-        Acc x[1] = {E::to_acc(z[i])};
-        lse_add<DT>(st, x);
-    }
-
-#pragma unroll
-    for (int off = G / 2; off > 0; off /= 2) {
-        Acc m2 = __shfl_xor_sync(mask, st.m, off, G);
-        Acc s2 = __shfl_xor_sync(mask, st.s, off, G);
-        lse_merge<DT>(st, m2, s2);
-    }
-    if (st.m == -(Acc)INFINITY && st.s == (Acc)0) return -TDT_INF; /* all -inf */
-    return (double)st.m + log((double)st.s);
+    return lse_group<X, G>(st, mask);
 }
 
 template <int DT, int G>
 __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_t a) {
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
+    typedef typename E::Acc Acc;
     const int lane = threadIdx.x & (G - 1);
     const unsigned mask = tdt_group_mask<G>();
     const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
@@ -148,19 +235,25 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
         if (!tdt_sample_lengths(a, b, &Tb, &Ub) || t >= Tb || u > Ub) continue; /* group-uniform */
 
         const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
-        double lse = a.log_probs ? 0.0 : row_logsumexp<DT, G>(z, a.V, lane, mask);
+        /* Issued before the row so their latency hides behind it (y: u == U_b has no label). */
+        const Acc zb = E::to_acc(z[a.blank]);
+        const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1;
+        double lse = 0.0;
+        if (!a.log_probs) {
+            int huge;
+            lse = row_lse_fast<DT, G>(z, a.V, zb, lane, mask, &huge);
+            if (huge) lse = row_lse_nat<DT, G>(z, a.V, lane, mask); /* group-uniform, rare */
+        }
         const int64_t nw = tdt_ws_node(a, b, t, u); /* the node in the workspace's order */
 
         if (lane == 0) {
             a.ws.lse[nw] = lse;
-            a.ws.lp_blank[nw] = (double)E::to_acc(z[a.blank]) - lse - a.sigma;
+            a.ws.lp_blank[nw] = (double)zb - lse - a.sigma;
             double lpl = -TDT_INF; /* u == U_b: no label arc leaves this row */
-            if (u < Ub) {
-                int32_t y = a.labels[b * a.maxU + u];
+            if (u < Ub)
                 lpl = (y >= 0 && y < a.V && y != a.blank)
                           ? (double)E::to_acc(z[y]) - lse - a.sigma
                           : (double)NAN; /* bad label: never indexed; the sweep flags it */
-            }
             a.ws.lp_label[nw] = lpl;
         }
         if (D > 0 && lane == (G > 1 ? 1 : 0)) {
