@@ -15,20 +15,27 @@
  * device data (state BAD_DATA, or lengths out of range, so no lattice index is ever formed).
  *
  * Parallel mapping: as normalize.cu, a group of G lanes per node, grid-striding over all
- * nodes; each lane covers its share of the row in 16-byte vectors (scalar head and tail up to
- * the logits row's 16-byte boundaries). Each lane computes the node's coefficients itself: the
- * lanes of a group run them in lock-step, so this costs the same as one lane and needs no
- * shuffles.
+ * nodes; each lane covers its share of the row in 16-byte vectors, UNROLL of them a batch
+ * (scalar head and tail up to the logits row's 16-byte boundaries). Each lane computes the
+ * node's coefficients itself: the lanes of a group run them in lock-step, so this costs the same
+ * as one lane and needs no shuffles. The row loop writes every element with the bulk formula;
+ * the blank and the label are then overwritten by the lane that wrote them (row_owner), with
+ * values that lane computed before its loop from the logits it read there.
  *
- * Race-free, in place included: every gradient element is written by exactly one lane, and
- * that lane has already read the logit at the same position (same thread, load before store)
- * when the gradient aliases the logits; nothing else reads the logits in this kernel, and the
- * workspace is read-only here. No atomics: deterministic.
+ * Race-free, in place included: every gradient element is written by exactly one lane (the
+ * blank and label twice, by the same lane, in program order), and that lane has already read
+ * the logit at the same position (same thread, load before store) when the gradient aliases
+ * the logits; nothing else reads the logits in this kernel, and the workspace is read-only
+ * here. No atomics: deterministic.
  *
  * Precision: the node's coefficients in float64 (lattice.h). The bulk of each row, p * occ
  * clipped and scaled, in the accumulate precision (float32; float64 for float64), as the CPU
- * backend does it; the blank and label elements through tdt_token_grad in float64. Each value
- * is rounded once to the dtype.
+ * backend does it, with p a base-2 exponential for the float types (tdt_rexp2 in
+ * gpu_common.cuh: about 2 ulp, as expf; the rounding of lse's base-2 reference is folded into
+ * occ in float64), exp() for float64; rows whose lse is not finite or beyond 1e7 take the
+ * natural-unit formula exp(z - lse) one element a lane at a time. The blank and label elements
+ * through tdt_token_grad in float64, with p = exp(z - lse) in float64 as the CPU backend has it.
+ * Each value is rounded once to the dtype.
  * Gradient stores are 16-byte vectors when the gradient row has the logits row's alignment
  * modulo 16, else scalar (a gradient buffer with other strides still works).
  *
@@ -43,56 +50,118 @@ namespace {
 
 const int kThreads = 256;
 
-/* Per element type: 16-byte loads in flight per lane (UNROLL) and blocks per SM (MIN_BLOCKS).
- * float32 / float64: 4 loads, 2 blocks (<= 128 registers, no spills; 16 warps per SM).
- * float16 / bfloat16: 2 loads, 3 blocks (<= 80 registers, a few spills; 24 warps per SM): with
- * 8 elements per load, 4 loads made the unrolled row loop too long for the instruction cache
- * (measured on an H200, large bf16: warps stalled 10 cycles per instruction on instruction
- * fetch, backward 3.8 ms against 1.9 ms with 2 loads; see benchmark/NOTES.md). */
+/* Per element type: 16-byte loads in flight per lane (UNROLL) and blocks per SM (MIN_BLOCKS),
+ * the knobs to tune on the device. The row loop is a few instructions an element and the blank
+ * and label elements are patched after it (no per-vector test, no inlined special path), so
+ * unroll 4 is now about 110 (float32) to 340 (bfloat16) PTX instructions a batch; the earlier
+ * loop's unrolled special path is what stalled bfloat16 at unroll 4 on instruction fetch (see
+ * benchmark/NOTES.md). Registers (sm_90, no spills): 80 for float32 and the 16-bit types (3
+ * blocks, 24 warps an SM; 4 blocks would spill in the node's coefficients), 106-126 for float64. */
 template <int DT> struct grad_tuning {
-    enum { WIDE = tdt_elem<DT>::VEC >= 8 };
-    enum { UNROLL = WIDE ? 2 : 4, MIN_BLOCKS = WIDE ? 3 : 2 };
+    enum { UNROLL = 4, MIN_BLOCKS = DT == TDT_DTYPE_FLOAT64 ? 2 : 3 };
 };
 
-template <int DT> __device__ __forceinline__ void zero_row(typename tdt_elem<DT>::T *g, int64_t n,
-                                                           int lane, int G) {
+/* The lane of a G-lane group that writes element v of a row split as the loops below split it:
+ * elements [0, head) and [tail, V) one a lane in turn (head first), the vectors between them
+ * one a lane in turn. head = tail = V is the all-scalar split (lane v % G). */
+template <int G>
+__device__ __forceinline__ int row_owner(int64_t v, int64_t head, int64_t tail, int vec) {
+    const int64_t k = v < head ? v : v >= tail ? head + (v - tail) : (v - head) / vec;
+    return (int)(k % G);
+}
+
+/* Writes 0 over a gradient row, split by the row's own address (row_owner(v, head, tail)). */
+template <int DT, int G>
+__device__ __forceinline__ void zero_row(typename tdt_elem<DT>::T *g, int64_t V, int lane) {
     typedef typename tdt_elem<DT>::T T;
     const int VEC = tdt_elem<DT>::VEC;
-    const int64_t head = tdt_row_head<T>(g, n);
-    const int64_t nvec = (n - head) / VEC;
+    const int64_t head = tdt_row_head<T>(g, V);
+    const int64_t nvec = (V - head) / VEC;
     const int64_t tail = head + nvec * VEC;
-    for (int64_t i = lane; i < head; i += G) g[i] = T(0);
     tdt_vec<DT> zv;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) zv.v[e] = T(0);
-    for (int64_t i = lane; i < nvec; i += G) zv.store(g + head + i * VEC);
-    for (int64_t i = tail + lane; i < n; i += G) g[i] = T(0);
+    T *p = g + head + (int64_t)lane * VEC;
+    for (int64_t i = lane; i < nvec; i += G, p += G * VEC) zv.store(p);
+    for (int64_t k = lane; k < head + (V - tail); k += G) g[k < head ? k : tail + (k - head)] = T(0);
 }
 
-/* What every token element of one node needs. The bulk of the row (v neither blank nor the
- * label) is p * tok_occ, clipped, times g_b: done in the accumulate precision, exactly as the
- * CPU backend's row loop; the two special elements take lattice.h's tdt_token_grad in float64. */
-template <typename Acc> struct row_consts {
-    Acc lse, occ, clamp, scale;
-    double gb;
-    int32_t y; /* y_{u+1}, or -1 when u == U_b; compared, never used as an index */
+/* The bulk of a token-gradient row (every v but the blank and the label, which the caller
+ * patches): g = scale * clip(term(z_v, r) * occ), with term in the units X (gpu_common.cuh),
+ * r = X::ref(lse) and occ the node's tok_occ (for base 2, times the correction of r's rounding),
+ * clip to [.., cl] (cl = +inf without clamp: g >= 0 here, and a NaN stays NaN). */
+template <typename X> struct row_coef {
+    typename X::Acc r, occ, cl, scale;
 };
 
-/* The gradient of token element v, from its logit x. SPECIAL = false: the caller knows v is
- * neither the blank nor the label (most 16-byte vectors), so the test is skipped. */
-template <int DT, bool SPECIAL>
-__device__ __forceinline__ typename tdt_elem<DT>::T token_grad_elem(
-    const tdt_gpu_args_t &a, const tdt_node_grad_t &ng, const row_consts<typename tdt_elem<DT>::Acc> &rc,
-    int64_t v, typename tdt_elem<DT>::T x) {
-    typedef tdt_elem<DT> E;
-    typedef typename E::Acc Acc;
-    const Acc p = a.log_probs ? (Acc)0 : tdt_exp_acc<DT>(E::to_acc(x) - rc.lse);
-    if (SPECIAL && (v == a.blank || v == rc.y))
-        return E::from_double(rc.gb * tdt_token_grad(&ng, (double)p, v == a.blank, v == rc.y, a.clamp));
-    if (a.log_probs) return E::from_acc((Acc)0);
-    Acc g = p * rc.occ;
-    if (rc.clamp > (Acc)0 && g > rc.clamp) g = rc.clamp; /* g >= 0 here: only the upper clip */
-    return E::from_acc(rc.scale * g);
+template <int DT, typename X>
+__device__ __forceinline__ typename tdt_elem<DT>::T grad_elem(const row_coef<X> &c, typename tdt_elem<DT>::T x) {
+    typedef typename X::Acc Acc;
+    Acc g = X::term(tdt_elem<DT>::to_acc(x), c.r) * c.occ;
+    g = g > c.cl ? c.cl : g;
+    return tdt_elem<DT>::from_acc(c.scale * g);
+}
+
+/* The row in 16-byte vectors, z and gz with the same alignment modulo 16: the split of
+ * row_owner with head and tail from z. Every element is loaded before the same lane stores
+ * its gradient (in place safe). */
+template <int DT, int G, typename X>
+__device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, typename tdt_elem<DT>::T *gz,
+                                             int64_t V, int lane, const row_coef<X> &c) {
+    typedef typename tdt_elem<DT>::T T;
+    const int VEC = tdt_elem<DT>::VEC;
+    const int U = grad_tuning<DT>::UNROLL;
+    const int64_t head = tdt_row_head<T>(z, V);
+    const int64_t nvec = (V - head) / VEC;
+    const int64_t tail = head + nvec * VEC;
+    const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0; /* vectors of this lane */
+    const T *p = z + head + (int64_t)lane * VEC;
+    T *q = gz + head + (int64_t)lane * VEC;
+    for (int64_t m = mine / U; m > 0; --m) {
+        tdt_vec<DT> buf[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) buf[j] = tdt_vec<DT>::load(p + j * G * VEC);
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            tdt_vec<DT> o;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, buf[j].v[e]);
+            o.store(q + j * G * VEC);
+        }
+        p += U * G * VEC;
+        q += U * G * VEC;
+    }
+    for (int64_t m = mine % U; m > 0; --m) {
+        const tdt_vec<DT> in = tdt_vec<DT>::load(p);
+        tdt_vec<DT> o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, in.v[e]);
+        o.store(q);
+        p += G * VEC;
+        q += G * VEC;
+    }
+    for (int64_t k = lane; k < head + (V - tail); k += G) {
+        const int64_t v = k < head ? k : tail + (k - head);
+        gz[v] = grad_elem<DT>(c, z[v]);
+    }
+}
+
+/* The row one element a lane at a time (split head = tail = V): a gradient buffer whose
+ * alignment differs from the logits', and the rows whose lse X cannot hold. */
+template <int DT, int G, typename X>
+__device__ __noinline__ void grad_row_scalar(const typename tdt_elem<DT>::T *z, typename tdt_elem<DT>::T *gz,
+                                             int64_t V, int lane, const row_coef<X> c) {
+    for (int64_t v = lane; v < V; v += G) gz[v] = grad_elem<DT>(c, z[v]);
+}
+
+/* Gradient of the special token element v (the blank, or the label y) in float64, as the CPU
+ * backend computes it; x = z[v] read by the lane that writes v, before its row loop. */
+template <int DT>
+__device__ __forceinline__ typename tdt_elem<DT>::T special_grad(const tdt_gpu_args_t &a, const tdt_node_grad_t &ng,
+                                                                  double lse, double gb, typename tdt_elem<DT>::T x,
+                                                                  int is_blank, int is_label) {
+    const double p = a.log_probs ? 0.0 : exp((double)tdt_elem<DT>::to_acc(x) - lse);
+    return tdt_elem<DT>::from_double(gb * tdt_token_grad(&ng, p, is_blank, is_label, a.clamp));
 }
 
 template <int DT, int G, int KD>
@@ -100,6 +169,8 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
     typedef typename E::Acc Acc;
+    typedef typename tdt_rexp_fast<DT>::X XF;     /* the row loop's units */
+    typedef tdt_rexp_nat<DT> XN;                  /* rows whose lse XF cannot hold */
     const int VEC = E::VEC;
     const int lane = threadIdx.x & (G - 1);
     const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
@@ -108,6 +179,7 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
     T *tok_g = static_cast<T *>(a.tok_g);
     T *dur_g = a.D > 0 ? static_cast<T *>(a.dur_g) : (T *)0;
     const int D = a.D;
+    const int64_t V = a.V;
 
     for (int64_t n = (int64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; n < a.nodes;
          n += groups) {
@@ -127,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
                               : (double)static_cast<const float *>(a.grad_costs)[b];
         if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
             /* group-uniform: outside the lattice, infeasible, or bad data */
-            if (gz) zero_row<DT>(gz, a.V, lane, G);
+            if (gz) zero_row<DT, G>(gz, V, lane);
             if (gh)
                 for (int k = lane; k < D; k += G) gh[k] = T(0);
             continue;
@@ -135,63 +207,13 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
         const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
         const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
         const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
+        const double lse = a.ws.lse[off + nl];
+        const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1; /* compared; indexed only in [0, V) */
         tdt_node_grad_t ng;
         tdt_node_grad(&L, &A, a.ws.alpha + off, a.ws.beta + off, t, u, ll, a.fastemit_lambda,
                       &ng);
 
-        if (gz) {
-            const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
-            row_consts<Acc> rc;
-            rc.lse = (Acc)a.ws.lse[off + nl];
-            rc.occ = (Acc)ng.tok_occ;
-            rc.clamp = (Acc)a.clamp;
-            rc.scale = (Acc)gb;
-            rc.gb = gb;
-            rc.y = u < Ub ? a.labels[b * a.maxU + u] : -1;
-            const int64_t V = a.V;
-            const int64_t head = tdt_row_head<T>(z, V);
-            const int64_t nvec = (V - head) / VEC;
-            const int64_t tail = head + nvec * VEC;
-            const bool vec_store = (((uintptr_t)gz ^ (uintptr_t)z) & 15u) == 0;
-
-            for (int64_t i = lane; i < head; i += G) gz[i] = token_grad_elem<DT, true>(a, ng, rc, i, z[i]);
-            const int kUnroll = grad_tuning<DT>::UNROLL;
-            for (int64_t i0 = lane; i0 < nvec; i0 += (int64_t)G * kUnroll) {
-                tdt_vec<DT> buf[kUnroll];
-#pragma unroll
-                for (int j = 0; j < kUnroll; ++j) {
-                    int64_t i = i0 + (int64_t)j * G;
-                    if (i < nvec) buf[j] = tdt_vec<DT>::load(z + head + i * VEC);
-                }
-#pragma unroll
-                for (int j = 0; j < kUnroll; ++j) {
-                    int64_t i = i0 + (int64_t)j * G;
-                    if (i < nvec) {
-                        const int64_t v0 = head + i * VEC;
-                        tdt_vec<DT> o;
-                        if ((uint64_t)(a.blank - v0) < (uint64_t)VEC ||
-                            (uint64_t)(rc.y - v0) < (uint64_t)VEC) {
-#pragma unroll
-                            for (int e = 0; e < VEC; ++e)
-                                o.v[e] = token_grad_elem<DT, true>(a, ng, rc, v0 + e, buf[j].v[e]);
-                        } else {
-#pragma unroll
-                            for (int e = 0; e < VEC; ++e)
-                                o.v[e] = token_grad_elem<DT, false>(a, ng, rc, v0 + e, buf[j].v[e]);
-                        }
-                        if (vec_store) {
-                            o.store(gz + v0);
-                        } else {
-#pragma unroll
-                            for (int e = 0; e < VEC; ++e) gz[v0 + e] = o.v[e];
-                        }
-                    }
-                }
-            }
-            for (int64_t i = tail + lane; i < V; i += G) gz[i] = token_grad_elem<DT, true>(a, ng, rc, i, z[i]);
-        }
-
-        if (gh) {
+        if (gh) { /* first, so the per-arc occupancies are dead before the token row */
             const double *lpd = L.lp_dur + nl * D;
             const int kmax = KD > 0 ? KD : TDT_MAX_DURATIONS;
 #pragma unroll
@@ -201,6 +223,52 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
                     gh[k] = E::from_double(gb * tdt_duration_grad(&ng, q, k));
                 }
             }
+        }
+
+        if (gz) {
+            const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
+            /* How the row is split (row_owner): by the gradient's address when zeroing
+             * (log-prob inputs), by the logits' when both share an alignment modulo 16, one
+             * element a lane otherwise and for rows whose lse the fast units cannot hold. */
+            const bool fast = !a.log_probs && XF::fits(lse) && lse == lse;
+            const bool same16 = (((uintptr_t)gz ^ (uintptr_t)z) & 15u) == 0;
+            int64_t head = V, tail = V;
+            if (a.log_probs || (fast && same16)) {
+                head = tdt_row_head<T>(a.log_probs ? (const T *)gz : z, V);
+                tail = head + (V - head) / VEC * VEC;
+            }
+            /* The blank and the label: read by the lane that will write them, before its row
+             * loop overwrites them (in place), patched after it. y == blank (bad data, never
+             * reached here) would take both terms at one element. */
+            const int64_t vb = a.blank, vy = (y >= 0 && y < V && y != a.blank) ? y : -1;
+            const bool own_b = row_owner<G>(vb, head, tail, VEC) == lane;
+            const bool own_y = vy >= 0 && row_owner<G>(vy, head, tail, VEC) == lane;
+            T gsb = T(0), gsy = T(0);
+            if (own_b) gsb = special_grad<DT>(a, ng, lse, gb, z[vb], 1, y == a.blank);
+            if (own_y) gsy = special_grad<DT>(a, ng, lse, gb, z[vy], 0, 1);
+
+            const Acc cl = a.clamp > 0.0 ? (Acc)a.clamp : (Acc)INFINITY;
+            if (a.log_probs) {
+                zero_row<DT, G>(gz, V, lane);
+            } else if (fast) {
+                row_coef<XF> c;
+                double fix; /* r's rounding, folded into occ */
+                c.r = XF::ref_fix(lse, &fix);
+                c.occ = (Acc)(ng.tok_occ * fix);
+                c.cl = cl;
+                c.scale = (Acc)gb;
+                if (same16) grad_row_vec<DT, G>(z, gz, V, lane, c);
+                else grad_row_scalar<DT, G>(z, gz, V, lane, c);
+            } else {
+                row_coef<XN> c; /* the previous formula: exp(z - lse) in the accumulate precision */
+                c.r = (Acc)lse;
+                c.occ = (Acc)ng.tok_occ;
+                c.cl = cl;
+                c.scale = (Acc)gb;
+                grad_row_scalar<DT, G>(z, gz, V, lane, c);
+            }
+            if (own_b) gz[vb] = gsb;
+            if (own_y) gz[vy] = gsy;
         }
     }
 }
