@@ -235,12 +235,13 @@ TDT_HD double tdt_beta_slot_term(const tdt_lattice_t *L, const tdt_diag_view_t *
  * value, so a reduction over lanes in any tree gives every lane the same max. */
 TDT_HD double tdt_lse_max(double m, double x) { return (x > m || x != x) ? x : m; }
 
-/* log-sum-exp from the terms' max m and sum of exp(term - m): -inf when every term is -inf (the
- * sum is then NaN and ignored), NaN when m is NaN. */
-TDT_HD double tdt_lse_finish(double m, double sum) {
-    const double r = m + log(sum);
+/* log-sum-exp from the terms' max m and sum of exp(term - m) (or its log): -inf when every term
+ * is -inf (the sum is then NaN and ignored), NaN when m is NaN. */
+TDT_HD double tdt_lse_finish_log(double m, double log_sum) {
+    const double r = m + log_sum;
     return m == -TDT_INF ? -TDT_INF : r;
 }
+TDT_HD double tdt_lse_finish(double m, double sum) { return tdt_lse_finish_log(m, log(sum)); }
 
 /* Two-pass log-sum-exp of x[0..n-1] (-inf for absent arcs: exp(-inf - m) is exactly 0), with
  * no branch around the exps so they run independently. */
