@@ -283,7 +283,7 @@ cudaError_t tdt_launch_sweep(const tdt_gpu_args_t &a, cudaStream_t stream);
 cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                             cudaStream_t stream);
 /* generic.cu: the same kernels for arc counts without their own instantiation. */
-cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int ring_diags, size_t smem_bytes,
+cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, size_t smem_max,
                                      cudaStream_t stream);
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                     cudaStream_t stream);

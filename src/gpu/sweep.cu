@@ -11,31 +11,27 @@
 
 cudaError_t tdt_launch_sweep(const tdt_gpu_args_t &a, cudaStream_t stream) {
     if (a.B == 0) return cudaSuccess;
-    /* The ring: R > span diagonals of maxU + 1 doubles, where it fits. */
+    /* The most diagonals an arc spans. */
     int span = 1;
     for (int k = 0; k < a.arcs.count; ++k) {
         if (a.arcs.blank_dur[k] > span) span = a.arcs.blank_dur[k];
         if (a.arcs.label_dur[k] >= 0 && a.arcs.label_dur[k] + 1 > span) span = a.arcs.label_dur[k] + 1;
     }
-    int ring = 1;
-    while (ring <= span) ring *= 2;
     int device = 0, smem_max = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
     e = cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (e != cudaSuccess) return e;
-    const size_t smem = (size_t)ring * (size_t)a.row * sizeof(double);
-    if (a.row > ((int64_t)1 << 40) / ring || smem > (size_t)smem_max) ring = 0;
-    const size_t bytes = ring ? smem : 0;
+    const size_t smem = smem_max > 0 ? (size_t)smem_max : 0;
 
     switch (a.arcs.count) {
-    case 1: return sweep_launch<1>(a, ring, bytes, stream);
-    case 2: return sweep_launch<2>(a, ring, bytes, stream);
-    case 3: return sweep_launch<3>(a, ring, bytes, stream);
-    case 4: return sweep_launch<4>(a, ring, bytes, stream);
-    case 5: return sweep_launch<5>(a, ring, bytes, stream);
-    case 6: return sweep_launch<6>(a, ring, bytes, stream);
-    case 8: return sweep_launch<8>(a, ring, bytes, stream);
-    default: return tdt_launch_sweep_generic(a, ring, bytes, stream);
+    case 1: return sweep_launch<1>(a, span, smem, stream);
+    case 2: return sweep_launch<2>(a, span, smem, stream);
+    case 3: return sweep_launch<3>(a, span, smem, stream);
+    case 4: return sweep_launch<4>(a, span, smem, stream);
+    case 5: return sweep_launch<5>(a, span, smem, stream);
+    case 6: return sweep_launch<6>(a, span, smem, stream);
+    case 8: return sweep_launch<8>(a, span, smem, stream);
+    default: return tdt_launch_sweep_generic(a, span, smem, stream);
     }
 }

@@ -25,6 +25,15 @@
  * log2 G shuffle steps). Group g owns node lo + g of each diagonal (and lo + g + k * blockDim/G
  * for diagonals longer than one pass: U is not capped).
  *
+ * Three kernels, by how much of a diagonal fits in a block's shared memory (sweep_launch):
+ *  - sweep_staged_kernel (the default; section "The staged sweep" below): a ring of the last
+ *    few diagonals holding both the values and the normaliser's per-node weights, copied in
+ *    asynchronously ahead of use, so a step's operands are all in shared memory;
+ *  - sweep_kernel with RING = true, for rows too long for that (maxU beyond ~450 with
+ *    durations 0..4): the values alone in the ring, the weights prefetched into registers one
+ *    diagonal ahead (what follows describes this kernel);
+ *  - sweep_kernel with RING = false, beyond ~3600: the workspace array itself, one lane a node.
+ *
  * Per diagonal, the critical path holds no global-memory load:
  *  - the alphas (betas) of the last R diagonals live in a ring in shared memory, R the power of
  *    two above span (8 for durations up to 4+1, 2 for RNN-T); each value is also written
@@ -94,6 +103,16 @@ template <int G> __device__ __forceinline__ double group_sum(double x) {
     return x;
 }
 
+/* Polynomial coefficients in the constant bank: a float64 FMA reads them as an operand, where
+ * literal coefficients cost two uniform-register moves each, re-made every diagonal. */
+__constant__ double c_exp_taylor[14] = {
+    1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+    1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
+    1.0 / 6.0,          0.5,               1.0,              1.0};
+/* 2 / (2k + 1), k = 11 .. 1: log(m) = 2 atanh(z), z = (m - 1) / (m + 1). */
+__constant__ double c_log_atanh[11] = {2.0 / 23, 2.0 / 21, 2.0 / 19, 2.0 / 17, 2.0 / 15, 2.0 / 13,
+                                       2.0 / 11, 2.0 / 9,  2.0 / 7,  2.0 / 5,  2.0 / 3};
+
 /* exp(x) in float64 for the log-sum-exp's x - max <= 0, with no branch: x = -inf (an absent
  * arc) gives exactly 0, NaN gives NaN. Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the
  * Taylor polynomial of degree 13 (truncation error below 5e-18 relative, so the result is
@@ -105,25 +124,46 @@ __device__ __forceinline__ double exp_le0(double x) {
     const double n = rint(xc * 1.4426950408889634);
     double r = fma(n, -6.93147180369123816490e-01, xc); /* ln2 high part: n * it is exact */
     r = fma(n, -1.90821492927058770002e-10, r);         /* ln2 low part */
-    double p = 1.0 / 6227020800.0;                      /* 1/13! */
-    p = fma(p, r, 1.0 / 479001600.0);
-    p = fma(p, r, 1.0 / 39916800.0);
-    p = fma(p, r, 1.0 / 3628800.0);
-    p = fma(p, r, 1.0 / 362880.0);
-    p = fma(p, r, 1.0 / 40320.0);
-    p = fma(p, r, 1.0 / 5040.0);
-    p = fma(p, r, 1.0 / 720.0);
-    p = fma(p, r, 1.0 / 120.0);
-    p = fma(p, r, 1.0 / 24.0);
-    p = fma(p, r, 1.0 / 6.0);
-    p = fma(p, r, 0.5);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
+    double p = c_exp_taylor[0];
+#pragma unroll
+    for (int i = 1; i < 14; ++i) p = fma(p, r, c_exp_taylor[i]);
     const int ni = (int)n, n1 = ni >> 1, n2 = ni - n1; /* both in [-538, 0]: normal powers */
     const double s1 = __hiloint2double((n1 + 1023) << 20, 0);
     const double s2 = __hiloint2double((n2 + 1023) << 20, 0);
     const double e = (p * s1) * s2;
     return x != x ? x : (x < -745.5 ? 0.0 : e);
+}
+
+/* log(x) in float64 for a log-sum-exp's sum of exps, x >= 1 (the max term contributes exactly
+ * 1) and finite, or NaN (kept). No branch, no special cases: x = 2^e m with m in [sqrt(1/2),
+ * sqrt(2)), log m = 2 atanh(z), z = (m - 1) / (m + 1), |z| <= 0.172, the series to z^23
+ * (truncation below 1e-19 relative), then e ln2 in two parts. Within a few ulp of log(). */
+__device__ __forceinline__ double log_ge1(double x) {
+    const int hi = __double2hiint(x), lo = __double2loint(x);
+    int e = (hi >> 20) - 1023;
+    int mhi = (hi & 0x000fffff) | 0x3ff00000; /* m in [1, 2) */
+    const bool half = mhi >= 0x3ff6a09f;      /* m >= sqrt(2): take m / 2 */
+    mhi -= half ? 0x00100000 : 0;
+    e += half;
+    const double m = __hiloint2double(mhi, lo);
+    const double f = m - 1.0, d = m + 1.0; /* f exact (Sterbenz) */
+    /* z = f / d without the division's special-case branch (d in [1.7, 2.5]): the hardware
+     * reciprocal's ~23 bits, one cubic Newton step, then z corrected once against f. */
+    double y;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(y) : "d"(d));
+    const double r0 = fma(-d, y, 1.0);
+    y = fma(y, fma(r0, r0, r0), y);
+    double z = f * y;
+    z = fma(y, fma(-z, d, f), z);
+    const double z2 = z * z;
+    double p = c_log_atanh[0];
+#pragma unroll
+    for (int i = 1; i < 11; ++i) p = fma(p, z2, c_log_atanh[i]);
+    /* 2z + z^3 p: 2 atanh(z) = 2z + 2z^3 / 3 + ... */
+    const double lm = fma(z * z2, p, 2.0 * z);
+    const double ed = (double)e;
+    const double r = fma(ed, 6.93147180369123816490e-01, fma(ed, 1.90821492927058770002e-10, lm));
+    return x != x ? x : r;
 }
 
 /* A lane's share of the arcs: its SPL slots (slot lane + i * G), and their weights. */
@@ -156,24 +196,32 @@ __device__ __forceinline__ void gather(const tdt_lattice_t &L, const tdt_arcs_t 
     }
 }
 
-/* alpha (beta) of node (t, u) from its group: each lane's slot terms, the group's max, each
- * lane's sum of exps, the group's sum, one log. Every lane returns the same value. */
+/* The log-sum-exp of a node's terms, spread over its group: each lane's terms x (-inf for
+ * absent arcs), the group's max, each lane's sum of exps, the group's sum, one log. Every lane
+ * returns the same value. */
+template <bool BETA, int SPL, int G>
+__device__ __forceinline__ double group_lse(const double (&x)[SPL], int64_t t, int64_t u) {
+    double m = -TDT_INF, sum = 0.0;
+#pragma unroll
+    for (int i = 0; i < SPL; ++i) m = tdt_lse_max(m, x[i]);
+    m = group_max<G>(m);
+#pragma unroll
+    for (int i = 0; i < SPL; ++i) sum += exp_le0(x[i] - m);
+    const double r = tdt_lse_finish_log(m, log_ge1(group_sum<G>(sum)));
+    return BETA ? r : tdt_alpha_start(t, u, r);
+}
+
+/* alpha (beta) of node (t, u) from its group, the terms read through X (ring or workspace). */
 template <bool BETA, int SPL, int G>
 __device__ __forceinline__ double node_value(const tdt_lattice_t &L, const tdt_diag_view_t &X,
                                              const lane_slots<SPL> &sl, int64_t t, int64_t u,
                                              const slot_weights<SPL> &w) {
-    double x[SPL], m = -TDT_INF, sum = 0.0;
+    double x[SPL];
 #pragma unroll
-    for (int i = 0; i < SPL; ++i) {
+    for (int i = 0; i < SPL; ++i)
         x[i] = BETA ? tdt_beta_slot_term(&L, &X, &sl.q[i], t, u, w.lp[i], w.dur[i])
                     : tdt_alpha_slot_term(&L, &X, &sl.q[i], t, u, w.lp[i], w.dur[i]);
-        m = tdt_lse_max(m, x[i]);
-    }
-    m = group_max<G>(m);
-#pragma unroll
-    for (int i = 0; i < SPL; ++i) sum += exp_le0(x[i] - m);
-    const double r = tdt_lse_finish(m, group_sum<G>(sum));
-    return BETA ? r : tdt_alpha_start(t, u, r);
+    return group_lse<BETA, SPL, G>(x, t, u);
 }
 
 /* Diagonal s. Group g = threadIdx.x / G owns nodes lo + g + j * (blockDim / G); the weights of
@@ -237,43 +285,77 @@ __device__ __forceinline__ void sweep(const tdt_lattice_t &L, const tdt_arcs_t &
     }
 }
 
+/* Block-wide: whether sample b has bad device data (a length or a label out of range), found
+ * before any lattice index is formed; else its lengths in *T, *U. The barrier also ends the
+ * previous job's ring reads. */
+__device__ __forceinline__ int tdt_sweep_bad_sample(const tdt_gpu_args_t &a, int64_t b,
+                                                    int64_t *T, int64_t *U) {
+    int bad = !tdt_sample_lengths(a, b, T, U);
+    if (!bad) {
+        for (int64_t i = threadIdx.x; i < *U; i += blockDim.x) {
+            const int32_t l = a.labels[b * a.maxU + i];
+            if (l < 0 || l >= a.V || l == a.blank) bad = 1;
+        }
+    }
+    return __syncthreads_or(bad);
+}
+
+/* A sample with bad device data: state BAD_DATA, LL and cost
+ * NaN; nothing of it is swept. */
+__device__ __forceinline__ void tdt_sweep_mark_bad(const tdt_gpu_args_t &a, int64_t b) {
+    a.ws.state[b] = TDT_GPU_STATE_BAD_DATA;
+    a.ws.ll[b] = (double)NAN;
+    if (a.acc_double)
+        static_cast<double *>(a.costs)[b] = (double)NAN;
+    else
+        static_cast<float *>(a.costs)[b] = (float)NAN;
+}
+
+/* After sample b's alpha sweep (its alphas in the workspace, visible to the block): LL, state
+ * and cost. */
+__device__ __forceinline__ void tdt_sweep_finish(const tdt_gpu_args_t &a, int64_t b,
+                                                 const tdt_lattice_t &L, const tdt_arcs_t &A,
+                                                 const double *alpha) {
+    const double ll = tdt_log_likelihood(&L, &A, alpha);  /* -inf when T == 0 */
+    const double cost = tdt_cost(ll, a.fastemit_lambda); /* +inf when infeasible */
+    a.ws.ll[b] = ll;
+    a.ws.state[b] = TDT_GPU_STATE_OK;
+    if (a.acc_double)
+        static_cast<double *>(a.costs)[b] = cost;
+    else
+        static_cast<float *>(a.costs)[b] = (float)cost;
+}
+
+/* Block-wide: runs body(b, is_beta, L, out) for each (sample, direction) job of this block,
+ * out the sample's workspace alpha or beta array; a sample with bad device data is marked and
+ * skipped (tdt_sweep_bad_sample). */
+template <typename Body>
+__device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, Body body) {
+    for (int64_t job = blockIdx.x; job < 2 * a.B; job += gridDim.x) { /* block-uniform */
+        const int64_t b = job >> 1;
+        const int is_beta = (int)(job & 1);
+        int64_t T, U;
+        if (tdt_sweep_bad_sample(a, b, &T, &U)) {
+            if (!is_beta && threadIdx.x == 0) tdt_sweep_mark_bad(a, b);
+            continue;
+        }
+        const tdt_lattice_t L = tdt_sample_lattice(a, b, T, U);
+        body(b, is_beta, L,
+             (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row));
+    }
+}
+
 template <int KD, int G, bool RING>
 __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_args_t a, int ring_diags) {
     extern __shared__ double ring[];
     enum { SPL = sweep_shape<KD, G>::SPL };
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const int tid = threadIdx.x;
-    const int nthreads = blockDim.x;
     lane_slots<SPL> sl;
 #pragma unroll
     for (int i = 0; i < SPL; ++i) sl.q[i] = tdt_slot_of(&a.arcs, tid % G + i * G);
 
-    for (int64_t job = blockIdx.x; job < 2 * a.B; job += gridDim.x) { /* block-uniform */
-        const int64_t b = job >> 1;
-        const int is_beta = (int)(job & 1);
-        int64_t T, U;
-        int bad = !tdt_sample_lengths(a, b, &T, &U);
-        if (!bad) {
-            for (int64_t i = tid; i < U; i += nthreads) {
-                int32_t l = a.labels[b * a.maxU + i];
-                if (l < 0 || l >= a.V || l == a.blank) bad = 1;
-            }
-        }
-        bad = __syncthreads_or(bad); /* also: the previous job's ring reads are over */
-        if (bad) {
-            if (!is_beta && tid == 0) {
-                a.ws.state[b] = TDT_GPU_STATE_BAD_DATA;
-                a.ws.ll[b] = (double)NAN;
-                if (a.acc_double)
-                    static_cast<double *>(a.costs)[b] = (double)NAN;
-                else
-                    static_cast<float *>(a.costs)[b] = (float)NAN;
-            }
-            continue;
-        }
-
-        const tdt_lattice_t L = tdt_sample_lattice(a, b, T, U);
-        double *g = (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row);
+    tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *g) {
         sweep_store st;
         if (RING) {
             st.X.v = ring;
@@ -288,34 +370,216 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
         }
         if (!is_beta) {
             sweep<false, SPL, G>(L, A, sl, st);
-            if (tid == 0) {
-                double ll = tdt_log_likelihood(&L, &A, g);     /* -inf when T == 0 */
-                double cost = tdt_cost(ll, a.fastemit_lambda); /* +inf when infeasible */
-                a.ws.ll[b] = ll;
-                a.ws.state[b] = TDT_GPU_STATE_OK;
-                if (a.acc_double)
-                    static_cast<double *>(a.costs)[b] = cost;
-                else
-                    static_cast<float *>(a.costs)[b] = (float)cost;
-            }
+            if (tid == 0) tdt_sweep_finish(a, b, L, A, g);
         } else {
             sweep<true, SPL, G>(L, A, sl, st);
+        }
+    });
+}
+
+/* ================================================================================================
+ * The staged sweep (the default wherever its shared memory fits: see sweep_launch)
+ *
+ * The same recurrence, node mapping and lane groups as sweep_kernel, with every operand of a
+ * diagonal's arithmetic in shared memory. The ring keeps, for each of its R diagonals, F
+ * fields of row doubles: the sweep's own values (alpha or beta, field 0), then the per-node
+ * weights the normaliser left in the workspace: lp_blank, lp_label, and lp_dur for each
+ * duration (TDT only). A diagonal's weights are copied in by the whole block with cp.async
+ * (asynchronous copies straight into shared memory, which hold no registers and no
+ * scoreboard), kStageAhead diagonals before the step that first reads them; a step waits for
+ * its own copies only (cp.async.wait_group) and the diagonal's barrier publishes them. So a
+ * step issues no global load it waits on, and its index arithmetic is 32-bit ring offsets:
+ * the register-prefetching sweep above spent most of its ~600 instructions a diagonal on
+ * 64-bit gathers, and ~17 % of its stalls waiting for them (ncu, H200; benchmark/NOTES.md, v4).
+ *
+ * Ring sizes (sweep_launch): R, a power of two, > span + kStageAhead, so that the copy issued
+ * at step i (diagonal i + kStageAhead in sweep order) lands in the slot of step i + kStageAhead
+ * - R, which no step from i on reads: alpha reads diagonals s - span .. s - 1, beta s + 1 ..
+ * s + span, and both their own diagonal's weights (beta) or the sources' (alpha, on the span
+ * diagonals before). Values: a node's value is written to field 0 of its diagonal's slot by
+ * lane 0 of its group, and through to the workspace for the gradient pass.
+ * ============================================================================================== */
+
+const int kStageAhead = 2; /* diagonals whose weights are in flight while a step computes */
+
+enum { F_X = 0, F_BLANK = 1, F_LABEL = 2, F_DUR = 3 }; /* fields of a staged diagonal */
+
+__device__ __forceinline__ void cp_async8(double *dst, const double *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* One sample's staged-ring geometry, 32-bit: sweep_launch picks this kernel only where a
+ * sample's per-node index (max_frames * row, times the durations for lp_dur) fits an int. */
+struct staged_geo {
+    int T, U, row, frames, mask, fstride; /* fstride: doubles a ring slot holds (F * row) */
+    int use_dur;
+};
+
+/* A lane's slots with their offsets into a ring slot: the weights' fields (times row). */
+template <int SPL> struct staged_slots {
+    tdt_slot_t q[SPL];
+    int dd[SPL];               /* dt + du: diagonals the arc spans */
+    int off_lp[SPL], off_dur[SPL];
+};
+
+/* Diagonal s's nodes u = lo..hi, 32-bit (tdt_diagonal_range). */
+__device__ __forceinline__ void staged_range(const staged_geo &g, int s, int *lo, int *hi) {
+    *lo = max(s - (g.T - 1), 0);
+    *hi = min(s, g.U);
+}
+
+/* Block-wide: the asynchronous copies of diagonal s's weights (workspace row wr = s mod
+ * max_frames, tdt_node_index) into its ring slot. KD > 0 durations a node. */
+template <int KD>
+__device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const staged_geo &g,
+                                               double *ring, int s, int wr) {
+    int lo, hi;
+    staged_range(g, s, &lo, &hi);
+    const int cnt = hi - lo + 1;
+    const int n0 = wr * g.row + lo; /* first node of the diagonal (sample-local: fits an int) */
+    double *slot = ring + (s & g.mask) * g.fstride + lo;
+    const int total = (g.use_dur ? 2 + KD : 2) * cnt;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        if (e < 2 * cnt) {
+            const int f = e >= cnt, c = e - f * cnt;
+            cp_async8(slot + (F_BLANK + f) * g.row + c, (f ? L.lp_label : L.lp_blank) + n0 + c);
+        } else {
+            const int e2 = e - 2 * cnt, c = e2 / KD, k = e2 - c * KD;
+            cp_async8(slot + (F_DUR + k) * g.row + c, L.lp_dur + (n0 * KD + e2));
         }
     }
 }
 
-template <int KD, int G, bool RING>
-cudaError_t sweep_launch_g(const tdt_gpu_args_t &a, int threads, int ring_diags,
+/* The terms of a lane's slots at node (t, u) of diagonal s, from the ring: lattice.h's
+ * tdt_alpha_slot_term / tdt_beta_slot_term with X and the weights read from the staged
+ * fields (absent arcs read nothing). */
+template <bool BETA, int SPL>
+__device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const staged_geo &g,
+                                             const staged_slots<SPL> &sl, const double *ring,
+                                             int s, int t, int u, double (&x)[SPL]) {
+#pragma unroll
+    for (int i = 0; i < SPL; ++i) {
+        const tdt_slot_t &q = sl.q[i];
+        if (!BETA) {
+            const int e = tdt_slot_in(&q, t, u);
+            const double *p = ring + ((s - sl.dd[i]) & g.mask) * g.fstride + (u - q.du);
+            const double a = e ? p[F_X] : 0.0, lp = e ? p[sl.off_lp[i]] : 0.0;
+            const double dur = e && g.use_dur ? p[sl.off_dur[i]] : 0.0;
+            x[i] = e ? a + (lp + dur) : -TDT_INF;
+        } else {
+            const int e = tdt_slot_out(&L, &q, t, u), f = tdt_slot_final(&L, &q, t, u);
+            const double *own = ring + (s & g.mask) * g.fstride + u;
+            const double *dst = ring + ((s + sl.dd[i]) & g.mask) * g.fstride + (u + q.du);
+            const double lp = e || f ? own[sl.off_lp[i]] : 0.0;
+            const double dur = (e || f) && g.use_dur ? own[sl.off_dur[i]] : 0.0;
+            const double b = e ? dst[F_X] : 0.0;
+            const double w = lp + dur;
+            x[i] = e ? w + b : f ? w : -TDT_INF;
+        }
+    }
+}
+
+/* The whole sweep of one sample in one direction (block-uniform control flow). glob: the
+ * workspace's alpha or beta array of the sample. */
+template <bool BETA, int KD, int SPL, int G>
+__device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
+                                             const staged_slots<SPL> &sl, double *ring,
+                                             double *glob) {
+    const int S = g.T > 0 ? g.T + g.U : 0;
+    if (S == 0) return;
+    const int step = BETA ? -1 : 1;
+    int s_st = BETA ? S - 1 : 0;  /* next diagonal to stage */
+    int wr_st = s_st % g.frames;  /* its workspace row */
+    int wr = wr_st;               /* workspace row of the step's diagonal */
+#pragma unroll
+    for (int j = 0; j < kStageAhead; ++j) {
+        if (j < S) stage_diagonal<KD>(L, g, ring, s_st, wr_st);
+        cp_async_commit();
+        s_st += step;
+        wr_st = BETA ? (wr_st == 0 ? g.frames - 1 : wr_st - 1) : (wr_st + 1 == g.frames ? 0 : wr_st + 1);
+    }
+    const int grp = threadIdx.x / G, ng = blockDim.x / G;
+    const bool writer = threadIdx.x % G == 0;
+    for (int i = 0; i < S; ++i) {
+        const int s = BETA ? S - 1 - i : i;
+        /* alpha reads the weights of diagonals before s, beta those of s itself */
+        cp_async_wait < BETA ? kStageAhead - 1 : kStageAhead > ();
+        __syncthreads();
+        if (i + kStageAhead < S) stage_diagonal<KD>(L, g, ring, s_st, wr_st);
+        cp_async_commit();
+        s_st += step;
+        wr_st = BETA ? (wr_st == 0 ? g.frames - 1 : wr_st - 1) : (wr_st + 1 == g.frames ? 0 : wr_st + 1);
+
+        int lo, hi;
+        staged_range(g, s, &lo, &hi);
+        for (int first = lo; first <= hi; first += ng) { /* block-uniform */
+            const int u = min(first + grp, hi), t = s - u;
+            double x[SPL];
+            staged_terms<BETA, SPL>(L, g, sl, ring, s, t, u, x);
+            const double v = group_lse<BETA, SPL, G>(x, t, u);
+            if (writer && first + grp <= hi) {
+                ring[(s & g.mask) * g.fstride + F_X * g.row + u] = v;
+                glob[wr * g.row + u] = v;
+            }
+        }
+        wr = BETA ? (wr == 0 ? g.frames - 1 : wr - 1) : (wr + 1 == g.frames ? 0 : wr + 1);
+    }
+    cp_async_wait<0>(); /* no copy may land in the ring after the sweep */
+    __syncthreads();
+}
+
+template <int KD, int G>
+__global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_gpu_args_t a, int ring_diags) {
+    extern __shared__ double ring[];
+    enum { SPL = sweep_shape<KD, G>::SPL };
+    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    const int tid = threadIdx.x;
+    staged_geo g;
+    g.row = (int)a.row;
+    g.frames = (int)a.maxT;
+    g.mask = ring_diags - 1;
+    g.use_dur = A.use_dur;
+    g.fstride = (g.use_dur ? F_DUR + KD : F_DUR) * g.row;
+    staged_slots<SPL> sl;
+#pragma unroll
+    for (int i = 0; i < SPL; ++i) {
+        sl.q[i] = tdt_slot_of(&a.arcs, tid % G + i * G);
+        sl.dd[i] = sl.q[i].dt + sl.q[i].du;
+        sl.off_lp[i] = (F_BLANK + sl.q[i].du) * g.row;
+        sl.off_dur[i] = (F_DUR + sl.q[i].k) * g.row;
+    }
+
+    tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
+        g.T = (int)L.T;
+        g.U = (int)L.U;
+        if (!is_beta) {
+            staged_sweep<false, KD, SPL, G>(L, g, sl, ring, glob);
+            if (tid == 0) tdt_sweep_finish(a, b, L, A, glob);
+        } else {
+            staged_sweep<true, KD, SPL, G>(L, g, sl, ring, glob);
+        }
+    });
+}
+
+/* One launch: 2 B blocks (alpha and beta of each sample), smem_bytes of dynamic shared memory. */
+template <typename Kernel>
+cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, int ring_diags,
                            size_t smem_bytes, cudaStream_t stream) {
     int64_t blocks = 2 * a.B;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
     if (smem_bytes > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(sweep_kernel<KD, G, RING>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem_bytes);
         if (e != cudaSuccess) return e;
     }
-    sweep_kernel<KD, G, RING><<<(unsigned)blocks, threads, smem_bytes, stream>>>(a, ring_diags);
+    kernel<<<(unsigned)blocks, threads, smem_bytes, stream>>>(a, ring_diags);
     return cudaGetLastError();
 }
 
@@ -327,35 +591,90 @@ template <int KD, int G> struct sweep_g {
     enum { MAX = KD == 1 ? 2 : 4, V = KD == 0 ? 4 : G < MAX ? G : MAX };
 };
 
-/* Lanes a node, from the longest diagonal, min(maxT, maxU + 1) nodes, and tdt_bench on the H200
+/* Which kernel runs a sweep. */
+enum sweep_mode {
+    SWEEP_STAGED, /* values and weights in the shared-memory ring (sweep_staged_kernel) */
+    SWEEP_RING,   /* values in the ring, weights prefetched into registers (sweep_kernel) */
+    SWEEP_ARRAY   /* values in the workspace array, one lane a node (sweep_kernel) */
+};
+
+template <int KD, int MODE> struct sweep_kernels {
+    template <int G> static cudaError_t go(const tdt_gpu_args_t &a, int th, int ring, size_t smem,
+                                           cudaStream_t stream) {
+        if constexpr (MODE == SWEEP_STAGED && KD > 0) /* no staged kernel for a runtime count */
+            return sweep_launch_k(sweep_staged_kernel<KD, sweep_g<KD, G>::V>, a, th, ring, smem, stream);
+        else
+            return sweep_launch_k(sweep_kernel<KD, sweep_g<KD, G>::V, MODE == SWEEP_RING>, a, th,
+                                  ring, smem, stream);
+    }
+};
+
+template <int KD, int MODE>
+cudaError_t sweep_launch_mode(const tdt_gpu_args_t &a, int G, int th, int ring, size_t smem,
+                              cudaStream_t stream) {
+    typedef sweep_kernels<KD, MODE> K;
+    if constexpr (MODE == SWEEP_ARRAY) {
+        return K::template go<1>(a, th, 0, 0, stream);
+    } else {
+        switch (G) {
+        case 4: return K::template go<4>(a, th, ring, smem, stream);
+        case 2: return K::template go<2>(a, th, ring, smem, stream);
+        default: return K::template go<1>(a, th, ring, smem, stream);
+        }
+    }
+}
+
+/* The smallest power of two above n. */
+static inline int pow2_above(int n) {
+    int r = 1;
+    while (r <= n) r *= 2;
+    return r;
+}
+
+/* Kernel, ring and lanes a node for a launch. Arcs span up to `span` diagonals; smem_max is the
+ * device's per-block shared-memory limit. The staged kernel wherever its ring (R > span +
+ * kStageAhead diagonals of 3 + D fields of maxU + 1 doubles) fits: up to maxU ~450 for
+ * durations 0..4, ~900 for RNN-T; then the register-prefetching ring (R > span diagonals of
+ * values only: maxU up to ~3600 and ~14500); beyond, the workspace array.
+ * Lanes a node, from the longest diagonal, min(maxT, maxU + 1) nodes, and tdt_bench on the H200
  * (benchmark/NOTES.md, v3): 4 lanes while one pass of kMaxThreads threads covers the
  * diagonal; 2 lanes up to kMaxThreads nodes, in two passes (long, 401 nodes: 9.3 ms forward
- * against 10.3 with one lane a node and 11.5 with four); one lane beyond. Without the ring (maxU
- * beyond ~3600) one lane a node reads the workspace array. */
+ * against 10.3 with one lane a node and 11.5 with four); one lane beyond. */
 template <int KD>
-cudaError_t sweep_launch(const tdt_gpu_args_t &a, int ring_diags, size_t smem_bytes,
-                         cudaStream_t stream) {
+cudaError_t sweep_launch(const tdt_gpu_args_t &a, int span, size_t smem_max, cudaStream_t stream) {
     const int64_t diag = a.maxT < a.row ? a.maxT : a.row;
     int G = diag <= kMaxThreads / 4 ? 4 : diag <= kMaxThreads ? 2 : 1;
-#ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try another G */
+    const int staged_ring = pow2_above(span + kStageAhead), ring = pow2_above(span);
+    const int fields = a.arcs.use_dur ? F_DUR + a.arcs.count : F_DUR;
+    const int64_t limit = (int64_t)smem_max / (int64_t)sizeof(double);
+    /* the staged kernel indexes a sample's per-node arrays (times the durations) with an int */
+    const bool small = a.maxT <= ((int64_t)1 << 31) / (a.row * (a.D > 1 ? a.D : 1)) - 1;
+    int mode = KD > 0 && small && a.row <= limit / (staged_ring * fields) ? SWEEP_STAGED
+               : a.row <= limit / ring                            ? SWEEP_RING
+                                                                  : SWEEP_ARRAY;
+#ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try another G or kernel */
     if (const char *env = getenv("TDT_SWEEP_LANES")) {
         const int g = atoi(env);
         if (g == 1 || g == 2 || g == 4) G = g;
     }
+    if (const char *env = getenv("TDT_SWEEP_STAGED"))
+        if (atoi(env) == 0 && mode == SWEEP_STAGED) mode = SWEEP_RING;
 #endif
     if (KD == 0) G = 4;
-    if (ring_diags == 0) G = 1;
+    if (mode == SWEEP_ARRAY) G = 1;
     if (G > sweep_g<KD, 4>::MAX) G = sweep_g<KD, 4>::MAX;
     int64_t threads = (diag * G + 31) / 32 * 32;
     if (threads < 32) threads = 32; /* maxT == 0: nothing to sweep, still a valid launch */
     if (threads > kMaxThreads) threads = kMaxThreads;
     const int th = (int)threads;
-    if (ring_diags == 0)
-        return sweep_launch_g<KD, sweep_g<KD, 1>::V, false>(a, th, 0, 0, stream);
-    switch (G) {
-    case 4: return sweep_launch_g<KD, sweep_g<KD, 4>::V, true>(a, th, ring_diags, smem_bytes, stream);
-    case 2: return sweep_launch_g<KD, sweep_g<KD, 2>::V, true>(a, th, ring_diags, smem_bytes, stream);
-    default: return sweep_launch_g<KD, sweep_g<KD, 1>::V, true>(a, th, ring_diags, smem_bytes, stream);
+    switch (mode) {
+    case SWEEP_STAGED:
+        return sweep_launch_mode<KD, SWEEP_STAGED>(
+            a, G, th, staged_ring, (size_t)staged_ring * fields * a.row * sizeof(double), stream);
+    case SWEEP_RING:
+        return sweep_launch_mode<KD, SWEEP_RING>(a, G, th, ring,
+                                                 (size_t)ring * a.row * sizeof(double), stream);
+    default: return sweep_launch_mode<KD, SWEEP_ARRAY>(a, G, th, 0, 0, stream);
     }
 }
 
