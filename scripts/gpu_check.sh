@@ -9,8 +9,9 @@
 #   PHASES: which groups of steps to run, in order (default: all of them):
 #     build tests bench tune profile pytest pybench ddp sanitize
 #   (a warm machine keeps build-gpu/ between calls, so later calls can skip build).
-#   tune: tdt_bench forward times with each lanes-a-node choice of the sweep (TDT_SWEEP_LANES in
-#   a second build, build-tune/, made with -DTDT_SWEEP_TUNING=ON by the build phase).
+#   tune: tdt_bench times with each lanes-a-node choice of the sweep (TDT_SWEEP_LANES) and with
+#   the register-prefetching ring instead of the staged sweep (TDT_SWEEP_STAGED=0), in a second
+#   build, build-tune/, made with -DTDT_SWEEP_TUNING=ON by the build phase.
 #   GoogleTest: set GTEST_DIR (default third_party/googletest, else the system's sources).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -57,8 +58,9 @@ if want bench; then
   step tdt_bench 150 build-gpu/benchmark/tdt_bench --backend gpu --iters 30
 fi
 if want tune; then
-  for g in 1 2 4; do
-    step tune_lanes$g 60 env TDT_SWEEP_LANES=$g build-tune/benchmark/tdt_bench --backend gpu \
+  # each lanes-a-node choice, and the register-prefetching ring instead of the staged sweep
+  for cfg in TDT_SWEEP_STAGED=0 TDT_SWEEP_LANES=1 TDT_SWEEP_LANES=2 TDT_SWEEP_LANES=4; do
+    step tune_${cfg#TDT_SWEEP_} 60 env $cfg build-tune/benchmark/tdt_bench --backend gpu \
       --shapes base,parakeet,large,long,ragged --dtypes f32 --iters 20
   done
 fi
@@ -89,12 +91,27 @@ if want ddp && (( ngpu >= 2 )); then
 fi
 if want profile; then
   # where the sweep's time goes: stall reasons per SASS instruction, and the warp-state summary
-  ncu_args=(--clock-control none --kernel-name regex:sweep_kernel --launch-count 1)
-  bench_base=(build-gpu/benchmark/tdt_bench --backend gpu --shapes base --dtypes f32 --iters 1)
-  step ncu_sweep_source 60 ncu "${ncu_args[@]}" --section SourceCounters --section WarpStateStats \
-    --import-source yes --page source --print-source sass --csv "${bench_base[@]}"
-  step ncu_sweep_details 60 ncu "${ncu_args[@]}" --section WarpStateStats --section SchedulerStats \
-    --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis "${bench_base[@]}"
+  # (base: short diagonals, latency-bound; long: 401-node diagonals on one SM); then the V-wide
+  # passes (normalize, grad) at parakeet, both dtypes; and the SASS of the whole library.
+  ncu_args=(--clock-control none --launch-count 1)
+  sweep=(--kernel-name regex:sweep_kernel)
+  bench=(build-gpu/benchmark/tdt_bench --backend gpu --dtypes f32 --iters 1)
+  step ncu_sweep_source 90 ncu "${ncu_args[@]}" "${sweep[@]}" --section SourceCounters \
+    --section WarpStateStats --import-source yes --page source --print-source sass --csv \
+    "${bench[@]}" --shapes base
+  step ncu_sweep_details 90 ncu "${ncu_args[@]}" "${sweep[@]}" --section WarpStateStats \
+    --section SchedulerStats --section LaunchStats --section Occupancy \
+    --section ComputeWorkloadAnalysis --section InstructionStats "${bench[@]}" --shapes base
+  step ncu_long_sweep 120 ncu "${ncu_args[@]}" "${sweep[@]}" --section WarpStateStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
+    --section SourceCounters "${bench[@]}" --shapes long
+  for dt in f32 bf16; do
+    step ncu_passes_$dt 120 ncu --clock-control none --kernel-name regex:"normalize_kernel|grad_kernel" \
+      --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section InstructionStats --section SourceCounters \
+      build-gpu/benchmark/tdt_bench --backend gpu --dtypes $dt --iters 1 --shapes parakeet
+  done
+  step sass 60 bash -c "cuobjdump -sass build-gpu/libwarptdt.so"
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.log"
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
