@@ -30,9 +30,11 @@
  * NaN for NaN. Branch-free so the compiler vectorises the row loops that call it. Cody-Waite
  * range reduction x = n ln2 + r, |r| <= ln2 / 2, and Cephes' degree-6 polynomial for exp(r). */
 static inline float cpu_expf(float x) {
-    float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = floorf(xc * 1.44269504088896341f + 0.5f);
-    n = n == n ? n : 0.0f; /* NaN: keep the integer conversion defined; r carries the NaN */
+    /* Two compare-selects the compiler maps onto max and min: NaN takes -87 here (so the integer
+     * conversion below is always defined) and comes back through the last line. */
+    float xc = x > -87.0f ? x : -87.0f;
+    xc = xc < 88.0f ? xc : 88.0f;
+    const float n = floorf(xc * 1.44269504088896341f + 0.5f);
     float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -41,8 +43,9 @@ static inline float cpu_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    float y = p * tdt_bits_to_float((uint32_t)((int32_t)n + 127) << 23);
-    return x < -87.0f ? 0.0f : y;
+    const float y = p * tdt_bits_to_float((uint32_t)((int32_t)n + 127) << 23);
+    const float out = x < -87.0f ? 0.0f : y;
+    return x == x ? out : x;
 }
 
 /* ---- row kernels per dtype ------------------------------------------------------------------ */
