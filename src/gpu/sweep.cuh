@@ -388,9 +388,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
  * (asynchronous copies straight into shared memory, which hold no registers and no
  * scoreboard), kStageAhead diagonals before the step that first reads them; a step waits for
  * its own copies only (cp.async.wait_group) and the diagonal's barrier publishes them. So a
- * step issues no global load it waits on, and its index arithmetic is 32-bit ring offsets:
- * the register-prefetching sweep above spent most of its ~600 instructions a diagonal on
- * 64-bit gathers, and ~17 % of its stalls waiting for them (ncu, H200; benchmark/NOTES.md, v4).
+ * step waits only on copies issued kStageAhead steps before, and its index arithmetic is 32-bit
+ * ring offsets: the register-prefetching sweep above spent about 430 of its ~600 instructions
+ * a warp a diagonal on integer and index work (64-bit gathers), and ~17 % of its stalls waiting
+ * for the gathered weights (ncu, H200; benchmark/NOTES.md, v4). The staged one takes ~460.
  *
  * Ring sizes (sweep_launch): R, a power of two, > span + kStageAhead, so that the copy issued
  * at step i (diagonal i + kStageAhead in sweep order) lands in the slot of step i + kStageAhead
