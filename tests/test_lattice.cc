@@ -1,0 +1,123 @@
+// test_lattice.cc - the OpenMP backend's chunked sweep (lattice.h: tdt_sweep_geo_*,
+// tdt_sweep_chunk) against the per-node recurrence it reorganises (tdt_sweep_node), bit for bit.
+//
+// The CPU backend computes alpha and beta with tdt_sweep_chunk: slot geometry once per sample,
+// other ends' rows once per diagonal, up to TDT_SWEEP_CHUNK nodes at a time, and no exp for a
+// -inf term. Each node must still come out with exactly the value of tdt_sweep_node, the plain
+// loop over its slots that lattice.h defines the recurrence with. Random lattices cover TDT
+// duration sets with and without 0, RNN-T, diagonals longer than a chunk, max_frames > T (rows
+// that wrap: the per-node arrays hold diagonal s in row s mod max_frames), U > T (wrapping more
+// than once), and weights that are -inf (unreachable nodes) or NaN.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+extern "C" {
+#include "common/lattice.h"
+}
+
+namespace {
+
+struct Case {
+    int64_t T, U, frames;  // sample lengths; the per-node arrays' rows (max_frames >= T)
+    std::vector<int> durations;  // empty: RNN-T
+    double p_neg_inf, p_nan;     // per weight
+};
+
+// Equal bits, or both NaN (a NaN's payload is not part of the contract).
+bool same_bits(double a, double b) {
+    return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b));
+}
+
+// Runs both sweeps of one case and compares every node's alpha and beta.
+void check_case(const Case &c, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> normal(-2.0, 1.5);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+
+    tdt_arcs_t A;
+    if (c.durations.empty())
+        tdt_arcs_rnnt(&A);
+    else
+        tdt_arcs_tdt(&A, c.durations.data(), (int)c.durations.size());
+    const int64_t row = c.U + 1, nodes = c.frames * row, D = A.count;
+    auto weight = [&]() {
+        const double r = unit(rng);
+        if (r < c.p_nan) return (double)NAN;
+        if (r < c.p_nan + c.p_neg_inf) return -TDT_INF;
+        return normal(rng);
+    };
+    std::vector<double> lp_blank(nodes), lp_label(nodes), lp_dur(nodes * D);
+    for (auto &x : lp_blank) x = weight();
+    for (auto &x : lp_label) x = weight();
+    for (auto &x : lp_dur) x = weight();
+
+    tdt_lattice_t L;
+    L.lp_blank = lp_blank.data();
+    L.lp_label = lp_label.data();
+    L.lp_dur = lp_dur.data();
+    L.row = row;
+    L.frames = c.frames;
+    L.T = c.T;
+    L.U = c.U;
+    const int64_t S = tdt_num_diagonals(&L);
+
+    for (int is_beta = 0; is_beta < 2; ++is_beta) {
+        std::vector<double> ref(nodes, 0.0), chunked(nodes, 0.0);
+        tdt_sweep_geo_t G;
+        tdt_sweep_geo_init(&G, &A, chunked.data(), is_beta);
+        for (int64_t i = 0; i < S; ++i) {
+            const int64_t s = is_beta ? S - 1 - i : i;
+            int64_t lo, hi;
+            tdt_diagonal_range(&L, s, &lo, &hi);
+            for (int64_t u = lo; u <= hi; ++u)
+                ref[tdt_node_index(c.frames, row, s - u, u)] =
+                    tdt_sweep_node(&L, &A, ref.data(), s - u, u, is_beta);
+            tdt_sweep_geo_diag(&G, &L, s);
+            for (int64_t u = lo; u <= hi; u += TDT_SWEEP_CHUNK) {
+                const int64_t last = hi - u < TDT_SWEEP_CHUNK ? hi : u + TDT_SWEEP_CHUNK - 1;
+                tdt_sweep_chunk(&G, &L, &A, s, u, last, chunked.data() + G.node + u);
+            }
+        }
+        for (int64_t t = 0; t < c.T; ++t)
+            for (int64_t u = 0; u <= c.U; ++u) {
+                const int64_t n = tdt_node_index(c.frames, row, t, u);
+                ASSERT_TRUE(same_bits(ref[n], chunked[n]))
+                    << (is_beta ? "beta" : "alpha") << "(" << t << ", " << u << "): per-node "
+                    << ref[n] << ", chunked " << chunked[n] << " (T " << c.T << ", U " << c.U
+                    << ", max_frames " << c.frames << ", " << D << " arcs of each kind, seed "
+                    << seed << ")";
+            }
+    }
+}
+
+TEST(LatticeChunks, MatchPerNodeSweepBitForBit) {
+    const std::vector<std::vector<int>> duration_sets = {
+        {0, 1, 2, 3, 4}, {1, 2}, {0, 4}, {0, 1}, {2, 3, 1}, {0, 2, 5, 7, 8, 6}, {}};
+    std::mt19937 rng(7);
+    int cases = 0;
+    for (const auto &durs : duration_sets) {
+        for (int k = 0; k < 12; ++k) {
+            Case c;
+            c.T = 1 + (int64_t)(rng() % 60);
+            c.U = (int64_t)(rng() % 70);            // U > T in about half the cases
+            c.frames = c.T + (int64_t)(rng() % 3);  // padded rows: diagonals wrap differently
+            c.durations = durs;
+            c.p_neg_inf = k % 3 == 0 ? 0.05 : 0.0;
+            c.p_nan = k % 4 == 1 ? 0.002 : 0.0;
+            check_case(c, 1000u * (uint32_t)cases + (uint32_t)k);
+            if (HasFatalFailure()) return;
+            ++cases;
+        }
+    }
+    // diagonals of several chunks: 150 nodes on the longest one
+    Case wide{200, 149, 200, {0, 1, 2, 3, 4}, 0.0, 0.0};
+    check_case(wide, 99);
+}
+
+}  // namespace
