@@ -248,17 +248,46 @@ def validate_data(spec, logits, labels, frame_lengths, label_lengths, names):
     names: dict with keys logits, targets, logit_lengths, target_lengths, blank (the user-facing
     argument names of the calling function).
     """
+    if int(labels.shape[0]) > 0:
+        validation_finish(spec, logits, validation_start(labels, frame_lengths, label_lengths),
+                          names)
+
+
+def validation_start(labels, frame_lengths, label_lengths, asynchronous=False):
+    """The first half of validate_data: lengths and labels on the host, as (fl, ll, labels, done).
+
+    CPU tensors are used as they are. CUDA ones are packed into one tensor and copied to the
+    host: by default with a synchronous copy (done is None); with asynchronous=True into pinned
+    memory on the current stream, with an event (done) recorded after the copy, so the caller
+    can enqueue the loss's kernels before validation_finish waits for the copy alone.
+    (Experimental, opt-in with WARP_TDT_ASYNC_VALIDATION=1: not yet measured or tested on a GPU.)
+    """
+    B, U = int(labels.shape[0]), int(labels.shape[1])
+    if not labels.is_cuda:
+        return frame_lengths, label_lengths, labels, None
+    packed = torch.cat([frame_lengths, label_lengths, labels.reshape(-1)])
+    done = None
+    if asynchronous:
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(labels.device))
+    else:
+        host = packed.cpu()
+    return host[:B], host[B:2 * B], host[2 * B:].view(B, U), done
+
+
+def validation_finish(spec, logits, pending, names):
+    """The second half of validate_data: waits for validation_start's copy, then the checks."""
+    fl, ll, labels, done = pending
+    if done is not None:
+        done.synchronize()
     B = int(labels.shape[0])
     if B == 0:
         return
     T = int(logits.shape[1])
     U = int(logits.shape[2]) - 1
     V = spec.vocab_size
-    if labels.is_cuda:
-        packed = torch.cat([frame_lengths, label_lengths, labels.reshape(-1)]).cpu()
-        fl, ll, labels = packed[:B], packed[B:2 * B], packed[2 * B:].view(B, U)
-    else:
-        fl, ll = frame_lengths, label_lengths
     bad_f = (fl < 0) | (fl > T)
     if bool(bad_f.any()):
         b = int(bad_f.nonzero()[0, 0])

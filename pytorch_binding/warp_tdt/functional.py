@@ -9,6 +9,7 @@ ops on the (B,) costs, so autograd hands the library its per-sample weights (1/(
 """
 
 import operator
+import os
 import sys
 
 import torch
@@ -247,11 +248,23 @@ def _costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega, 
     if use_ops:
         return _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
                           validate)
-    if validate and not _capturing(logits):
+    validate = validate and not _capturing(logits)
+    # Opt-in, experimental: on CUDA, copy lengths and labels to the host asynchronously, enqueue
+    # the loss's kernels, and check while they run (the kernels mark bad device data without
+    # reading out of range), instead of a host sync before the launch. Not yet measured or tested
+    # on a GPU; see benchmark/NOTES.md ("What remains", item 1).
+    later = validate and logits.is_cuda and os.environ.get("WARP_TDT_ASYNC_VALIDATION") == "1"
+    pending = None
+    if later:
+        pending = _core.validation_start(labels, frame_lengths, label_lengths, asynchronous=True)
+    elif validate:
         _core.validate_data(spec, logits, labels, frame_lengths, label_lengths, names)
     as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
-    return _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
-                                        spec, as_rnnt, in_place)
+    costs = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
+                                         spec, as_rnnt, in_place)
+    if pending is not None:
+        _core.validation_finish(spec, logits, pending, names)
+    return costs
 
 
 def _tdt_reduce(costs, label_lengths, reduction):

@@ -98,6 +98,32 @@ def test_cuda_validation_raises_and_unvalidated_bad_sample_is_nan():
     assert loss[0].item() == good[0].item() and loss[2].item() == good[2].item()
 
 
+def test_async_validation_raises_the_same_errors_and_gives_the_same_results(monkeypatch):
+    # WARP_TDT_ASYNC_VALIDATION=1 (experimental): the lengths and labels travel to the host
+    # while the loss's kernels run; the same ValueErrors, the same bits on good data.
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=87, device="cuda")
+    case["targets"][case["targets"] < 0] = 0
+    case["target_lengths"].clamp_(min=1)
+    ref = lib_tdt(case, "cuda", torch.float32, "joint", "sum")
+    monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", "1")
+    got = lib_tdt(case, "cuda", torch.float32, "joint", "sum")
+    for x, y in zip(got, ref):
+        assert torch.equal(x, y)
+    bad_frames = dict(case, logit_lengths=case["logit_lengths"].clone())
+    bad_frames["logit_lengths"][2] = 7
+    with pytest.raises(ValueError, match=r"logit_lengths\[2\] = 7 is outside \[0, 6\]"):
+        warp_tdt.tdt_loss(**bad_frames)
+    bad_label = dict(case, targets=case["targets"].clone())
+    bad_label["targets"][1, 0] = 5
+    with pytest.raises(ValueError, match=r"targets\[1\]\[0\] = 5 is outside \[0, 5\)"):
+        warp_tdt.tdt_loss(**bad_label)
+    blank_label = dict(case, targets=case["targets"].clone())
+    blank_label["targets"][0, 0] = case["blank_token_id"]
+    with pytest.raises(ValueError, match=r"equals blank_token_id"):
+        warp_tdt.tdt_loss(**blank_label)
+    torch.cuda.synchronize()  # the failed calls' kernels ran on the bad data without a fault
+
+
 def test_cuda_graph_capture_of_forward_and_backward():
     torch.manual_seed(0)
     B, T, U, V, D = 2, 8, 3, 6, 3
