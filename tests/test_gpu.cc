@@ -965,6 +965,19 @@ TEST(GpuLong, DiagonalsOfTwoNodesAThread) {
     }
 }
 
+// max_labels + 1 = 461 and 501: the staged sweep's ring (8 diagonals of 8 fields of a row, TDT
+// durations up to 4) exceeds a block's 227 KiB, so the register-prefetching ring of values takes
+// the sweep, with 2 lanes a node (300-node diagonals) and with 4 (100-node ones).
+TEST(GpuLong, RingSweepBeyondTheStagedRing) {
+    REQUIRE_GPU();
+    for (int which = 0; which < 2; ++which) {
+        Spec s; s.B = 2; s.V = 7; s.dt = TDT_DTYPE_FLOAT64; s.scale = 0.5; s.seed = 23 + which;
+        s.T = which ? 100 : 300; s.U = which ? 500 : 460;
+        s.Tb = {(int)s.T, (int)s.T - 17}; s.Ub = {(int)s.U, (int)s.U - 29};
+        check_vs_cpu(s);
+    }
+}
+
 // max_labels + 1 = 3701: eight diagonals of it (TDT durations up to 4) exceed a block's shared
 // memory, so the sweep keeps its values in the workspace array instead of the ring.
 TEST(GpuLong, LabelsBeyondTheSharedMemoryRing) {
