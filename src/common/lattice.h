@@ -211,24 +211,33 @@ TDT_HD void tdt_beta_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, co
     tdt_slot_weight(L, A, q, tdt_node_index(L->frames, L->row, t, u), lp, dur);
 }
 
-/* alpha's term of slot q at (t, u): alpha(source) + (lp + dur), read through X; -inf when the
- * arc does not exist. Only an existing arc reads X (on a GPU, a predicated load: no branch, and
- * nothing is read that no sweep wrote). */
+/* The terms from values already read: alpha's, alpha(source) a + (lp + dur) for an arc that
+ * exists (e), else -inf; beta's, (lp + dur) + beta(destination) b for an arc that ends on a node
+ * (e), lp + dur for a terminal one (f), else -inf. A sweep that keeps its operands elsewhere
+ * (the GPU's staged ring) reads them its own way and forms the terms here. */
+TDT_HD double tdt_alpha_term(int e, double a, double lp, double dur) {
+    return e ? a + (lp + dur) : -TDT_INF;
+}
+TDT_HD double tdt_beta_term(int e, int f, double b, double lp, double dur) {
+    const double w = lp + dur;
+    return e ? w + b : f ? w : -TDT_INF;
+}
+
+/* alpha's term of slot q at (t, u), alpha(source) read through X. Only an existing arc reads
+ * X (on a GPU, a predicated load: no branch, and nothing is read that no sweep wrote). */
 TDT_HD double tdt_alpha_slot_term(const tdt_lattice_t *L, const tdt_diag_view_t *X,
                                   const tdt_slot_t *q, int64_t t, int64_t u, double lp, double dur) {
     const int e = tdt_slot_in(q, t, u);
     const double a = e ? X->v[tdt_view_index(L, X, t + u - q->dt - q->du, u - q->du)] : 0.0;
-    return e ? a + (lp + dur) : -TDT_INF;
+    return tdt_alpha_term(e, a, lp, dur);
 }
 
-/* beta's term of slot q at (t, u): (lp + dur) + beta(destination), the destination's beta 0
- * for a terminal arc; -inf when the arc does not exist. */
+/* beta's term of slot q at (t, u), beta(destination) read through X (0 for a terminal arc). */
 TDT_HD double tdt_beta_slot_term(const tdt_lattice_t *L, const tdt_diag_view_t *X,
                                  const tdt_slot_t *q, int64_t t, int64_t u, double lp, double dur) {
     const int e = tdt_slot_out(L, q, t, u), f = tdt_slot_final(L, q, t, u);
     const double b = e ? X->v[tdt_view_index(L, X, t + u + q->dt + q->du, u + q->du)] : 0.0;
-    const double w = lp + dur;
-    return e ? w + b : f ? w : -TDT_INF;
+    return tdt_beta_term(e, f, b, lp, dur);
 }
 
 /* Max for a log-sum-exp that keeps NaN: once a term is NaN the max is NaN. Commutative in

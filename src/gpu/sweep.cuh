@@ -459,8 +459,8 @@ __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const sta
 }
 
 /* The terms of a lane's slots at node (t, u) of diagonal s, from the ring: lattice.h's
- * tdt_alpha_slot_term / tdt_beta_slot_term with X and the weights read from the staged
- * fields (absent arcs read nothing). */
+ * existence rules and tdt_alpha_term / tdt_beta_term, with X and the weights read from the
+ * staged fields (absent arcs read nothing). */
 template <bool BETA, int SPL>
 __device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, const double *ring,
@@ -473,7 +473,7 @@ __device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const stage
             const double *p = ring + ((s - sl.dd[i]) & g.mask) * g.fstride + (u - q.du);
             const double a = e ? p[F_X] : 0.0, lp = e ? p[sl.off_lp[i]] : 0.0;
             const double dur = e && g.use_dur ? p[sl.off_dur[i]] : 0.0;
-            x[i] = e ? a + (lp + dur) : -TDT_INF;
+            x[i] = tdt_alpha_term(e, a, lp, dur);
         } else {
             const int e = tdt_slot_out(&L, &q, t, u), f = tdt_slot_final(&L, &q, t, u);
             const double *own = ring + (s & g.mask) * g.fstride + u;
@@ -481,8 +481,7 @@ __device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const stage
             const double lp = e || f ? own[sl.off_lp[i]] : 0.0;
             const double dur = (e || f) && g.use_dur ? own[sl.off_dur[i]] : 0.0;
             const double b = e ? dst[F_X] : 0.0;
-            const double w = lp + dur;
-            x[i] = e ? w + b : f ? w : -TDT_INF;
+            x[i] = tdt_beta_term(e, f, b, lp, dur);
         }
     }
 }
