@@ -1,10 +1,10 @@
 // test_lattice.cc - the OpenMP backend's chunked sweep (lattice.h: tdt_sweep_geo_*,
-// tdt_sweep_chunk) against the per-node recurrence it reorganises (tdt_sweep_node), bit for bit.
+// tdt_sweep_chunk) against the per-node recurrence it reorganises, bit for bit.
 //
 // The CPU backend computes alpha and beta with tdt_sweep_chunk: slot geometry once per sample,
 // other ends' rows once per diagonal, up to TDT_SWEEP_CHUNK nodes at a time, and no exp for a
-// -inf term. Each node must still come out with exactly the value of tdt_sweep_node, the plain
-// loop over its slots that lattice.h defines the recurrence with. Random lattices cover TDT
+// -inf term. Each node must still come out with exactly the value of the plain loop over its
+// slots (node_value below: lattice.h's slot functions and tdt_lse_terms, one node at a time). Random lattices cover TDT
 // duration sets with and without 0, RNN-T, diagonals longer than a chunk, max_frames > T (rows
 // that wrap: the per-node arrays hold diagonal s in row s mod max_frames), U > T (wrapping more
 // than once), and weights that are -inf (unreachable nodes) or NaN.
@@ -28,6 +28,26 @@ struct Case {
     std::vector<int> durations;  // empty: RNN-T
     double p_neg_inf, p_nan;     // per weight
 };
+
+// alpha (is_beta = 0) or beta of (t, u) on the workspace array v, one slot after another.
+double node_value(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *v, int64_t t,
+                  int64_t u, int is_beta) {
+    const tdt_diag_view_t X = {v, -1};
+    double x[2 * TDT_MAX_DURATIONS], lp, dur;
+    const int n = tdt_num_slots(A);
+    for (int j = 0; j < n; ++j) {
+        const tdt_slot_t q = tdt_slot_of(A, j);
+        if (is_beta) {
+            tdt_beta_slot_weight(L, A, &q, t, u, &lp, &dur);
+            x[j] = tdt_beta_slot_term(L, &X, &q, t, u, lp, dur);
+        } else {
+            tdt_alpha_slot_weight(L, A, &q, t, u, &lp, &dur);
+            x[j] = tdt_alpha_slot_term(L, &X, &q, t, u, lp, dur);
+        }
+    }
+    const double r = tdt_lse_terms(x, n);
+    return is_beta ? r : tdt_alpha_start(t, u, r);
+}
 
 // Equal bits, or both NaN (a NaN's payload is not part of the contract).
 bool same_bits(double a, double b) {
@@ -77,7 +97,7 @@ void check_case(const Case &c, uint32_t seed) {
             tdt_diagonal_range(&L, s, &lo, &hi);
             for (int64_t u = lo; u <= hi; ++u)
                 ref[tdt_node_index(c.frames, row, s - u, u)] =
-                    tdt_sweep_node(&L, &A, ref.data(), s - u, u, is_beta);
+                    node_value(&L, &A, ref.data(), s - u, u, is_beta);
             tdt_sweep_geo_diag(&G, &L, s);
             for (int64_t u = lo; u <= hi; u += TDT_SWEEP_CHUNK) {
                 const int64_t last = hi - u < TDT_SWEEP_CHUNK ? hi : u + TDT_SWEEP_CHUNK - 1;

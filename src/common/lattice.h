@@ -37,9 +37,9 @@
  * current one) and its term (tdt_alpha_slot_term / tdt_beta_slot_term: the weights plus the
  * alpha / beta at the arc's other end, read through a tdt_diag_view_t, the workspace array or
  * a ring of the last few diagonals in GPU shared memory); then the log-sum-exp of the node's
- * terms. tdt_sweep_node runs the slots of a node in one loop (tdt_sweep_chunk, at the end, does
- * the same for a run of a diagonal's nodes: the CPU backend's call); a GPU sweep gives each lane of a group a few slots and reduces across the
- * group with the same tdt_lse_max / tdt_lse_finish.
+ * terms. The CPU backend runs them for a run of a diagonal's nodes (tdt_sweep_chunk, at the
+ * end); a GPU sweep gives each lane of a group a few slots and reduces across the group with the
+ * same tdt_lse_max / tdt_lse_finish.
  *
  * Determinism: every function visits slots in one fixed order (k ascending, blank before
  * label), so on one backend a node's value does not depend on the thread or block that
@@ -266,28 +266,6 @@ TDT_HD double tdt_alpha_start(int64_t t, int64_t u, double lse) {
     return t == 0 && u == 0 ? 0.0 : lse;
 }
 
-/* alpha (is_beta = 0) or beta (is_beta = 1) of (t, u) on the workspace array v: the log-sum-exp
- * over the node's slots of their terms (the CPU backend's call; a GPU sweep spreads the same
- * slots over the lanes of a group). */
-TDT_HD double tdt_sweep_node(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *v,
-                             int64_t t, int64_t u, int is_beta) {
-    const tdt_diag_view_t X = {v, -1};
-    double x[2 * TDT_MAX_DURATIONS], lp, dur;
-    const int n = tdt_num_slots(A);
-    for (int j = 0; j < n; ++j) {
-        const tdt_slot_t q = tdt_slot_of(A, j);
-        if (is_beta) {
-            tdt_beta_slot_weight(L, A, &q, t, u, &lp, &dur);
-            x[j] = tdt_beta_slot_term(L, &X, &q, t, u, lp, dur);
-        } else {
-            tdt_alpha_slot_weight(L, A, &q, t, u, &lp, &dur);
-            x[j] = tdt_alpha_slot_term(L, &X, &q, t, u, lp, dur);
-        }
-    }
-    const double r = tdt_lse_terms(x, n);
-    return is_beta ? r : tdt_alpha_start(t, u, r);
-}
-
 /* log p(y | x) from alpha: the terminal blank arcs, from (T - dt, U) landing exactly on T.
  * -inf if there are none. */
 TDT_HD double tdt_log_likelihood(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha) {
@@ -397,8 +375,9 @@ TDT_HD void tdt_log_softmax_small(double *h, int count) {
  * diagonals in order can do that once: the slots once per sample, and for each slot once per
  * diagonal the row that holds the diagonal of its arcs' other ends (they are contiguous in u
  * there, see tdt_node_index). Existence, weights, terms and the log-sum-exp are the functions
- * above, so the values are bit for bit those of tdt_sweep_node. Nothing above this section
- * calls into it; the CUDA kernels do not use it. */
+ * above, so each node's value is bit for bit that of the plain loop over its slots
+ * (tests/test_lattice.cc checks this). Nothing above this section calls into it; the CUDA
+ * kernels do not use it. */
 
 /* Node index of the first entry of the row that holds diagonal s, so node (s - u, u) is at
  * tdt_diag_offset(L, s) + u; 0 for s < 0 (a diagonal with no nodes, never read). */
@@ -441,8 +420,9 @@ TDT_HD void tdt_sweep_geo_diag(tdt_sweep_geo_t *G, const tdt_lattice_t *L, int64
 /* Nodes of a diagonal that one tdt_sweep_chunk call computes at most. */
 #define TDT_SWEEP_CHUNK 32
 
-/* tdt_sweep_node of the nodes (s - u, u), u = lo .. hi (hi - lo < TDT_SWEEP_CHUNK), of G's
- * diagonal s, into out[u - lo]. Organised across the nodes: the terms slot by slot, then the
+/* alpha (G->is_beta = 0) or beta of the nodes (s - u, u), u = lo .. hi (hi - lo <
+ * TDT_SWEEP_CHUNK), of G's diagonal s, into out[u - lo]: for each node the log-sum-exp over its
+ * slots of their terms. Organised across the nodes: the terms slot by slot, then the
  * log-sum-exp's max (tdt_lse_max), its sum and tdt_lse_finish node by node within each step,
  * so the exps and logs of different nodes are independent work and the max needs no branch.
  * Each node still sees its slots in order, with tdt_lse_terms's arithmetic, except that a

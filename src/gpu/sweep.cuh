@@ -7,7 +7,7 @@
  *     alpha(t,u) = logsumexp over slots j of tdt_alpha_slot_term(j)   alpha(0,0) = 0
  *     beta(t,u)  = logsumexp over slots j of tdt_beta_slot_term(j)    terminal arcs end at 0
  *     LL         = tdt_log_likelihood(...),   cost = tdt_cost(LL) = -(1 + fastemit_lambda) * LL
- * with the slot functions of src/common/lattice.h that the CPU backend's tdt_sweep_node loops
+ * with the slot functions of src/common/lattice.h that the CPU backend's tdt_sweep_chunk loops
  * over (a slot is one arc of a node: 2 * D of them for TDT, 2 for RNN-T).
  * Every arc advances t + u by at least one and by at most span = max(blank duration, label
  * duration + 1), so all nodes of anti-diagonal s = t + u depend only on diagonals
