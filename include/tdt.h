@@ -134,6 +134,9 @@ typedef struct tdt_options {
     double clamp;            /* > 0: each token-gradient element clipped to [-clamp, clamp] before
                                 the upstream scale; 0 = off. Duration gradients are not clamped. */
     tdt_input_kind_t input_kind; /* default TDT_INPUT_LOGITS */
+    int grad_costs_scalar;   /* tdt_backward(): nonzero = grad_costs points to one value, the
+                                upstream gradient of every sample (what a sum or batch-mean
+                                reduction hands back); 0 = (B) values. Ignored elsewhere. */
 } tdt_options_t;
 
 /* ---------------------------------------------------------------------------------------------
@@ -230,7 +233,8 @@ TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options
  * (the logits are read again, so they must still hold the same values unless the gradient is
  * written in place, which reads each logit before overwriting it).
  *
- * grad_costs: (B) of float / double in the location's memory, or NULL for all ones.
+ * grad_costs: (B) of float / double in the location's memory (one value for every sample with
+ *             options->grad_costs_scalar), or NULL for all ones.
  * On the CPU a workspace that does not hold a forward pass of this problem is refused with
  * TDT_STATUS_INVALID_WORKSPACE; the GPU cannot check it without a host synchronisation. */
 TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,

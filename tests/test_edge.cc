@@ -302,6 +302,14 @@ TEST_P(Layouts, UpstreamGradientScaling) {
         const std::vector<double> ones(4, 1.0);
         ro.grad_costs = &ones;
         expect_bitwise(run_lib(p, ro), run(p, Layout::Contiguous), p, "grad_costs all ones vs one-shot");
+        // options.grad_costs_scalar: one value for every sample, as a sum reduction hands back
+        const std::vector<double> rep(4, -1.5), one(1, -1.5);
+        ro.grad_costs = &rep;
+        const Output expected = run_lib(p, ro);
+        ro.grad_costs = &one;
+        ro.grad_costs_scalar = true;
+        expect_bitwise(run_lib(p, ro), expected, p, "grad_costs_scalar {-1.5} vs {-1.5} x 4");
+        ro.grad_costs_scalar = false;
     }
 }
 

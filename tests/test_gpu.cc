@@ -277,6 +277,7 @@ enum class Mode { OneShot, FwdBwd, FwdOnly };
 struct RunOpts {
     Mode mode = Mode::OneShot;
     std::vector<double> grad_costs;  // FwdBwd: upstream gradients (empty: NULL = ones)
+    bool grad_scalar = false;        // grad_costs holds one value for every sample
     cudaStream_t stream = nullptr;
     bool graph = false;              // GPU: capture the calls in a CUDA graph and replay it
     bool want_tok = true, want_dur = true;
@@ -365,6 +366,7 @@ Out run_cpu(const Host &h, const RunOpts &ro) {
     const Spec &s = h.s;
     tdt_options_t o;
     fill_options(h, TDT_LOCATION_CPU, &o, nullptr);
+    o.grad_costs_scalar = ro.grad_scalar;
     std::vector<uint8_t> tok = h.tok, dur = h.dur, gtok, gdur;
     std::vector<int32_t> labels = h.labels, T = h.T, U = h.U;
     Ptrs p;
@@ -482,6 +484,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     }
     tdt_options_t o;
     fill_options(h, TDT_LOCATION_GPU, &o, ro.stream);
+    o.grad_costs_scalar = ro.grad_scalar;
     tdt_problem_t pr;
     tdt_gradients_t g;
     fill_problem(h, p, &pr, &g, ro);
@@ -799,6 +802,17 @@ TEST(GpuCalls, UpstreamGradientScaling) {
         ro.mode = Mode::FwdOnly;
         Out f = run_gpu(h, ro);
         EXPECT_EQ(f.raw_costs, g.raw_costs);
+        // One upstream value for every sample (options.grad_costs_scalar, what a sum reduction
+        // hands back): the same bits as that value repeated in a (B) array.
+        ro.mode = Mode::FwdBwd;
+        ro.grad_costs.assign((size_t)s.B, -1.5);
+        Out rep = run_gpu(h, ro);
+        ro.grad_costs = {-1.5};
+        ro.grad_scalar = true;
+        Out one = run_gpu(h, ro);
+        EXPECT_EQ(one.raw_gtok, rep.raw_gtok) << dt_name(dt) << ": grad_costs_scalar, token gradient";
+        EXPECT_EQ(one.raw_gdur, rep.raw_gdur) << dt_name(dt) << ": grad_costs_scalar, duration gradient";
+        ro.grad_scalar = false;
     }
 }
 

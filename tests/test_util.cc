@@ -363,6 +363,7 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     opt.fastemit_lambda = p.fastemit;
     opt.clamp = p.clamp;
     opt.input_kind = p.log_probs ? TDT_INPUT_LOG_PROBS : TDT_INPUT_LOGITS;
+    opt.grad_costs_scalar = ro.grad_costs_scalar;
 
     tdt_gradients_t grads;
     std::memset(&grads, 0, sizeof grads);

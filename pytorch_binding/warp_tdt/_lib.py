@@ -82,6 +82,7 @@ class Options(ctypes.Structure):
         ("fastemit_lambda", ctypes.c_double),
         ("clamp", ctypes.c_double),
         ("input_kind", ctypes.c_int),
+        ("grad_costs_scalar", ctypes.c_int),
     ]
 
 

@@ -55,6 +55,7 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
     a->dur_g = c->do_backward && c->tdt_mode ? c->g.duration_grads : NULL;
     a->costs = c->costs;
     a->grad_costs = c->grad_costs;
+    a->grad_costs_scalar = c->o.grad_costs_scalar != 0;
     a->arcs = c->arcs;
     tdt_workspace_carve(&c->layout, c->workspace, &a->ws);
 }

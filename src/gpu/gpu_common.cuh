@@ -46,6 +46,7 @@ typedef struct tdt_gpu_args {
     int64_t dur_gs[3];
     void *costs;                   /* (B) float or double */
     const void *grad_costs;        /* (B) float or double, or NULL for ones */
+    int grad_costs_scalar;         /* grad_costs is one value for every sample */
     tdt_arcs_t arcs;
     tdt_ws_t ws;
 } tdt_gpu_args_t;
