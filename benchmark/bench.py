@@ -228,14 +228,14 @@ def main():
     p.add_argument("--plot", help="write a PNG plot here")
     p.add_argument("--no-validate", action="store_true",
                    help="time tdt_loss(..., validate=False): no host synchronisation at all")
-    p.add_argument("--async-validation", action="store_true",
-                   help="set WARP_TDT_ASYNC_VALIDATION=1 (experimental): on CUDA the check of "
-                        "lengths and labels runs while the loss's kernels do")
+    p.add_argument("--sync-validation", action="store_true",
+                   help="set WARP_TDT_ASYNC_VALIDATION=0: on CUDA, check lengths and labels "
+                        "before the loss's kernels are enqueued (a host sync), not while they run")
     args = p.parse_args()
     global VALIDATE
     VALIDATE = not args.no_validate
-    if args.async_validation:
-        os.environ["WARP_TDT_ASYNC_VALIDATION"] = "1"
+    if args.sync_validation:
+        os.environ["WARP_TDT_ASYNC_VALIDATION"] = "0"
     args.baseline_shapes = set(args.baseline_shapes.split(","))
     device = torch.device(args.device)
     shapes = [(n, SHAPES[n]) for n in args.shapes.split(",") if n]
@@ -252,7 +252,7 @@ def main():
         (" (" + torch.cuda.get_device_name(device) + ")") if device.type == "cuda"
         else " (%d threads)" % torch.get_num_threads()))
     print("copy bandwidth %.0f GB/s (read + write); validate=%s%s; baselines: %s%s" % (
-        floor_bw * 1e-9, VALIDATE, " (asynchronous)" if args.async_validation else "",
+        floor_bw * 1e-9, VALIDATE, " (before the launch)" if args.sync_validation else "",
         "torch = torch_tdt.tdt_loss (vectorised pure PyTorch)",
         ", transformers = transformers.loss.loss_tdt.tdt_loss" if len(bases) > 1
         else " (transformers not installed)"))

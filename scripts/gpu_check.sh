@@ -84,7 +84,7 @@ if want pybench; then
   step bench_py 150 python3 benchmark/bench.py --device cuda --iters 20 --plot "$OUT/bench.png"
   step bench_py_novalidate 60 python3 benchmark/bench.py --device cuda --iters 20 --no-validate \
     --shapes base,parakeet,ragged --baseline-shapes none
-  step bench_py_async 60 python3 benchmark/bench.py --device cuda --iters 20 --async-validation \
+  step bench_py_sync 60 python3 benchmark/bench.py --device cuda --iters 20 --sync-validation \
     --shapes base,parakeet,ragged --baseline-shapes none
   step train_example 60 python3 examples/train_tiny_tdt.py --check
 fi

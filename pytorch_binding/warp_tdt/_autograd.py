@@ -30,11 +30,13 @@ class LossFunction(torch.autograd.Function):
     @staticmethod
     @_custom_fwd
     def forward(ctx, logits, duration, labels, frame_lengths, label_lengths, spec, as_rnnt, in_place):
+        built = []
         costs, workspace = _core.forward(spec, logits, duration, labels, frame_lengths,
-                                         label_lengths, as_rnnt)
+                                         label_lengths, as_rnnt, built=built)
         ctx.save_for_backward(logits, duration)
         ctx.labels, ctx.frame_lengths, ctx.label_lengths = labels, frame_lengths, label_lengths
         ctx.workspace = workspace
+        ctx.built = built[0] if built else None  # the C structs, reused by backward
         ctx.spec, ctx.as_rnnt, ctx.in_place = spec, as_rnnt, in_place
         ctx.spent = False
         return costs
@@ -57,7 +59,7 @@ class LossFunction(torch.autograd.Function):
         g_logits, g_duration = _core.backward(
             ctx.spec, grad_costs, logits, duration, ctx.labels, ctx.frame_lengths,
             ctx.label_lengths, ctx.workspace, ctx.as_rnnt, need_logits=need_logits,
-            need_duration=need_duration, in_place=ctx.in_place)
+            need_duration=need_duration, in_place=ctx.in_place, built=ctx.built)
         if ctx.in_place:
             ctx.workspace = None  # nothing can use it again; free it now
         return (g_logits if need_logits else None, g_duration) + nones

@@ -21,6 +21,11 @@ import torch
 
 from . import _hostmem, _lib
 
+try:  # the data checks' fast path; torch works without numpy, and so do they
+    import numpy as _np
+except ImportError:  # pragma: no cover
+    _np = None
+
 __all__ = ["Spec", "forward", "backward", "validate_data", "workspace_bound", "acc_dtype"]
 
 _DTYPES = {
@@ -84,9 +89,46 @@ def _strides3(t):
     return (int(s[0]), int(s[1]), int(s[2]))
 
 
+# Options depend on the Spec alone (plus the device kind and the RNN-T draw): built once and
+# copied per call (the copy gets the call's stream or thread count). The durations array each
+# points to lives in the cache entry; a caller keeps the entry while its call runs.
+_options_cache = {}
+_workspace_cache = {}  # (B, T, rows, tdt, D) -> tdt_get_workspace_size()
+_CACHE_MAX = 256
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _options(spec, cuda, tdt):
+    key = (spec, cuda, tdt)
+    entry = _options_cache.get(key)
+    if entry is None:
+        o = _lib.Options()
+        o.location = _lib.LOCATION_GPU if cuda else _lib.LOCATION_CPU
+        o.blank = spec.blank
+        keep = None
+        if tdt:
+            keep = (ctypes.c_int * len(spec.durations))(*spec.durations)
+            o.durations = ctypes.cast(keep, ctypes.POINTER(ctypes.c_int))
+            o.num_durations = len(spec.durations)
+            o.sigma = spec.sigma
+        o.fastemit_lambda = spec.fastemit_lambda
+        o.clamp = spec.clamp if spec.clamp > 0 else 0.0
+        o.input_kind = _lib.INPUT_LOG_PROBS if spec.log_probs else _lib.INPUT_LOGITS
+        if len(_options_cache) >= _CACHE_MAX:
+            _options_cache.clear()
+        entry = _options_cache[key] = (o, keep)
+    o = _lib.Options.from_buffer_copy(entry[0])
+    # CPU: as many OpenMP threads as torch's own CPU ops use (torch.set_num_threads() is the one
+    # knob); not the library's default, which is the calling thread's OpenMP setting and need not
+    # follow torch (a library built against another OpenMP runtime, or a thread torch never set)
+    if not cuda:
+        o.num_threads = max(1, torch.get_num_threads())
+    return o, entry
+
+
 def _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt):
     """The tdt_problem_t and tdt_options_t of a call, plus the objects they point into."""
-    B, T, rows = (int(x) for x in logits.shape[:3])
+    B, T, rows = logits.shape[:3]
     V = spec.vocab_size
     p = _lib.Problem()
     p.batch, p.max_frames, p.max_labels, p.vocab_size = B, T, rows - 1, V
@@ -96,64 +138,57 @@ def _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt
     tdt = spec.mode != "rnnt" and not as_rnnt
     if tdt:
         if spec.mode == "joint":
-            p.duration_logits = logits.data_ptr() + V * logits.element_size()
-            p.duration_strides = _strides3(logits)
+            p.duration_logits = p.token_logits + V * logits.element_size()
+            p.duration_strides = p.token_strides
         else:
             p.duration_logits = duration.data_ptr()
             p.duration_strides = _strides3(duration)
-    p.labels = labels.data_ptr() if labels.numel() > 0 else None
+    p.labels = labels.data_ptr() if rows > 1 else None
     p.frame_lengths = frame_lengths.data_ptr()
     p.label_lengths = label_lengths.data_ptr()
-
-    o = _lib.Options()
-    o.location = _lib.LOCATION_GPU if logits.is_cuda else _lib.LOCATION_CPU
-    # CPU: as many OpenMP threads as torch's own CPU ops use (torch.set_num_threads() is the one
-    # knob); not the library's default, which is the calling thread's OpenMP setting and need not
-    # follow torch (a library built against another OpenMP runtime, or a thread torch never set)
-    o.num_threads = 0 if logits.is_cuda else max(1, torch.get_num_threads())
-    o.blank = spec.blank
-    keep = None
-    if tdt:
-        keep = (ctypes.c_int * len(spec.durations))(*spec.durations)
-        o.durations = ctypes.cast(keep, ctypes.POINTER(ctypes.c_int))
-        o.num_durations = len(spec.durations)
-        o.sigma = spec.sigma
-    o.fastemit_lambda = spec.fastemit_lambda
-    o.clamp = spec.clamp if spec.clamp > 0 else 0.0
-    o.input_kind = _lib.INPUT_LOG_PROBS if spec.log_probs else _lib.INPUT_LOGITS
+    o, keep = _options(spec, logits.is_cuda, tdt)
     return p, o, keep
 
 
 def _workspace_size(p, o):
-    n = ctypes.c_size_t(0)
-    _lib.check("tdt_get_workspace_size",
-               _lib.load().tdt_get_workspace_size(ctypes.byref(p), ctypes.byref(o), ctypes.byref(n)))
-    return int(n.value)
+    key = (p.batch, p.max_frames, p.max_labels, bool(p.duration_logits), o.num_durations)
+    n = _workspace_cache.get(key)
+    if n is None:
+        c = ctypes.c_size_t(0)
+        _lib.check("tdt_get_workspace_size",
+                   _lib.load().tdt_get_workspace_size(ctypes.byref(p), ctypes.byref(o),
+                                                      ctypes.byref(c)))
+        if len(_workspace_cache) >= _CACHE_MAX:
+            _workspace_cache.clear()
+        n = _workspace_cache[key] = int(c.value)
+    return n
 
 
 def _call(fn_name, logits, o, *args):
-    """Runs one C entry point on the logits' device and current stream."""
-    fn = getattr(_lib.load(), fn_name)
+    """Runs one C entry point on the logits' current stream. No device guard: on the GPU the
+    library itself runs on the device that owns the workspace, and restores the current one."""
     if logits.is_cuda:
-        with torch.cuda.device(logits.device):
-            o.stream = torch.cuda.current_stream(logits.device).cuda_stream
-            status = fn(*args)
-    else:
-        status = fn(*args)
-    _lib.check(fn_name, status)
+        index = logits.device.index
+        o.stream = (_raw_stream(index) if _raw_stream is not None
+                    else torch.cuda.current_stream(logits.device).cuda_stream)
+    _lib.check(fn_name, getattr(_lib.load(), fn_name)(*args))
 
 
 def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
-            workspace_bytes=None, zero_workspace=False):
+            workspace_bytes=None, zero_workspace=False, built=None):
     """Costs (B,) in the accumulate type, and the workspace that backward() needs.
 
     workspace_bytes: the size to allocate (the custom op passes workspace_bound() so that its
     fake and real outputs agree); None allocates exactly what the library asks for.
     zero_workspace: zero-fill it first, so its bytes are a function of the inputs alone.
+    built: a list to which the call's (problem, options, keep) are appended, for backward() to
+    reuse (the same tensors, so the same pointers).
     """
     B = int(logits.shape[0])
     acc = acc_dtype(logits.dtype)
     p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+    if built is not None:
+        built.append((p, o, keep))
     need = _workspace_size(p, o)
     size = need if workspace_bytes is None else int(workspace_bytes)
     if size < need:
@@ -177,22 +212,28 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
         return costs, workspace
     _call("tdt_forward", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
           workspace.data_ptr(), size)
-    del keep
     return costs, workspace
 
 
 def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_lengths, workspace,
-             as_rnnt=False, need_logits=True, need_duration=True, in_place=False):
+             as_rnnt=False, need_logits=True, need_duration=True, in_place=False, built=None):
     """Gradients of sum_b grad_costs[b] * costs[b], written once, in the logits' dtype.
 
     Returns (grad_logits, grad_duration). grad_logits has the shape of ``logits`` (joint-shaped in
     joint mode, holding both gradients); grad_duration is None unless mode is "separate" and
     need_duration. With in_place the gradients overwrite the logits and the logits tensors
-    themselves (detached) are returned.
+    themselves (detached) are returned. built: forward()'s (problem, options, keep), or None.
     """
     global last_grad_ptrs
     acc = acc_dtype(logits.dtype)
-    g = grad_costs.to(device=logits.device, dtype=acc).contiguous()
+    g = grad_costs
+    if g.device != logits.device or g.dtype != acc:
+        g = g.to(device=logits.device, dtype=acc)
+    # A sum or batch-mean reduction hands back one value expanded to (B,) (stride 0): the library
+    # reads it as one (options.grad_costs_scalar) instead of a copy made contiguous.
+    scalar = g.dim() == 1 and g.shape[0] > 1 and g.stride(0) == 0
+    if not scalar and not g.is_contiguous():
+        g = g.contiguous()
     separate = spec.mode == "separate"
     joint = spec.mode == "joint"
     if not separate:
@@ -210,7 +251,10 @@ def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_le
             g_dur.zero_()
         return g_logits, g_dur
 
-    p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+    if built is None:
+        built = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+    p, o, keep = built
+    o.grad_costs_scalar = 1 if scalar else 0
     grads = _lib.Gradients()
     tdt = spec.mode != "rnnt" and not as_rnnt
     if g_logits is not None:
@@ -224,7 +268,7 @@ def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_le
         grads.duration_strides = _strides3(g_dur)
     _call("tdt_backward", logits, o, ctypes.byref(p), ctypes.byref(o), g.data_ptr(),
           ctypes.byref(grads), workspace.data_ptr(), workspace.numel())
-    del keep
+    del keep  # the durations array stays alive until here
     if as_rnnt and spec.mode != "rnnt":
         # The RNN-T draw of omega: the duration logits get an exact zero gradient.
         if joint and g_logits is not None:
@@ -253,65 +297,104 @@ def validate_data(spec, logits, labels, frame_lengths, label_lengths, names):
                           names)
 
 
-def validation_start(labels, frame_lengths, label_lengths, asynchronous=False):
-    """The first half of validate_data: lengths and labels on the host, as (fl, ll, labels, done).
+def validation_start(labels, frame_lengths, label_lengths, asynchronous=False, packed=None,
+                     host=None):
+    """The first half of validate_data: lengths and labels on their way to the host.
 
-    CPU tensors are used as they are. CUDA ones are packed into one tensor and copied to the
-    host: by default with a synchronous copy (done is None); with asynchronous=True into pinned
-    memory on the current stream, with an event (done) recorded after the copy, so the caller
-    can enqueue the loss's kernels before validation_finish waits for the copy alone.
-    (Experimental, opt-in with WARP_TDT_ASYNC_VALIDATION=1: not yet measured or tested on a GPU.)
+    CPU tensors are used as they are, and so is ``host``: int32 [frame lengths, label lengths,
+    labels] already on the host (functional._indices builds it there when the inputs were on the
+    CPU). CUDA ones are brought to the host in one copy, of ``packed`` (the same layout on the
+    device) when given, else of a concatenation: by default a synchronous copy; with
+    asynchronous=True into pinned memory on the current stream, with an event recorded after
+    the copy, so the caller can enqueue the loss's kernels before validation_finish waits for
+    the copy alone (functional._costs' default on CUDA). Returns what validation_finish takes.
     """
     B, U = int(labels.shape[0]), int(labels.shape[1])
-    if not labels.is_cuda:
-        return frame_lengths, label_lengths, labels, None
-    packed = torch.cat([frame_lengths, label_lengths, labels.reshape(-1)])
+    if host is None:
+        if not labels.is_cuda:
+            return None, (frame_lengths, label_lengths, labels), B, U, None
+        if packed is None:
+            packed = torch.cat([frame_lengths, label_lengths, labels.reshape(-1)])
     done = None
-    if asynchronous:
+    if host is not None:
+        pass
+    elif asynchronous:
         host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(labels.device))
     else:
         host = packed.cpu()
-    return host[:B], host[B:2 * B], host[2 * B:].view(B, U), done
+    return host, None, B, U, done
+
+
+def _as_array(x):
+    """x as a numpy array (no copy) where numpy and torch's bridge to it are there, else x."""
+    if _np is not None:
+        try:
+            return x.numpy()
+        except (RuntimeError, TypeError):  # a torch built without numpy support
+            pass
+    return x
+
+
+def _first(mask):
+    """Index (a tuple) of the first True of a boolean numpy array or CPU tensor."""
+    if _np is not None and isinstance(mask, _np.ndarray):
+        return tuple(int(i) for i in _np.argwhere(mask)[0])
+    return tuple(int(i) for i in mask.nonzero()[0])
 
 
 def validation_finish(spec, logits, pending, names):
-    """The second half of validate_data: waits for validation_start's copy, then the checks."""
-    fl, ll, labels, done = pending
+    """The second half of validate_data: waits for validation_start's copy, then the checks.
+
+    A few reductions over numpy arrays decide that all is well (microseconds, where a dozen
+    small torch ops took a hundred); only bad data takes the slower search for the first bad
+    element to name. Returns the label lengths it checked (host), or None when B == 0.
+    """
+    host, parts, B, U, done = pending
     if done is not None:
         done.synchronize()
-    B = int(labels.shape[0])
     if B == 0:
-        return
+        return None
+    if parts is None:
+        h = _as_array(host)
+        fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].reshape(B, U)
+    else:
+        fl, ll, labels = (_as_array(x) for x in parts)
     T = int(logits.shape[1])
-    U = int(logits.shape[2]) - 1
     V = spec.vocab_size
+    numpy = _np is not None and isinstance(fl, _np.ndarray)
+    arange = _np.arange if numpy else torch.arange
+    ok = fl.min() >= 0 and fl.max() <= T and ll.min() >= 0 and ll.max() <= U
+    inside = None
+    if ok and U > 0:
+        inside = arange(U)[None, :] < ll[:, None]
+        used = labels[inside]
+        ok = used.shape[0] == 0 or (used.min() >= 0 and used.max() < V
+                                    and not (used == spec.blank).any())
+    if ok:
+        return ll
     bad_f = (fl < 0) | (fl > T)
     if bool(bad_f.any()):
-        b = int(bad_f.nonzero()[0, 0])
+        b = _first(bad_f)[0]
         raise ValueError(
             "%s[%d] = %d is outside [0, %d]: a frame length must not exceed the padded frame "
             "count %s.shape[1] = %d" % (names["logit_lengths"], b, int(fl[b]), T, names["logits"], T))
     bad_l = (ll < 0) | (ll > U)
     if bool(bad_l.any()):
-        b = int(bad_l.nonzero()[0, 0])
+        b = _first(bad_l)[0]
         raise ValueError(
             "%s[%d] = %d is outside [0, %d]: a label length must not exceed %s.shape[2] - 1 = %d "
             "(the lattice has U + 1 rows)" % (names["target_lengths"], b, int(ll[b]), U,
                                               names["logits"], U))
-    if U == 0:
-        return
-    inside = torch.arange(U).unsqueeze(0) < ll.unsqueeze(1)
     bad_range = inside & ((labels < 0) | (labels >= V))
     if bool(bad_range.any()):
-        b, i = (int(x) for x in bad_range.nonzero()[0])
+        b, i = _first(bad_range)
         raise ValueError(
             "%s[%d][%d] = %d is outside [0, %d) (the vocabulary size, blank included)"
             % (names["targets"], b, i, int(labels[b, i]), V))
     bad_blank = inside & (labels == spec.blank)
-    if bool(bad_blank.any()):
-        b, i = (int(x) for x in bad_blank.nonzero()[0])
-        raise ValueError("%s[%d][%d] = %d equals %s = %d; the blank cannot be a target label"
-                         % (names["targets"], b, i, int(labels[b, i]), names["blank"], spec.blank))
+    b, i = _first(bad_blank)
+    raise ValueError("%s[%d][%d] = %d equals %s = %d; the blank cannot be a target label"
+                     % (names["targets"], b, i, int(labels[b, i]), names["blank"], spec.blank))

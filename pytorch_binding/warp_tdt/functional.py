@@ -11,6 +11,7 @@ ops on the (B,) costs, so autograd hands the library its per-sample weights (1/(
 import operator
 import os
 import sys
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -145,30 +146,69 @@ def _int_tensor(x, name, device, dim):
     return x
 
 
-def _lengths(x, name, batch, device):
-    x = _int_tensor(x, name, device, 1)
-    if x.shape[0] != batch:
-        raise ValueError("%s has shape %s but the batch size is %d" % (name, tuple(x.shape), batch))
-    return x.to(device=device, dtype=torch.int32).contiguous()
+class _Indices(NamedTuple):
+    """Labels (B, U) and lengths (B,), int32 and contiguous on the logits' device, for the library.
+
+    When they had to be converted, all three are views of one int32 tensor [frame lengths, label
+    lengths, labels] made by one concatenation (at most one conversion kernel a call); ``packed``
+    is that tensor (None when the inputs were used as they were), and ``host`` its CPU twin when
+    it was built on the host (inputs on the CPU), which validation then reads with no copy back.
+    """
+
+    labels: torch.Tensor
+    frame_lengths: torch.Tensor
+    label_lengths: torch.Tensor
+    cols: int  # targets.shape[1] as given
+    packed: Optional[torch.Tensor]
+    host: Optional[torch.Tensor]
 
 
-def _labels(x, name, batch, max_labels, device):
-    """(B, max_labels) int32 contiguous labels from targets (B, L) with any L, and L."""
-    x = _int_tensor(x, name, device, 2)
+def _ready(t, device):
+    return t.dtype == torch.int32 and t.device == device and t.is_contiguous()
+
+
+def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device):
+    x = _int_tensor(targets, "targets", device, 2)
     if x.shape[0] != batch:
-        raise ValueError("%s has shape %s but the batch size is %d" % (name, tuple(x.shape), batch))
+        raise ValueError("targets has shape %s but the batch size is %d" % (tuple(x.shape), batch))
+    fl = _int_tensor(logit_lengths, "logit_lengths", device, 1)
+    if fl.shape[0] != batch:
+        raise ValueError("logit_lengths has shape %s but the batch size is %d"
+                         % (tuple(fl.shape), batch))
+    ll = _int_tensor(target_lengths, "target_lengths", device, 1)
+    if ll.shape[0] != batch:
+        raise ValueError("target_lengths has shape %s but the batch size is %d"
+                         % (tuple(ll.shape), batch))
     cols = x.shape[1]
-    if cols >= max_labels:
-        return x[:, :max_labels].to(device=device, dtype=torch.int32).contiguous(), cols
-    out = torch.zeros(batch, max_labels, dtype=torch.int32, device=device)
-    out[:, :cols] = x.to(device=device, dtype=torch.int32)
-    return out, cols
+    if cols > max_labels:
+        x = x[:, :max_labels]
+    if cols >= max_labels and _ready(x, device) and _ready(fl, device) and _ready(ll, device):
+        return _Indices(x, fl, ll, cols, None, None)
+    where = x.device if x.device == fl.device == ll.device else device
+    if cols < max_labels:  # zero-padded to U (only the first label_lengths[b] are read)
+        lab = torch.zeros(batch, max_labels, dtype=torch.int32, device=where)
+        lab[:, :cols] = x
+    else:
+        lab = x
+    parts = [fl.to(where), ll.to(where), lab.to(where).reshape(-1)]
+    packed = torch.cat(parts)
+    if packed.dtype != torch.int32:
+        packed = packed.to(torch.int32)
+    host = None
+    if packed.device != device:  # built on the host: validation reads it there
+        host = packed
+        packed = packed.to(device)
+    return _Indices(packed[2 * batch:].view(batch, max_labels), packed[:batch],
+                    packed[batch:2 * batch], cols, packed, host)
 
 
-def _check_label_columns(label_lengths, cols, rows, ref, validate):
+def _check_label_columns(idx, rows, ref, validate):
     """Targets narrower than U: every U_b must fit in them (they were zero-padded to U)."""
+    cols = idx.cols
     if not validate or cols >= rows - 1 or _is_compiling() or _capturing(ref):
         return
+    B = idx.frame_lengths.shape[0]
+    label_lengths = idx.label_lengths if idx.host is None else idx.host[B:2 * B]
     over = label_lengths.to(torch.int64) > cols
     if bool(over.any()):
         b = int(over.nonzero()[0, 0])
@@ -242,23 +282,26 @@ def _joint_of(token, duration):
 # ---- running ----------------------------------------------------------------------------------
 
 
-def _costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega, in_place,
-           validate, names):
+def _costs(spec, logits, duration, idx, omega, in_place, validate, names):
+    labels, frame_lengths, label_lengths = idx.labels, idx.frame_lengths, idx.label_lengths
     use_ops = _ops.AVAILABLE and not in_place and (_FORCE_CUSTOM_OPS or _is_compiling())
     if use_ops:
         return _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
                           validate)
     validate = validate and not _capturing(logits)
-    # Opt-in, experimental: on CUDA, copy lengths and labels to the host asynchronously, enqueue
-    # the loss's kernels, and check while they run (the kernels mark bad device data without
-    # reading out of range), instead of a host sync before the launch. Not yet measured or tested
-    # on a GPU; see benchmark/NOTES.md ("What remains", item 1).
-    later = validate and logits.is_cuda and os.environ.get("WARP_TDT_ASYNC_VALIDATION") == "1"
+    # On CUDA the checks of lengths and labels run after the loss's kernels are enqueued: the
+    # copy to the host (none when they were on the host already) goes ahead of the kernels, into
+    # pinned memory, and the host waits for that copy alone, so the GPU is not idle while the host
+    # checks (the kernels give bad data a NaN cost without reading out of range, and an error
+    # raised here drops their outputs). WARP_TDT_ASYNC_VALIDATION=0: check before the launch.
+    later = validate and logits.is_cuda and os.environ.get("WARP_TDT_ASYNC_VALIDATION") != "0"
     pending = None
     if later:
-        pending = _core.validation_start(labels, frame_lengths, label_lengths, asynchronous=True)
+        pending = _core.validation_start(labels, frame_lengths, label_lengths, asynchronous=True,
+                                         packed=idx.packed, host=idx.host)
     elif validate:
-        _core.validate_data(spec, logits, labels, frame_lengths, label_lengths, names)
+        _core.validation_finish(spec, logits, _core.validation_start(
+            labels, frame_lengths, label_lengths, packed=idx.packed, host=idx.host), names)
     as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
     costs = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
                                          spec, as_rnnt, in_place)
@@ -324,10 +367,8 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
     clamp = _check_number(clamp, "clamp", allow_negative=True)
     omega = _check_number(omega, "omega", 0.0, 1.0)
     device = ref.device
-    labels, cols = _labels(targets, "targets", B, rows - 1, device)
-    frame_lengths = _lengths(logit_lengths, "logit_lengths", B, device)
-    label_lengths = _lengths(target_lengths, "target_lengths", B, device)
-    _check_label_columns(label_lengths, cols, rows, ref, validate)
+    idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device)
+    _check_label_columns(idx, rows, ref, validate)
 
     if joint is None and fuse_joint and not _is_compiling():
         joint = _joint_of(token_logits, duration_logits)
@@ -340,8 +381,7 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         joint = _readable(joint)
         _check_in_place(joint, names["logits"] if token_logits is None else "the joint tensor of "
                         "token_logits and duration_logits", in_place)
-        costs = _costs(spec, joint, None, labels, frame_lengths, label_lengths, omega, in_place,
-                       validate, names)
+        costs = _costs(spec, joint, None, idx, omega, in_place, validate, names)
     else:
         tok, dur = token_logits, duration_logits
         if tok.dtype != dur.dtype:
@@ -352,9 +392,8 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         tok, dur = _readable(tok), _readable(dur)
         _check_in_place(tok, "token_logits", in_place)
         _check_in_place(dur, "duration_logits", in_place)
-        costs = _costs(spec, tok, dur, labels, frame_lengths, label_lengths, omega, in_place,
-                       validate, names)
-    return _tdt_reduce(costs, label_lengths, reduction)
+        costs = _costs(spec, tok, dur, idx, omega, in_place, validate, names)
+    return _tdt_reduce(costs, idx.label_lengths, reduction)
 
 
 def tdt_loss(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
@@ -392,8 +431,9 @@ def tdt_loss(token_logits, duration_logits, targets, logit_lengths, target_lengt
         fuse_joint: when the two logits are the token / duration slices of one joint tensor, run
             autograd on that tensor, so its gradient is written once with no slice-backward copies
             (hooks on the slice views then see no gradient; pass False to keep them).
-        validate: check lengths and labels on the data (one host sync on CUDA; skipped while a
-            CUDA graph is being captured). Without it the GPU gives a bad sample a NaN loss.
+        validate: check lengths and labels on the data (on CUDA: one small copy to the host,
+            waited for after the kernels are enqueued; skipped while a CUDA graph is being
+            captured). Without it the GPU gives a bad sample a NaN loss.
 
     Returns:
         float32 loss (float64 for float64 logits): a scalar, or ``(batch,)`` for ``"none"``.
@@ -451,15 +491,12 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     clamp = _check_number(clamp, "clamp", allow_negative=True)
     fastemit_lambda = _check_number(fastemit_lambda, "fastemit_lambda")
     device = logits.device
-    labels, cols = _labels(targets, "targets", B, rows - 1, device)
-    frame_lengths = _lengths(logit_lengths, "logit_lengths", B, device)
-    label_lengths = _lengths(target_lengths, "target_lengths", B, device)
-    _check_label_columns(label_lengths, cols, rows, logits, validate)
+    idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device)
+    _check_label_columns(idx, rows, logits, validate)
     spec = _core.Spec("rnnt", V, (), b, 0.0, fastemit_lambda, clamp, not fused_log_softmax)
     x = _readable(logits)
     _check_in_place(x, "logits", in_place)
-    costs = _costs(spec, x, None, labels, frame_lengths, label_lengths, 0.0, in_place, validate,
-                   _RNNT_NAMES)
+    costs = _costs(spec, x, None, idx, 0.0, in_place, validate, _RNNT_NAMES)
     if reduction == "mean":
         costs = costs.mean()
     elif reduction == "sum":

@@ -8,6 +8,7 @@ import torch
 
 import reference as R
 import warp_tdt
+from warp_tdt import _core
 from conftest import requires_cuda
 from helpers import REDUCTIONS, lib_tdt, tolerances
 
@@ -98,14 +99,16 @@ def test_cuda_validation_raises_and_unvalidated_bad_sample_is_nan():
     assert loss[0].item() == good[0].item() and loss[2].item() == good[2].item()
 
 
-def test_async_validation_raises_the_same_errors_and_gives_the_same_results(monkeypatch):
-    # WARP_TDT_ASYNC_VALIDATION=1 (experimental): the lengths and labels travel to the host
-    # while the loss's kernels run; the same ValueErrors, the same bits on good data.
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_async_validation_raises_the_same_errors_and_gives_the_same_results(monkeypatch, mode):
+    # By default (and with WARP_TDT_ASYNC_VALIDATION=1) the lengths and labels travel to the host
+    # while the loss's kernels run; =0 checks them before the launch. The same ValueErrors, and
+    # the same bits on good data as without any check.
     case = R.random_case(B=3, T=6, U=3, V=5, seed=87, device="cuda")
     case["targets"][case["targets"] < 0] = 0
     case["target_lengths"].clamp_(min=1)
-    ref = lib_tdt(case, "cuda", torch.float32, "joint", "sum")
-    monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", "1")
+    ref = lib_tdt(case, "cuda", torch.float32, "joint", "sum", validate=False)
+    monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", mode)
     got = lib_tdt(case, "cuda", torch.float32, "joint", "sum")
     for x, y in zip(got, ref):
         assert torch.equal(x, y)
@@ -122,6 +125,35 @@ def test_async_validation_raises_the_same_errors_and_gives_the_same_results(monk
     with pytest.raises(ValueError, match=r"equals blank_token_id"):
         warp_tdt.tdt_loss(**blank_label)
     torch.cuda.synchronize()  # the failed calls' kernels ran on the bad data without a fault
+
+
+def test_host_lengths_are_checked_on_the_host_without_a_copy_back(monkeypatch):
+    # Labels and lengths on the CPU with CUDA logits: they are packed and checked where they are,
+    # then copied to the GPU once; nothing comes back from the device for the checks.
+    hosts = []
+    real = _core.validation_start
+
+    def spy(*args, **kwargs):
+        hosts.append(kwargs.get("host"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_core, "validation_start", spy)
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=88)
+    case["targets"][case["targets"] < 0] = 0
+    case["target_lengths"].clamp_(min=1)
+    on_gpu = dict(case, targets=case["targets"].cuda(), logit_lengths=case["logit_lengths"].cuda(),
+                  target_lengths=case["target_lengths"].cuda())
+    ref = lib_tdt(on_gpu, "cuda", torch.float32, "joint", "sum")
+    got = lib_tdt(case, "cuda", torch.float32, "joint", "sum")
+    for x, y in zip(got, ref):
+        assert torch.equal(x, y)
+    assert hosts[0] is None and hosts[-1] is not None and hosts[-1].device.type == "cpu"
+    bad = dict(case, token_logits=case["token_logits"].cuda(),
+               duration_logits=case["duration_logits"].cuda(),
+               target_lengths=case["target_lengths"].clone())
+    bad["target_lengths"][1] = 4
+    with pytest.raises(ValueError, match=r"target_lengths\[1\] = 4 is outside \[0, 3\]"):
+        warp_tdt.tdt_loss(**bad)
 
 
 def test_cuda_graph_capture_of_forward_and_backward():

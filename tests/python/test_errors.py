@@ -72,6 +72,22 @@ def test_bad_tdt_arguments(changes, match):
     _raises(exc, match, **changes)
 
 
+@pytest.mark.parametrize("changes,match", [
+    (dict(logit_lengths=torch.tensor([5, 9])), r"logit_lengths\[1\] = 9 is outside \[0, 5\]"),
+    (dict(target_lengths=torch.tensor([3, -2])), r"target_lengths\[1\] = -2 is outside \[0, 3\]"),
+    (dict(targets=torch.tensor([[1, 2, 3], [0, 6, 4]])), r"targets\[1\]\[1\] = 6 is outside \[0, 6\)"),
+    (dict(targets=torch.tensor([[1, 2, 5], [0, 1, 4]])),
+     r"targets\[0\]\[2\] = 5 equals blank_token_id = 5"),
+])
+def test_data_checks_without_numpy(monkeypatch, changes, match):
+    # numpy is optional: the same checks and messages through torch ops on the host
+    monkeypatch.setattr(_core, "_np", None)
+    _raises(ValueError, match, **changes)
+    kw = _args()
+    kw["targets"] = torch.tensor([[1, 2, 3], [0, 4, 5]])  # the blank as padding is never read
+    assert torch.isfinite(warp_tdt.tdt_loss(**kw))
+
+
 def test_narrow_targets_need_short_lengths():
     _raises(ValueError, r"target_lengths\[0\] = 3 exceeds targets.shape\[1\] = 2",
             targets=torch.tensor([[1, 2], [0, 4]]))

@@ -157,3 +157,63 @@ def test_autocast_runs_in_the_autocast_dtype(device):
     ref = warp_tdt.tdt_loss(joint.detach().float()[..., :6], joint.detach().float()[..., 6:],
                             targets, [5, 4], [2, 1], 5, [0, 1, 2])
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_expanded_upstream_gradient_is_read_as_one_value(device, monkeypatch):
+    """A sum reduction hands the backward one value expanded to (B,) (stride 0): the library
+    reads it as one (options.grad_costs_scalar), with no copy, and the gradient is bit for bit
+    the one of the same value repeated in a contiguous (B,) tensor."""
+    flags = []
+    real = _core._call
+
+    def spy(fn_name, logits, o, *args):
+        if fn_name == "tdt_backward":
+            flags.append(o.grad_costs_scalar)
+        return real(fn_name, logits, o, *args)
+
+    monkeypatch.setattr(_core, "_call", spy)
+    case = R.random_case(B=4, T=6, U=3, V=7, seed=31)
+    V = 7
+    joint = torch.cat([case["token_logits"], case["duration_logits"]], -1).float().to(device)
+    grads = []
+    for weights in (None, torch.full((4,), -0.75, device=device)):
+        x = joint.clone().requires_grad_(True)
+        loss = warp_tdt.tdt_loss(x[..., :V], x[..., V:], case["targets"], case["logit_lengths"],
+                                 case["target_lengths"], case["blank_token_id"],
+                                 case["durations"], reduction="none")
+        (loss.sum() * -0.75 if weights is None else (loss * weights).sum()).backward()
+        grads.append(x.grad)
+    assert flags == [1, 0], "grad_costs_scalar per backward call: %s" % flags
+    assert torch.equal(grads[0], grads[1]), \
+        "max |difference| %g" % (grads[0] - grads[1]).abs().max().item()
+
+
+@pytest.mark.parametrize("int_dtype", [torch.int32, torch.int64])
+def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, monkeypatch):
+    """int32 contiguous labels and lengths on the logits' device are passed as they are; any
+    other integer tensors are converted together, into one int32 tensor, by one concatenation."""
+    seen = []
+    real = _core._build
+
+    def spy(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt):
+        seen.append((labels, frame_lengths, label_lengths))
+        return real(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+
+    monkeypatch.setattr(_core, "_build", spy)
+    case = R.random_case(B=3, T=6, U=4, V=6, seed=32)
+    targets = case["targets"].to(device=device, dtype=int_dtype)
+    fl = case["logit_lengths"].to(device=device, dtype=int_dtype)
+    ll = case["target_lengths"].to(device=device, dtype=int_dtype)
+    loss = warp_tdt.tdt_loss(case["token_logits"].to(device), case["duration_logits"].to(device),
+                             targets, fl, ll, case["blank_token_id"], case["durations"],
+                             reduction="none")
+    labels, f, l = seen[0]
+    assert labels.dtype == f.dtype == l.dtype == torch.int32
+    if int_dtype == torch.int32:
+        assert (labels.data_ptr(), f.data_ptr(), l.data_ptr()) == \
+            (targets.data_ptr(), fl.data_ptr(), ll.data_ptr())
+    else:
+        base = f.data_ptr()
+        assert l.data_ptr() == base + 4 * 3 and labels.data_ptr() == base + 4 * 6
+        assert labels.is_contiguous() and torch.equal(labels.cpu(), case["targets"].int())
+    torch.testing.assert_close(loss.cpu(), ref_tdt(case)[0].float(), rtol=1e-5, atol=1e-5)
