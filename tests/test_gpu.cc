@@ -992,6 +992,26 @@ TEST(GpuLong, RingSweepBeyondTheStagedRing) {
     }
 }
 
+// Diagonals of more than 128 nodes in the staged ring: the sweep is split over a cluster of
+// blocks, each owning a range of columns (u) and receiving its neighbour's boundary value
+// through distributed shared memory. max_labels + 1 = 301 gives twelve blocks of 26 columns
+// (the last 15; beyond the portable cluster size of 8); a sample with U_b = 90 leaves eight of
+// them without columns, one with U_b = 150 ends inside the sixth; T_b = 199 and 150 end early.
+// TDT with durations 0..4 and {1, 2, 4} (no zero), and RNN-T (two lanes a node).
+TEST(GpuLong, ClusterSplitSweep) {
+    REQUIRE_GPU();
+    for (int which = 0; which < 3; ++which) {
+        for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32}) {
+            Spec s; s.B = 3; s.T = 200; s.U = 300; s.V = 7; s.dt = dt; s.scale = 0.5;
+            s.seed = 40 + which;
+            s.Tb = {200, 199, 150}; s.Ub = {300, 90, 150};
+            if (which == 1) s.durs = {1, 2, 4};
+            if (which == 2) s.durs = {};
+            check_vs_cpu(s);
+        }
+    }
+}
+
 // max_labels + 1 = 3701: eight diagonals of it (TDT durations up to 4) exceed a block's shared
 // memory, so the sweep keeps its values in the workspace array instead of the ring.
 TEST(GpuLong, LabelsBeyondTheSharedMemoryRing) {

@@ -25,10 +25,16 @@
  * log2 G shuffle steps). Group g owns node lo + g of each diagonal (and lo + g + k * blockDim/G
  * for diagonals longer than one pass: U is not capped).
  *
- * Three kernels, by how much of a diagonal fits in a block's shared memory (sweep_launch):
+ * Four kernels, by how much of a diagonal fits in a block's shared memory (sweep_launch):
  *  - sweep_staged_kernel (the default; section "The staged sweep" below): a ring of the last
  *    few diagonals holding both the values and the normaliser's per-node weights, copied in
  *    asynchronously ahead of use, so a step's operands are all in shared memory;
+ *  - sweep_cluster_kernel, the same for diagonals of more than 128 nodes (long utterances):
+ *    each (sample, direction) is split over a thread-block cluster of up to 16 blocks, each
+ *    owning a range of columns u, stepping through the diagonals together with one cluster
+ *    barrier a diagonal; the one value a label arc carries across a block boundary goes into
+ *    the neighbour's shared memory (distributed shared memory), so instead of one SM working
+ *    through 400-node diagonals, 16 SMs each take 26 nodes;
  *  - sweep_kernel with RING = true, for rows too long for that (maxU beyond ~450 with
  *    durations 0..4): the values alone in the ring, the weights prefetched into registers one
  *    diagonal ahead (what follows describes this kernel);
@@ -72,6 +78,7 @@
 #define TDT_GPU_SWEEP_CUH
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu_common.cuh"
 
@@ -330,8 +337,9 @@ __device__ __forceinline__ void tdt_sweep_finish(const tdt_gpu_args_t &a, int64_
  * out the sample's workspace alpha or beta array; a sample with bad device data is marked and
  * skipped (tdt_sweep_bad_sample). */
 template <typename Body>
-__device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, Body body) {
-    for (int64_t job = blockIdx.x; job < 2 * a.B; job += gridDim.x) { /* block-uniform */
+__device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t first,
+                                               int64_t stride, Body body) {
+    for (int64_t job = first; job < 2 * a.B; job += stride) { /* block-uniform */
         const int64_t b = job >> 1;
         const int is_beta = (int)(job & 1);
         int64_t T, U;
@@ -343,6 +351,10 @@ __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, Body bod
         body(b, is_beta, L,
              (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row));
     }
+}
+template <typename Body>
+__device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, Body body) {
+    tdt_sweep_jobs(a, blockIdx.x, gridDim.x, body); /* a job a block */
 }
 
 template <int KD, int G, bool RING>
@@ -403,6 +415,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
 
 const int kStageAhead = 2; /* diagonals whose weights are in flight while a step computes */
 
+/* Columns a block of the cluster split (sweep_cluster_kernel) takes: long (401-node diagonals)
+ * on the H200, forward ms with clusters of 1 / 4 / 8 / 12 / 16 blocks: 6.80 / 3.86 / 3.23 /
+ * 3.10 / 3.05 (benchmark/NOTES.md, v5); 16 blocks of 26 columns. */
+const int kClusterCols = 26;
+
 enum { F_X = 0, F_BLANK = 1, F_LABEL = 2, F_DUR = 3 }; /* fields of a staged diagonal */
 
 __device__ __forceinline__ void cp_async8(double *dst, const double *src) {
@@ -421,6 +438,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 struct staged_geo {
     int T, U, row, frames, mask, fstride; /* fstride: doubles a ring slot holds (F * row) */
     int use_dur;
+    int c0, c1; /* cluster split: this block's columns u = c0..c1 (sweep_cluster_kernel) */
 };
 
 /* A lane's slots with their offsets into a ring slot: the weights' fields (times row). */
@@ -438,12 +456,16 @@ __device__ __forceinline__ void staged_range(const staged_geo &g, int s, int *lo
 
 /* Block-wide: the asynchronous copies of diagonal s's weights (workspace row wr = s mod
  * max_frames, tdt_node_index) into its ring slot. KD > 0 durations a node. */
-template <int KD>
+template <int KD, bool CLUSTER>
 __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const staged_geo &g,
                                                double *ring, int s, int wr) {
     int lo, hi;
     staged_range(g, s, &lo, &hi);
-    const int cnt = hi - lo + 1;
+    if (CLUSTER) { /* own columns and the one before (alpha's label arcs start there) */
+        lo = max(lo, g.c0 - 1);
+        hi = min(hi, g.c1);
+    }
+    const int cnt = hi - lo + 1; /* <= 0: nothing */
     const int n0 = wr * g.row + lo; /* first node of the diagonal (sample-local: fits an int) */
     double *slot = ring + (s & g.mask) * g.fstride + lo;
     const int total = (g.use_dur ? 2 + KD : 2) * cnt;
@@ -486,12 +508,49 @@ __device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const stage
     }
 }
 
+/* barrier.cluster: every thread of every block of the cluster; release / acquire at cluster
+ * scope, so shared-memory stores into another block (and global stores) before it are seen
+ * after it. */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_size() {
+    unsigned r;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+/* The address of p (this block's shared memory) in block `rank` of the cluster: a generic
+ * pointer into its shared memory. */
+__device__ __forceinline__ double *cluster_map(double *p, unsigned rank) {
+    uint64_t r;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
+    return reinterpret_cast<double *>(r);
+}
+
+/* Block-wide: diagonal s's values of columns lo..hi, from its ring slot to the workspace (row
+ * wr); the cluster sweep's write-through, one step after the diagonal (a barrier between). */
+__device__ __forceinline__ void staged_write_through(const staged_geo &g, const double *ring,
+                                                     double *glob, int s, int wr, int lo, int hi) {
+    const double *x = ring + (s & g.mask) * g.fstride + F_X * g.row;
+    for (int u = lo + (int)threadIdx.x; u <= hi; u += blockDim.x) glob[wr * g.row + u] = x[u];
+}
+
 /* The whole sweep of one sample in one direction (block-uniform control flow). glob: the
- * workspace's alpha or beta array of the sample. */
-template <bool BETA, int KD, int SPL, int G>
+ * workspace's alpha or beta array of the sample. CLUSTER (sweep_cluster_kernel): this block
+ * computes columns g.c0..g.c1 of each diagonal, in step with the other blocks of its cluster
+ * (one cluster barrier a diagonal); the value of its last column (alpha) or first (beta), which
+ * the neighbour's label arcs read, is also stored into the neighbour's ring (nb, NULL at the
+ * ends of the row), so every read stays in the block's own shared memory. */
+template <bool BETA, int KD, int SPL, int G, bool CLUSTER>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, double *ring,
-                                             double *glob) {
+                                             double *glob, double *nb) {
     const int S = g.T > 0 ? g.T + g.U : 0;
     if (S == 0) return;
     const int step = BETA ? -1 : 1;
@@ -500,39 +559,66 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     int wr = wr_st;               /* workspace row of the step's diagonal */
 #pragma unroll
     for (int j = 0; j < kStageAhead; ++j) {
-        if (j < S) stage_diagonal<KD>(L, g, ring, s_st, wr_st);
+        if (j < S) stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
         cp_async_commit();
         s_st += step;
         wr_st = BETA ? (wr_st == 0 ? g.frames - 1 : wr_st - 1) : (wr_st + 1 == g.frames ? 0 : wr_st + 1);
     }
     const int grp = threadIdx.x / G, ng = blockDim.x / G;
     const bool writer = threadIdx.x % G == 0;
+    const int edge = BETA ? g.c0 : g.c1; /* the column the neighbour reads (CLUSTER) */
+    /* CLUSTER: the previous diagonal, whose values go to the workspace one step late: a store
+     * to global memory before the cluster barrier's release would hold the barrier up until it
+     * completes; one step later it has long completed. */
+    int p_s = 0, p_wr = 0, p_lo = 0, p_hi = -1;
     for (int i = 0; i < S; ++i) {
         const int s = BETA ? S - 1 - i : i;
         /* alpha reads the weights of diagonals before s, beta those of s itself */
         cp_async_wait < BETA ? kStageAhead - 1 : kStageAhead > ();
-        __syncthreads();
-        if (i + kStageAhead < S) stage_diagonal<KD>(L, g, ring, s_st, wr_st);
+        if (CLUSTER)
+            cluster_sync();
+        else
+            __syncthreads();
+        if (i + kStageAhead < S) stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
         cp_async_commit();
         s_st += step;
         wr_st = BETA ? (wr_st == 0 ? g.frames - 1 : wr_st - 1) : (wr_st + 1 == g.frames ? 0 : wr_st + 1);
 
+        if (CLUSTER) staged_write_through(g, ring, glob, p_s, p_wr, p_lo, p_hi);
+
         int lo, hi;
         staged_range(g, s, &lo, &hi);
+        if (CLUSTER) {
+            lo = max(lo, g.c0);
+            hi = min(hi, g.c1);
+        }
         for (int first = lo; first <= hi; first += ng) { /* block-uniform */
             const int u = min(first + grp, hi), t = s - u;
             double x[SPL];
             staged_terms<BETA, SPL>(L, g, sl, ring, s, t, u, x);
             const double v = group_lse<BETA, SPL, G>(x, t, u);
             if (writer && first + grp <= hi) {
-                ring[(s & g.mask) * g.fstride + F_X * g.row + u] = v;
-                glob[wr * g.row + u] = v;
+                const int at = (s & g.mask) * g.fstride + F_X * g.row + u;
+                ring[at] = v;
+                if (!CLUSTER) glob[wr * g.row + u] = v;
+                if (CLUSTER && u == edge && nb) nb[at] = v;
             }
         }
+        p_s = s;
+        p_wr = wr;
+        p_lo = lo;
+        p_hi = hi;
         wr = BETA ? (wr == 0 ? g.frames - 1 : wr - 1) : (wr + 1 == g.frames ? 0 : wr + 1);
     }
     cp_async_wait<0>(); /* no copy may land in the ring after the sweep */
-    __syncthreads();
+    if (CLUSTER) {
+        __syncthreads(); /* the last diagonal's values, written by the whole block */
+        staged_write_through(g, ring, glob, p_s, p_wr, p_lo, p_hi);
+        __threadfence(); /* the global values, for the log-likelihood's reads by block 0 */
+        cluster_sync();  /* and no block leaves while a neighbour still stores into it */
+    } else {
+        __syncthreads();
+    }
 }
 
 template <int KD, int G>
@@ -560,12 +646,63 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
         g.T = (int)L.T;
         g.U = (int)L.U;
         if (!is_beta) {
-            staged_sweep<false, KD, SPL, G>(L, g, sl, ring, glob);
+            staged_sweep<false, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
             if (tid == 0) tdt_sweep_finish(a, b, L, A, glob);
         } else {
-            staged_sweep<true, KD, SPL, G>(L, g, sl, ring, glob);
+            staged_sweep<true, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
         }
     });
+}
+
+/* The staged sweep of a (sample, direction) split over a cluster of blocks, for diagonals
+ * longer than one block's lanes cover in one pass (sweep_launch): block r of the cluster owns
+ * columns r * chunk .. (r + 1) * chunk - 1 of every diagonal; the blocks step through the
+ * diagonals together, one cluster barrier a diagonal, and only the label arcs cross a block
+ * boundary (from column c0 - 1, alpha, or into c1 + 1, beta), whose values arrive by a store
+ * into this block's ring (staged_sweep). Each block keeps a whole-row ring (the same offsets
+ * as the one-block kernel) and stages its own columns' weights and those of column c0 - 1. */
+template <int KD, int G>
+__global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt_gpu_args_t a, int ring_diags) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap(); /* clusters need sm_90: sweep_launch_cluster never launches this build there */
+#else
+    extern __shared__ double ring[];
+    enum { SPL = sweep_shape<KD, G>::SPL };
+    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    const int tid = threadIdx.x;
+    const unsigned rank = cluster_rank(), ncta = cluster_size();
+    staged_geo g;
+    g.row = (int)a.row;
+    g.frames = (int)a.maxT;
+    g.mask = ring_diags - 1;
+    g.use_dur = A.use_dur;
+    g.fstride = (g.use_dur ? F_DUR + KD : F_DUR) * g.row;
+    const int chunk = (g.row + (int)ncta - 1) / (int)ncta;
+    g.c0 = (int)rank * chunk;
+    g.c1 = min(g.c0 + chunk, g.row) - 1;
+    staged_slots<SPL> sl;
+#pragma unroll
+    for (int i = 0; i < SPL; ++i) {
+        sl.q[i] = tdt_slot_of(&a.arcs, tid % G + i * G);
+        sl.dd[i] = sl.q[i].dt + sl.q[i].du;
+        sl.off_lp[i] = (F_BLANK + sl.q[i].du) * g.row;
+        sl.off_dur[i] = (F_DUR + sl.q[i].k) * g.row;
+    }
+    double *right = rank + 1 < ncta ? cluster_map(ring, rank + 1) : NULL;
+    double *left = rank > 0 ? cluster_map(ring, rank - 1) : NULL;
+
+    tdt_sweep_jobs(a, blockIdx.x / ncta, gridDim.x / ncta,
+                   [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
+        g.T = (int)L.T;
+        g.U = (int)L.U;
+        if (!is_beta) {
+            staged_sweep<false, KD, SPL, G, true>(L, g, sl, ring, glob, right);
+            if (rank == 0 && tid == 0) tdt_sweep_finish(a, b, L, A, glob);
+        } else {
+            staged_sweep<true, KD, SPL, G, true>(L, g, sl, ring, glob, left);
+        }
+    });
+#endif
 }
 
 /* One launch: 2 B blocks (alpha and beta of each sample), smem_bytes of dynamic shared memory. */
@@ -580,6 +717,47 @@ cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, 
         if (e != cudaSuccess) return e;
     }
     kernel<<<(unsigned)blocks, threads, smem_bytes, stream>>>(a, ring_diags);
+    return cudaGetLastError();
+}
+
+/* One launch of the cluster split: 2 B clusters of `cl` blocks. cudaErrorNotSupported where a
+ * cluster of such blocks cannot be resident (the caller then tries 8 blocks, then one). */
+template <int KD>
+cudaError_t sweep_launch_cluster(const tdt_gpu_args_t &a, int threads, int ring_diags,
+                                 size_t smem_bytes, int cl, cudaStream_t stream) {
+    enum { G = KD == 1 ? 2 : 4 }; /* sweep_g<KD, 4>::V, spelled out: the struct comes below */
+    void (*kernel)(const tdt_gpu_args_t, int) = sweep_cluster_kernel<KD, G>;
+    int64_t clusters = 2 * a.B;
+    if (clusters > 0x7fffffff / cl) clusters = 0x7fffffff / cl;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem_bytes);
+    if (e != cudaSuccess) return e;
+    if (cl > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                       1) != cudaSuccess) { /* beyond the portable size */
+        (void)cudaGetLastError();
+        return cudaErrorNotSupported;
+    }
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)(clusters * cl), 1, 1);
+    cfg.blockDim = dim3((unsigned)threads, 1, 1);
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)cl;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int active = 0; /* 0, or an error, before sm_90 */
+    if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
+        (void)cudaGetLastError();
+        return cudaErrorNotSupported;
+    }
+    e = cudaLaunchKernelEx(&cfg, kernel, a, ring_diags);
+    if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
 
@@ -652,6 +830,14 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a, int span, size_t smem_max, cud
     int mode = KD > 0 && small && a.row <= limit / (staged_ring * fields) ? SWEEP_STAGED
                : a.row <= limit / ring                            ? SWEEP_RING
                                                                   : SWEEP_ARRAY;
+    /* Diagonals longer than one pass of 4 lanes a node: split over a cluster of blocks of
+     * about kClusterCols columns each, at most 16 (beyond the portable 8: sweep_launch_cluster
+     * falls back to 8 where 16 cannot be resident). */
+    int cl = 1;
+    if (KD > 0 && mode == SWEEP_STAGED && diag > kMaxThreads / 4) {
+        cl = (int)((a.row + kClusterCols - 1) / kClusterCols);
+        if (cl > 16) cl = 16;
+    }
 #ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try another G or kernel */
     if (const char *env = getenv("TDT_SWEEP_LANES")) {
         const int g = atoi(env);
@@ -659,7 +845,26 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a, int span, size_t smem_max, cud
     }
     if (const char *env = getenv("TDT_SWEEP_STAGED"))
         if (atoi(env) == 0 && mode == SWEEP_STAGED) mode = SWEEP_RING;
+    if (const char *env = getenv("TDT_SWEEP_CLUSTER")) {
+        const int c = atoi(env);
+        if (c >= 1 && c <= 16) cl = c;
+    }
+    if (mode != SWEEP_STAGED) cl = 1;
 #endif
+    if constexpr (KD > 0) {
+        while (cl > 1) {
+            const int64_t chunk = (a.row + cl - 1) / cl;
+            const int64_t d = a.maxT < chunk ? a.maxT : chunk;
+            const int gc = sweep_g<KD, 4>::V;
+            int64_t t = (d * gc + 31) / 32 * 32;
+            if (t > kMaxThreads) t = kMaxThreads;
+            const cudaError_t e = sweep_launch_cluster<KD>(
+                a, (int)t, staged_ring, (size_t)staged_ring * fields * a.row * sizeof(double), cl, stream);
+            if (e != cudaErrorNotSupported) return e;
+            /* not resident here: the portable 8, else the one-block kernel below */
+            cl = cl > 8 ? 8 : 1;
+        }
+    }
     if (KD == 0) G = 4;
     if (mode == SWEEP_ARRAY) G = 1;
     if (G > sweep_g<KD, 4>::MAX) G = sweep_g<KD, 4>::MAX;
