@@ -287,7 +287,7 @@ def _costs(spec, logits, duration, idx, omega, in_place, validate, names):
     use_ops = _ops.AVAILABLE and not in_place and (_FORCE_CUSTOM_OPS or _is_compiling())
     if use_ops:
         return _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
-                          validate), None
+                          validate)
     validate = validate and not _capturing(logits)
     # On CUDA the checks of lengths and labels run after the loss's kernels are enqueued: the
     # copy to the host (none when they were on the host already) goes ahead of the kernels, into
@@ -295,42 +295,31 @@ def _costs(spec, logits, duration, idx, omega, in_place, validate, names):
     # checks (the kernels give bad data a NaN cost without reading out of range, and an error
     # raised here drops their outputs). WARP_TDT_ASYNC_VALIDATION=0: check before the launch.
     later = validate and logits.is_cuda and os.environ.get("WARP_TDT_ASYNC_VALIDATION") != "0"
-    pending = host_ll = None
+    pending = None
     if later:
         pending = _core.validation_start(labels, frame_lengths, label_lengths, asynchronous=True,
                                          packed=idx.packed, host=idx.host)
     elif validate:
-        host_ll = _core.validation_finish(spec, logits, _core.validation_start(
+        _core.validation_finish(spec, logits, _core.validation_start(
             labels, frame_lengths, label_lengths, packed=idx.packed, host=idx.host), names)
     as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
     costs = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
                                          spec, as_rnnt, in_place)
     if pending is not None:
-        host_ll = _core.validation_finish(spec, logits, pending, names)
-    return costs, host_ll
+        _core.validation_finish(spec, logits, pending, names)
+    return costs
 
 
-def _tdt_reduce(costs, label_lengths, reduction, host_ll=None):
-    """The reduction of the (B,) costs. host_ll: the label lengths as the data checks read them
-    on the host (None without checks); with them "mean" is one dot product with weights
-    1 / (B U_b) made on the host (one small copy; its backward, one scale), where the division
-    and the mean take three kernels forward and two backward, and "mean_volume" divides by a
-    number. U_b = 0 gives the same inf (or NaN) either way."""
+def _tdt_reduce(costs, label_lengths, reduction):
     if reduction == "none":
         return costs
     if reduction == "sum":
         return costs.sum()
     if reduction == "mean":  # NeMo / transformers: mean over the batch of loss_b / U_b
-        B = costs.shape[0]
-        if host_ll is not None and B > 0:
-            w = torch.as_tensor(host_ll).to(torch.float64).mul_(B).reciprocal_().to(costs.dtype)
-            return torch.dot(costs, w.to(costs.device, non_blocking=True))
         return (costs / label_lengths.to(costs.dtype)).mean()
     if reduction == "mean_batch":
         return costs.mean()
-    if host_ll is not None:  # mean_volume
-        return costs.sum() / float(int(host_ll.sum()))
-    return costs.sum() / label_lengths.sum().to(costs.dtype)
+    return costs.sum() / label_lengths.sum().to(costs.dtype)  # mean_volume
 
 
 def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
@@ -392,7 +381,7 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         joint = _readable(joint)
         _check_in_place(joint, names["logits"] if token_logits is None else "the joint tensor of "
                         "token_logits and duration_logits", in_place)
-        costs, host_ll = _costs(spec, joint, None, idx, omega, in_place, validate, names)
+        costs = _costs(spec, joint, None, idx, omega, in_place, validate, names)
     else:
         tok, dur = token_logits, duration_logits
         if tok.dtype != dur.dtype:
@@ -403,8 +392,8 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         tok, dur = _readable(tok), _readable(dur)
         _check_in_place(tok, "token_logits", in_place)
         _check_in_place(dur, "duration_logits", in_place)
-        costs, host_ll = _costs(spec, tok, dur, idx, omega, in_place, validate, names)
-    return _tdt_reduce(costs, idx.label_lengths, reduction, host_ll)
+        costs = _costs(spec, tok, dur, idx, omega, in_place, validate, names)
+    return _tdt_reduce(costs, idx.label_lengths, reduction)
 
 
 def tdt_loss(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
@@ -507,7 +496,7 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     spec = _core.Spec("rnnt", V, (), b, 0.0, fastemit_lambda, clamp, not fused_log_softmax)
     x = _readable(logits)
     _check_in_place(x, "logits", in_place)
-    costs, _ = _costs(spec, x, None, idx, 0.0, in_place, validate, _RNNT_NAMES)
+    costs = _costs(spec, x, None, idx, 0.0, in_place, validate, _RNNT_NAMES)
     if reduction == "mean":
         costs = costs.mean()
     elif reduction == "sum":
