@@ -621,26 +621,40 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     }
 }
 
-template <int KD, int G>
-__global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_gpu_args_t a, int ring_diags) {
-    extern __shared__ double ring[];
-    enum { SPL = sweep_shape<KD, G>::SPL };
-    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
-    const int tid = threadIdx.x;
+/* The ring geometry of a launch (the sample's T and U are set per job, a cluster block's
+ * columns by sweep_cluster_kernel), and this thread's slots with their ring offsets: both
+ * staged kernels start with these two. */
+template <int KD>
+__device__ __forceinline__ staged_geo staged_geo_of(const tdt_gpu_args_t &a, const tdt_arcs_t &A,
+                                                    int ring_diags) {
     staged_geo g;
     g.row = (int)a.row;
     g.frames = (int)a.maxT;
     g.mask = ring_diags - 1;
     g.use_dur = A.use_dur;
     g.fstride = (g.use_dur ? F_DUR + KD : F_DUR) * g.row;
-    staged_slots<SPL> sl;
+    return g;
+}
+template <int SPL, int G>
+__device__ __forceinline__ void staged_slots_of(const tdt_gpu_args_t &a, int row, staged_slots<SPL> *sl) {
 #pragma unroll
     for (int i = 0; i < SPL; ++i) {
-        sl.q[i] = tdt_slot_of(&a.arcs, tid % G + i * G);
-        sl.dd[i] = sl.q[i].dt + sl.q[i].du;
-        sl.off_lp[i] = (F_BLANK + sl.q[i].du) * g.row;
-        sl.off_dur[i] = (F_DUR + sl.q[i].k) * g.row;
+        sl->q[i] = tdt_slot_of(&a.arcs, (int)threadIdx.x % G + i * G);
+        sl->dd[i] = sl->q[i].dt + sl->q[i].du;
+        sl->off_lp[i] = (F_BLANK + sl->q[i].du) * row;
+        sl->off_dur[i] = (F_DUR + sl->q[i].k) * row;
     }
+}
+
+template <int KD, int G>
+__global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_gpu_args_t a, int ring_diags) {
+    extern __shared__ double ring[];
+    enum { SPL = sweep_shape<KD, G>::SPL };
+    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    const int tid = threadIdx.x;
+    staged_geo g = staged_geo_of<KD>(a, A, ring_diags);
+    staged_slots<SPL> sl;
+    staged_slots_of<SPL, G>(a, g.row, &sl);
 
     tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
         g.T = (int)L.T;
@@ -671,23 +685,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const int tid = threadIdx.x;
     const unsigned rank = cluster_rank(), ncta = cluster_size();
-    staged_geo g;
-    g.row = (int)a.row;
-    g.frames = (int)a.maxT;
-    g.mask = ring_diags - 1;
-    g.use_dur = A.use_dur;
-    g.fstride = (g.use_dur ? F_DUR + KD : F_DUR) * g.row;
+    staged_geo g = staged_geo_of<KD>(a, A, ring_diags);
     const int chunk = (g.row + (int)ncta - 1) / (int)ncta;
     g.c0 = (int)rank * chunk;
     g.c1 = min(g.c0 + chunk, g.row) - 1;
     staged_slots<SPL> sl;
-#pragma unroll
-    for (int i = 0; i < SPL; ++i) {
-        sl.q[i] = tdt_slot_of(&a.arcs, tid % G + i * G);
-        sl.dd[i] = sl.q[i].dt + sl.q[i].du;
-        sl.off_lp[i] = (F_BLANK + sl.q[i].du) * g.row;
-        sl.off_dur[i] = (F_DUR + sl.q[i].k) * g.row;
-    }
+    staged_slots_of<SPL, G>(a, g.row, &sl);
     double *right = rank + 1 < ncta ? cluster_map(ring, rank + 1) : NULL;
     double *left = rank > 0 ? cluster_map(ring, rank - 1) : NULL;
 
