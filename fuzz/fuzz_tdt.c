@@ -44,7 +44,8 @@
  *   - agreement with fuzz/naive_ref.c (1e-9 relative for float64, a dtype tolerance otherwise);
  *   - forward + backward == one-shot (bitwise); any thread count gives the same bits; each
  *     sample alone gives the bits it gets in the batch (bad samples do not spread); the
- *     in-place gradient equals the out-of-place one bitwise.
+ *     in-place gradient equals the out-of-place one bitwise; backward with grad_costs_scalar
+ *     equals backward with that one value repeated for every sample, bitwise.
  */
 #include <float.h>
 #include <math.h>
@@ -1235,6 +1236,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                     W.gc[b], (long long)b, (long long)t, (long long)u, (long long)k, x, y);
                         }
                     }
+        }
+
+        /* 2b. options.grad_costs_scalar: one upstream value for every sample gives the bits of
+         * that value repeated in a (B) array */
+        if (kind == K_TWOPHASE_GC && B > 0 && c->want_tok + c->want_dur > 0) {
+            unsigned char *rep = (unsigned char *)malloc((size_t)B * as);
+            REQUIRE(rep != NULL, "out of memory");
+            for (int64_t b = 0; b < B; ++b) memcpy(rep + b * as, iv.gc, as);
+            inv_t sc = alt;
+            sc.gc = rep;
+            memcpy(W.g_tok.mem, g_tok0, gt_bytes);
+            memcpy(W.g_dur.mem, g_dur0, gd_bytes);
+            s = invoke(K_TWOPHASE_GC, &sc, 0, &phase);
+            REQUIRE(s == TDT_STATUS_SUCCESS, "grad_costs repeated: status %d", (int)s);
+            unsigned char *g_tok2 = dup_mem(W.g_tok.mem, gt_bytes), *g_dur2 = dup_mem(W.g_dur.mem, gd_bytes);
+            sc.gc = iv.gc; /* its first value */
+            sc.o.grad_costs_scalar = 1 + (int)(fp & 7);
+            memcpy(W.g_tok.mem, g_tok0, gt_bytes);
+            memcpy(W.g_dur.mem, g_dur0, gd_bytes);
+            s = invoke(K_TWOPHASE_GC, &sc, 0, &phase);
+            REQUIRE(s == TDT_STATUS_SUCCESS, "grad_costs_scalar: status %d", (int)s);
+            REQUIRE(memcmp(g_tok2, W.g_tok.mem, gt_bytes) == 0, "token gradients differ: grad_costs_scalar vs the value repeated");
+            REQUIRE(memcmp(g_dur2, W.g_dur.mem, gd_bytes) == 0, "duration gradients differ: grad_costs_scalar vs the value repeated");
+            free(g_tok2);
+            free(g_dur2);
+            free(rep);
         }
 
         /* 3. each sample alone gives the bits it had in the batch */
