@@ -189,3 +189,46 @@ def test_version_and_backend_queries():
     assert os.path.isfile(warp_tdt.library_path())
     assert isinstance(warp_tdt.cuda_available(), bool)
     assert _lib.backend_built(_lib.LOCATION_CPU)
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+def test_data_checks_name_the_first_bad_element_on_random_data(monkeypatch, numpy):
+    # The fast checks (a few reductions) decide only whether all is well; the message must
+    # still name the first bad element in the documented order: frame lengths, then label
+    # lengths, then labels out of range, then labels equal to the blank (row-major).
+    if not numpy:
+        monkeypatch.setattr(_core, "_np", None)
+    g = torch.Generator().manual_seed(5)
+    B, T, U, V, D = 3, 5, 3, 6, 3
+    tok, dur = torch.randn(B, T, U + 1, V), torch.randn(B, T, U + 1, D)
+    for _ in range(150):
+        fl = torch.randint(-1, T + 2, (B,), generator=g) if torch.rand((), generator=g) < 0.3 \
+            else torch.randint(0, T + 1, (B,), generator=g)
+        ll = torch.randint(-1, U + 2, (B,), generator=g) if torch.rand((), generator=g) < 0.3 \
+            else torch.randint(0, U + 1, (B,), generator=g)
+        targets = torch.randint(0, V - 1, (B, U), generator=g)
+        for _ in range(int(torch.randint(0, 3, (), generator=g))):
+            b, i = int(torch.randint(0, B, (), generator=g)), int(torch.randint(0, U, (), generator=g))
+            targets[b, i] = int(torch.randint(-2, V + 2, (), generator=g))
+        expected = None
+        for b in range(B):
+            if expected is None and not 0 <= int(fl[b]) <= T:
+                expected = r"logit_lengths\[%d\] = %d is outside" % (b, int(fl[b]))
+        for b in range(B):
+            if expected is None and not 0 <= int(ll[b]) <= U:
+                expected = r"target_lengths\[%d\] = %d is outside" % (b, int(ll[b]))
+        for kind in ("range", "blank"):
+            for b in range(B):
+                for i in range(int(ll[b]) if 0 <= int(ll[b]) <= U else 0):
+                    y = int(targets[b, i])
+                    bad = not 0 <= y < V if kind == "range" else y == V - 1
+                    if expected is None and bad:
+                        expected = r"targets\[%d\]\[%d\] = %d %s" % (
+                            b, i, y, "is outside" if kind == "range" else "equals blank_token_id")
+        kw = dict(token_logits=tok, duration_logits=dur, targets=targets, logit_lengths=fl,
+                  target_lengths=ll, blank_token_id=V - 1, durations=[0, 1, 2])
+        if expected is None:
+            warp_tdt.tdt_loss(**kw, reduction="none")
+        else:
+            with pytest.raises(ValueError, match=expected):
+                warp_tdt.tdt_loss(**kw)
