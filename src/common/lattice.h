@@ -299,6 +299,18 @@ TDT_HD double tdt_cost(double ll, double fastemit_lambda) { return -(1.0 + faste
 
 /* ---- gradients ---------------------------------------------------------------------------- */
 
+/* The upstream gradient of sample b (tdt_backward()'s grad_costs): 1 without one; else element
+ * b, or element 0 for every sample with options.grad_costs_scalar (scalar); double or float by
+ * the accumulate type (acc_double). */
+TDT_HD double tdt_upstream(const void *grad_costs, int acc_double, int scalar, int64_t b) {
+    double g = 1.0;
+    if (grad_costs) {
+        const int64_t i = scalar ? 0 : b;
+        g = acc_double ? ((const double *)grad_costs)[i] : (double)((const float *)grad_costs)[i];
+    }
+    return g;
+}
+
 /* Arc occupancy exp(alpha + w + beta(dst) - LL); exactly 0 when any term is -inf. */
 TDT_HD double tdt_occupancy(double alpha_src, double w, double beta_dst, double ll) {
     double x = alpha_src + w + beta_dst;

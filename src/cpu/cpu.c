@@ -299,12 +299,8 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
         for (int64_t t = 0; t < p->max_frames; ++t) {
             const int64_t T = p->frame_lengths[b], U = p->label_lengths[b];
             const double ll = ws->ll[b];
-            double scale = 1.0;
-            if (c->grad_costs) {
-                const int64_t gi = c->o.grad_costs_scalar ? 0 : b;
-                scale = tdt_acc_is_double(p->dtype) ? ((const double *)c->grad_costs)[gi]
-                                                    : ((const float *)c->grad_costs)[gi];
-            }
+            const double scale = tdt_upstream(c->grad_costs, tdt_acc_is_double(p->dtype),
+                                              c->o.grad_costs_scalar, b);
             const int feasible = ll != -INFINITY;
             tdt_lattice_t L = sample_lattice(c, ws, b);
             const int64_t off = tdt_sample_offset(b, p->max_frames, row);

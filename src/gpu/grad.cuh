@@ -193,12 +193,7 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
         const int lengths_ok = tdt_sample_lengths(a, b, &Tb, &Ub);
         const int32_t state = a.ws.state[b];
         const double ll = a.ws.ll[b];
-        double gb = 1.0;
-        if (a.grad_costs) {
-            const int64_t gi = a.grad_costs_scalar ? 0 : b;
-            gb = a.acc_double ? static_cast<const double *>(a.grad_costs)[gi]
-                              : (double)static_cast<const float *>(a.grad_costs)[gi];
-        }
+        const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b);
         if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
             /* group-uniform: outside the lattice, infeasible, or bad data */
             if (gz) zero_row<DT, G>(gz, V, lane);
