@@ -723,13 +723,20 @@ cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, 
     return cudaGetLastError();
 }
 
+/* The most lanes a node uses: the power of two at or above its 2 * KD slots, at most 4 (8 lanes
+ * measured no faster than 4 on the H200, and slower on ragged: benchmark/NOTES.md, v3). The
+ * runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover TDT_MAX_DURATIONS. Only the
+ * G that can occur are instantiated. */
+template <int KD, int G> struct sweep_g {
+    enum { MAX = KD == 1 ? 2 : 4, V = KD == 0 ? 4 : G < MAX ? G : MAX };
+};
+
 /* One launch of the cluster split: 2 B clusters of `cl` blocks. cudaErrorNotSupported where a
  * cluster of such blocks cannot be resident (the caller then tries 8 blocks, then one). */
 template <int KD>
 cudaError_t sweep_launch_cluster(const tdt_gpu_args_t &a, int threads, int ring_diags,
                                  size_t smem_bytes, int cl, cudaStream_t stream) {
-    enum { G = KD == 1 ? 2 : 4 }; /* sweep_g<KD, 4>::V, spelled out: the struct comes below */
-    void (*kernel)(const tdt_gpu_args_t, int) = sweep_cluster_kernel<KD, G>;
+    void (*kernel)(const tdt_gpu_args_t, int) = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
     int64_t clusters = 2 * a.B;
     if (clusters > 0x7fffffff / cl) clusters = 0x7fffffff / cl;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -763,14 +770,6 @@ cudaError_t sweep_launch_cluster(const tdt_gpu_args_t &a, int threads, int ring_
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
-
-/* The most lanes a node uses: the power of two at or above its 2 * KD slots, at most 4 (8 lanes
- * measured no faster than 4 on the H200, and slower on ragged: benchmark/NOTES.md, v3). The
- * runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover TDT_MAX_DURATIONS. Only the
- * G that can occur are instantiated. */
-template <int KD, int G> struct sweep_g {
-    enum { MAX = KD == 1 ? 2 : 4, V = KD == 0 ? 4 : G < MAX ? G : MAX };
-};
 
 /* Which kernel runs a sweep. */
 enum sweep_mode {
