@@ -310,21 +310,19 @@ def validation_start(labels, frame_lengths, label_lengths, asynchronous=False, p
     the copy alone (functional._costs' default on CUDA). Returns what validation_finish takes.
     """
     B, U = int(labels.shape[0]), int(labels.shape[1])
+    done = None
     if host is None:
         if not labels.is_cuda:
             return None, (frame_lengths, label_lengths, labels), B, U, None
         if packed is None:
             packed = torch.cat([frame_lengths, label_lengths, labels.reshape(-1)])
-    done = None
-    if host is not None:
-        pass
-    elif asynchronous:
-        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-        host.copy_(packed, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(labels.device))
-    else:
-        host = packed.cpu()
+        if asynchronous:
+            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(labels.device))
+        else:
+            host = packed.cpu()
     return host, None, B, U, done
 
 
@@ -350,13 +348,13 @@ def validation_finish(spec, logits, pending, names):
 
     A few reductions over numpy arrays decide that all is well (microseconds, where a dozen
     small torch ops took a hundred); only bad data takes the slower search for the first bad
-    element to name. Returns the label lengths it checked (host), or None when B == 0.
+    element to name.
     """
     host, parts, B, U, done = pending
     if done is not None:
         done.synchronize()
     if B == 0:
-        return None
+        return
     if parts is None:
         h = _as_array(host)
         fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].reshape(B, U)
@@ -374,7 +372,7 @@ def validation_finish(spec, logits, pending, names):
         ok = used.shape[0] == 0 or (used.min() >= 0 and used.max() < V
                                     and not (used == spec.blank).any())
     if ok:
-        return ll
+        return
     bad_f = (fl < 0) | (fl > T)
     if bool(bad_f.any()):
         b = _first(bad_f)[0]
