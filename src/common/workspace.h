@@ -13,6 +13,8 @@
  *                     | lp_dur   [N * Dw] | double, Dw = max(num_durations, 1)          |
  *                     | ll       [B]      | double: log p(y|x) per sample               |
  *                     | state    [B]      | int32: per-sample state flags (GPU)         |
+ *                     | order    [K + 1]  | int32: the GPU forward's work ticket and    |
+ *                     |                   | per-layer done counters, K = ceil((T + U)/2) |
  *
  * The per-node arrays hold sample b's nodes at b * max_frames * (max_labels + 1) +
  * tdt_node_index() (lattice.h): anti-diagonal-major, so a sweep's diagonal is contiguous.
@@ -36,10 +38,11 @@ typedef struct tdt_ws_header {
 
 /* Byte offsets from the aligned base. */
 typedef struct tdt_ws_layout {
-    size_t header, lp_blank, lp_label, lse, alpha, beta, lp_dur, ll, state;
+    size_t header, lp_blank, lp_label, lse, alpha, beta, lp_dur, ll, state, order;
     size_t total; /* bytes from the aligned base to the end */
     int64_t nodes;       /* N */
     int64_t dur_stride;  /* Dw */
+    int64_t layers;      /* K: layers of the GPU's overlapped forward (tdt_ws_layers) */
 } tdt_ws_layout_t;
 
 /* Pointers into one carved workspace. */
@@ -47,6 +50,7 @@ typedef struct tdt_ws {
     tdt_ws_header_t *header;
     double *lp_blank, *lp_label, *lse, *alpha, *beta, *lp_dur, *ll;
     int32_t *state;
+    int32_t *order; /* [0]: next work ticket; [1 + k]: finished tickets of layer k */
 } tdt_ws_t;
 
 TDT_HD size_t tdt_align_up(size_t x) { return (x + TDT_WS_ALIGN - 1) & ~(TDT_WS_ALIGN - 1); }
@@ -68,6 +72,14 @@ TDT_HD int tdt_ws_take(size_t *cursor, size_t count, size_t elem, size_t *offset
     return 1;
 }
 
+/* Layers of a lattice of max_frames + max_labels anti-diagonals, taken from both ends at
+ * once: layer k holds diagonals k and S - 1 - k of a sample with S diagonals (the ones its
+ * alpha and beta sweeps reach at their step k), so ceil((max_frames + max_labels) / 2). */
+TDT_HD int64_t tdt_ws_layers(int64_t max_frames, int64_t max_labels) {
+    /* (T + U + 1) / 2 without forming T + U, which may overflow when B == 0 */
+    return max_frames / 2 + max_labels / 2 + (max_frames % 2 + max_labels % 2 + 1) / 2;
+}
+
 /* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T). 0 on overflow. */
 TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_labels,
                                 int64_t num_durations, tdt_ws_layout_t *l) {
@@ -84,8 +96,11 @@ TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_l
              tdt_ws_take(&cursor, nodes, sizeof(double), &l->beta) &&
              tdt_ws_take(&cursor, dur_elems, sizeof(double), &l->lp_dur) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll) &&
-             tdt_ws_take(&cursor, (size_t)batch, sizeof(int32_t), &l->state);
+             tdt_ws_take(&cursor, (size_t)batch, sizeof(int32_t), &l->state) &&
+             tdt_ws_take(&cursor, (size_t)tdt_ws_layers(max_frames, max_labels) + 1, sizeof(int32_t),
+                         &l->order);
     if (!ok) return 0;
+    l->layers = tdt_ws_layers(max_frames, max_labels);
     l->total = cursor;
     l->nodes = (int64_t)nodes;
     l->dur_stride = dw;
@@ -104,6 +119,7 @@ TDT_HD void tdt_workspace_carve(const tdt_ws_layout_t *l, void *workspace, tdt_w
     ws->lp_dur = (double *)(base + l->lp_dur);
     ws->ll = (double *)(base + l->ll);
     ws->state = (int32_t *)(base + l->state);
+    ws->order = (int32_t *)(base + l->order);
 }
 
 #endif /* TDT_COMMON_WORKSPACE_H */
