@@ -10,9 +10,9 @@
 #include "grad.cuh"
 #include "sweep.cuh"
 
-cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, size_t smem_max,
+cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env,
                                      cudaStream_t stream) {
-    return sweep_launch<0>(a, span, smem_max, stream);
+    return sweep_launch<0>(a, span, env, stream);
 }
 
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,

@@ -3,7 +3,9 @@
  *
  * tdt_gpu_run() receives one call already validated by src/tdt.c (internal.h), builds the
  * kernels' argument block and enqueues, on the caller's stream,
- *     forward:  normalize (per node)  ->  sweep (alpha | beta per sample, LL, cost)
+ *     forward:  normalize (per node)  ->  sweep (alpha | beta per sample, LL, cost), or the
+ *               two overlapped: the sweep first, the normaliser as its programmatic dependent,
+ *               in the order the sweep consumes its values (sweep.cuh, "The overlapped forward")
  *     backward: grad (per node)
  * Nothing else: no allocation (the caller's workspace holds every intermediate), no host
  * synchronisation, no stream or event creation, so the whole call can be captured in a CUDA
@@ -85,10 +87,8 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
     tdt_gpu_args_t a;
     build_args(c, &a);
     if (c->do_forward) {
-        e = tdt_launch_normalize(a, c->p.dtype, num_sms, stream);
-        if (e != cudaSuccess) return cuda_fail(e, "launching the normalize kernel");
-        e = tdt_launch_sweep(a, stream);
-        if (e != cudaSuccess) return cuda_fail(e, "launching the alpha/beta sweep kernel");
+        e = tdt_launch_forward(a, c->p.dtype, num_sms, stream);
+        if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
     }
     if (c->do_backward) {
         e = tdt_launch_grad(a, c->p.dtype, num_sms, stream);

@@ -49,6 +49,12 @@ typedef struct tdt_gpu_args {
     int grad_costs_scalar;         /* grad_costs is one value for every sample */
     tdt_arcs_t arcs;
     tdt_ws_t ws;
+    /* The overlapped forward (sweep.cuh, "The overlapped forward"); fwd_tickets 0: the
+     * normaliser runs first, alone. */
+    int64_t fwd_layers; /* K = tdt_ws_layers(maxT, maxU) */
+    int64_t fwd_dlen;   /* node slots of a diagonal: min(maxT, row) */
+    int fwd_tickets;    /* the normaliser's tickets a layer */
+    int fwd_blocks, fwd_cluster; /* launcher only: the ordered normaliser's grid and cluster */
 } tdt_gpu_args_t;
 
 /* ---- element types ---------------------------------------------------------------------------
@@ -277,14 +283,32 @@ template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
 }
 
 /* ---- launchers (each in its kernel's file) ---------------------------------------------------
- * Each enqueues one kernel on stream and returns cudaGetLastError() of the launch. */
+ * Each enqueues its kernels on stream and returns the first error of a launch. */
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                  cudaStream_t stream);
-cudaError_t tdt_launch_sweep(const tdt_gpu_args_t &a, cudaStream_t stream);
+/* normalize_ordered_kernel (the overlapped forward, sweep.cuh): `blocks` blocks in clusters of
+ * cl (1: no cluster), as the programmatic primary of the sweep enqueued next; a.fwd_* set. */
+cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
+                                         int cl, cudaStream_t stream);
+/* Its blocks a device SM holds (cl <= 1), or its clusters of cl blocks the device holds. */
+cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit);
+/* Nodes a ticket of normalize_ordered_kernel covers (its block's lane groups). */
+int tdt_normalize_ticket_nodes(int64_t V, tdt_dtype_t dtype);
+/* The forward: the normaliser and the sweep, one after the other or overlapped (sweep.cuh);
+ * a.fwd_* are set here, on a copy. */
+cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                               cudaStream_t stream);
 cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                             cudaStream_t stream);
+/* What the forward's launcher knows of the device. */
+typedef struct tdt_fwd_env {
+    tdt_dtype_t dtype;
+    int num_sms;
+    size_t smem_max; /* per-block opt-in shared memory */
+    int sm90;        /* compute capability 9.0 or above */
+} tdt_fwd_env_t;
 /* generic.cu: the same kernels for arc counts without their own instantiation. */
-cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, size_t smem_max,
+cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env,
                                      cudaStream_t stream);
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                     cudaStream_t stream);

@@ -20,6 +20,10 @@
  * conversion of a 16-bit element): the reference starts at the blank's logit and moves only in
  * the rare batch whose terms would pass 2^64 or are not finite (lse_slow), so there is no
  * running max and no branch per element.
+ * Two kernels share that per-node work (normalize_node): normalize_kernel takes the nodes in
+ * memory order, before the sweep; normalize_ordered_kernel takes them in the order the sweeps
+ * read them, counting what is done, for the forward that overlaps the two (sweep.cuh, "The
+ * overlapped forward"). A node's values are the same bits either way.
  *
  * Race-free: every node is owned by exactly one group; each output element has one writer and
  * no element is read after being written in this kernel. Nodes outside a sample's lattice and
@@ -36,6 +40,8 @@
  *
  * Limits: none on V, T, U or B beyond memory; every offset is int64. D <= TDT_MAX_DURATIONS.
  */
+#include <string.h>
+
 #include "gpu_common.cuh"
 
 namespace {
@@ -216,55 +222,130 @@ __device__ __noinline__ double row_lse_nat(const typename tdt_elem<DT>::T *z, in
     return lse_group<X, G>(st, mask);
 }
 
+/* Node (b, t, u) of a sample with U_b = Ub, inside its lattice: its row's lse, the blank and
+ * label log-probabilities and the duration log-softmax, into the workspace. The G lanes of a
+ * group together (mask); lane 0 (lane 1 for the durations) writes. */
 template <int DT, int G>
-__global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_t a) {
+__device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t b, int64_t t,
+                                               int64_t u, int64_t Ub, int lane, unsigned mask) {
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
     typedef typename E::Acc Acc;
-    const int lane = threadIdx.x & (G - 1);
-    const unsigned mask = tdt_group_mask<G>();
-    const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
     const T *tok = static_cast<const T *>(a.tok);
     const T *dur = static_cast<const T *>(a.dur);
     const int D = a.D;
+    const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
+    /* Issued before the row so their latency hides behind it (y: u == U_b has no label). */
+    const Acc zb = E::to_acc(z[a.blank]);
+    const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1;
+    double lse = 0.0;
+    if (!a.log_probs) {
+        int huge;
+        lse = row_lse_fast<DT, G>(z, a.V, zb, lane, mask, &huge);
+        if (huge) lse = row_lse_nat<DT, G>(z, a.V, lane, mask); /* group-uniform, rare */
+    }
+    const int64_t nw = tdt_ws_node(a, b, t, u); /* the node in the workspace's order */
+
+    if (lane == 0) {
+        a.ws.lse[nw] = lse;
+        a.ws.lp_blank[nw] = (double)zb - lse - a.sigma;
+        double lpl = -TDT_INF; /* u == U_b: no label arc leaves this row */
+        if (u < Ub)
+            lpl = (y >= 0 && y < a.V && y != a.blank)
+                      ? (double)E::to_acc(z[y]) - lse - a.sigma
+                      : (double)NAN; /* bad label: never indexed; the sweep flags it */
+        a.ws.lp_label[nw] = lpl;
+    }
+    if (D > 0 && lane == (G > 1 ? 1 : 0)) {
+        /* The duration row is short (D <= 32): one lane, the shared small log-softmax. */
+        const T *h = dur + tdt_row_offset(a.dur_s, b, t, u);
+        double hd[TDT_MAX_DURATIONS];
+        for (int k = 0; k < D; ++k) hd[k] = (double)E::to_acc(h[k]);
+        if (!a.log_probs) tdt_log_softmax_small(hd, D);
+        double *out = a.ws.lp_dur + nw * D;
+        for (int k = 0; k < D; ++k) out[k] = hd[k];
+    }
+}
+
+template <int DT, int G>
+__global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_t a) {
+    const int lane = threadIdx.x & (G - 1);
+    const unsigned mask = tdt_group_mask<G>();
+    const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
 
     for (int64_t n = (int64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; n < a.nodes;
          n += groups) {
         int64_t b, t, u, Tb, Ub;
         tdt_decode_node(a, n, &b, &t, &u);
         if (!tdt_sample_lengths(a, b, &Tb, &Ub) || t >= Tb || u > Ub) continue; /* group-uniform */
+        normalize_node<DT, G>(a, b, t, u, Ub, lane, mask);
+    }
+}
 
-        const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
-        /* Issued before the row so their latency hides behind it (y: u == U_b has no label). */
-        const Acc zb = E::to_acc(z[a.blank]);
-        const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1;
-        double lse = 0.0;
-        if (!a.log_probs) {
-            int huge;
-            lse = row_lse_fast<DT, G>(z, a.V, zb, lane, mask, &huge);
-            if (huge) lse = row_lse_nat<DT, G>(z, a.V, lane, mask); /* group-uniform, rare */
-        }
-        const int64_t nw = tdt_ws_node(a, b, t, u); /* the node in the workspace's order */
+/* Threads of a block of normalize_ordered_kernel: one block fills an SM's registers (float32 64
+ * registers a thread, 16-bit types 80, float64 112), so each block has an SM to itself and the
+ * SMs the grid leaves out are free for the sweep. */
+template <int DT> struct norm_ordered {
+    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : DT == TDT_DTYPE_FLOAT32 ? 1024 : 768 };
+};
 
-        if (lane == 0) {
-            a.ws.lse[nw] = lse;
-            a.ws.lp_blank[nw] = (double)zb - lse - a.sigma;
-            double lpl = -TDT_INF; /* u == U_b: no label arc leaves this row */
-            if (u < Ub)
-                lpl = (y >= 0 && y < a.V && y != a.blank)
-                          ? (double)E::to_acc(z[y]) - lse - a.sigma
-                          : (double)NAN; /* bad label: never indexed; the sweep flags it */
-            a.ws.lp_label[nw] = lpl;
+/* The same work in the order the sweeps consume it, for a forward whose sweep runs concurrently
+ * (sweep.cuh, "The overlapped forward"): layer k is diagonals k and S_b - 1 - k of every sample
+ * b (S_b = T_b + U_b diagonals), the ones its alpha and beta sweeps reach at step k. Work comes
+ * in tickets, taken in order from a counter (order[0]): ticket i is chunk i mod tpl of layer
+ * i / tpl, THREADS / G node slots of the layer's 2 B a.fwd_dlen (sample, end, position on the
+ * diagonal); a slot outside its sample's lattice does nothing. Once a ticket's nodes are
+ * written, thread 0 adds it to its layer's count (order[1 + k]), after a fence: the sweep reads a
+ * layer once its count reaches tpl. Thread 0 takes the next ticket while the block works on the
+ * current one. The blocks wait on nothing but each other's barriers, and each starts by letting
+ * its programmatic dependent (the sweep) launch. */
+template <int DT, int G>
+__global__ void __launch_bounds__(norm_ordered<DT>::THREADS, 1)
+    normalize_ordered_kernel(const tdt_gpu_args_t a) {
+    enum { THREADS = norm_ordered<DT>::THREADS, PER = THREADS / G };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+    __shared__ int ticket_sh[2];
+    const int lane = threadIdx.x & (G - 1);
+    const unsigned mask = tdt_group_mask<G>();
+    const int64_t dlen = a.fwd_dlen;
+    const int64_t slots = 2 * a.B * dlen; /* a layer's */
+    const int tpl = a.fwd_tickets;
+    const int total = (int)a.fwd_layers * tpl; /* fits: overlap_plan */
+    int32_t *next = a.ws.order, *done = a.ws.order + 1;
+    if (threadIdx.x == 0) ticket_sh[0] = atomicAdd(next, 1);
+    __syncthreads();
+    int tk = ticket_sh[0];
+    for (int it = 1; tk < total; ++it) { /* block-uniform */
+        int nxt = 0;
+        if (threadIdx.x == 0) nxt = atomicAdd(next, 1); /* in flight during this ticket */
+        const int k = tk / tpl;
+        const int64_t q = (int64_t)(tk - k * tpl) * PER + threadIdx.x / G;
+        if (q < slots) { /* the rest is group-uniform too */
+            const int64_t b = q / (2 * dlen), r = q - b * 2 * dlen;
+            const int end = r >= dlen;
+            const int64_t j = r - end * dlen;
+            int64_t Tb, Ub;
+            if (tdt_sample_lengths(a, b, &Tb, &Ub) && Tb > 0) {
+                const int64_t S = Tb + Ub, s = end ? S - 1 - k : k;
+                /* diagonal s is in layer min(s, S - 1 - s): end 0 while k <= S - 1 - k,
+                 * end 1 while S - 1 - k > k (the middle diagonal once) */
+                if (end ? s > k : k <= S - 1 - k) {
+                    const int64_t lo = s - (Tb - 1) > 0 ? s - (Tb - 1) : 0;
+                    const int64_t hi = s < Ub ? s : Ub;
+                    const int64_t u = lo + j;
+                    if (u <= hi) normalize_node<DT, G>(a, b, s - u, u, Ub, lane, mask);
+                }
+            }
         }
-        if (D > 0 && lane == (G > 1 ? 1 : 0)) {
-            /* The duration row is short (D <= 32): one lane, the shared small log-softmax. */
-            const T *h = dur + tdt_row_offset(a.dur_s, b, t, u);
-            double hd[TDT_MAX_DURATIONS];
-            for (int k = 0; k < D; ++k) hd[k] = (double)E::to_acc(h[k]);
-            if (!a.log_probs) tdt_log_softmax_small(hd, D);
-            double *out = a.ws.lp_dur + nw * D;
-            for (int k = 0; k < D; ++k) out[k] = hd[k];
+        if (threadIdx.x == 0) ticket_sh[it & 1] = nxt;
+        __syncthreads(); /* the ticket's values all written; the next ticket published */
+        if (threadIdx.x == 0) {
+            __threadfence(); /* with the barrier: the block's values before the count */
+            atomicAdd(done + k, 1);
         }
+        tk = ticket_sh[it & 1]; /* rewritten two barriers later at the earliest */
     }
 }
 
@@ -279,10 +360,103 @@ cudaError_t launch(const tdt_gpu_args_t &a, int num_sms, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <int DT> cudaError_t launch_dt(const tdt_gpu_args_t &a, int num_sms, cudaStream_t s) {
-    if (tdt_gpu_group_size(a.V, tdt_elem<DT>::VEC) == 32) return launch<DT, 32>(a, num_sms, s);
-    return launch<DT, 8>(a, num_sms, s);
+/* The ordered kernel, as the sweep's programmatic primary: `blocks` blocks, in clusters of `cl`
+ * (cl > 1: so the SMs it leaves free make whole clusters for the sweep's cluster split). */
+template <int DT, int G>
+cudaError_t launch_ordered(const tdt_gpu_args_t &a, int blocks, int cl, cudaStream_t stream) {
+    void (*kernel)(const tdt_gpu_args_t) = normalize_ordered_kernel<DT, G>;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)blocks, 1, 1);
+    cfg.blockDim = dim3(norm_ordered<DT>::THREADS, 1, 1);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    if (cl > 1) {
+        if (cl > 8) {
+            cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            if (e != cudaSuccess) return e;
+        }
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = (unsigned)cl;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
 }
+
+/* How many blocks of the ordered kernel fit an SM (cl <= 1), or how many clusters of cl of them
+ * the device holds at once (0 where none, or before sm_90). */
+template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
+    void (*kernel)(const tdt_gpu_args_t) = normalize_ordered_kernel<DT, G>;
+    *fit = 0;
+    if (cl <= 1) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(fit, kernel, norm_ordered<DT>::THREADS, 0);
+    if (cl > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cudaSuccess;
+    }
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)cl, 1, 1);
+    cfg.blockDim = dim3(norm_ordered<DT>::THREADS, 1, 1);
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)cl;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(fit, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *fit = 0;
+    }
+    return cudaSuccess;
+}
+
+/* The ordered kernels' G for this V, and a call to `f` with the kernel's <DT, G>. */
+template <int DT, typename F> cudaError_t with_g(int64_t V, F f) {
+    if (tdt_gpu_group_size(V, tdt_elem<DT>::VEC) == 32) return f.template go<DT, 32>();
+    return f.template go<DT, 8>();
+}
+template <typename F> cudaError_t with_dt(tdt_dtype_t dtype, int64_t V, F f) {
+    switch (dtype) {
+    case TDT_DTYPE_FLOAT32: return with_g<TDT_DTYPE_FLOAT32>(V, f);
+    case TDT_DTYPE_FLOAT64: return with_g<TDT_DTYPE_FLOAT64>(V, f);
+    case TDT_DTYPE_FLOAT16: return with_g<TDT_DTYPE_FLOAT16>(V, f);
+    case TDT_DTYPE_BFLOAT16: return with_g<TDT_DTYPE_BFLOAT16>(V, f);
+    }
+    return cudaErrorInvalidValue;
+}
+
+struct classic_launch {
+    const tdt_gpu_args_t &a;
+    int num_sms;
+    cudaStream_t stream;
+    template <int DT, int G> cudaError_t go() const { return launch<DT, G>(a, num_sms, stream); }
+};
+struct ordered_launch {
+    const tdt_gpu_args_t &a;
+    int blocks, cl;
+    cudaStream_t stream;
+    template <int DT, int G> cudaError_t go() const { return launch_ordered<DT, G>(a, blocks, cl, stream); }
+};
+struct ordered_fitting {
+    int cl;
+    int *fit;
+    template <int DT, int G> cudaError_t go() const { return ordered_fit<DT, G>(cl, fit); }
+};
+struct ticket_nodes {
+    int *n;
+    template <int DT, int G> cudaError_t go() const {
+        *n = norm_ordered<DT>::THREADS / G;
+        return cudaSuccess;
+    }
+};
 
 } /* namespace */
 
@@ -290,14 +464,23 @@ template <int DT> cudaError_t launch_dt(const tdt_gpu_args_t &a, int num_sms, cu
  * launcher
  * ============================================================================================== */
 
+int tdt_normalize_ticket_nodes(int64_t V, tdt_dtype_t dtype) {
+    int n = 1;
+    (void)with_dt(dtype, V, ticket_nodes{&n});
+    return n;
+}
+
+cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit) {
+    return with_dt(dtype, V, ordered_fitting{cl, fit});
+}
+
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                  cudaStream_t stream) {
     if (a.nodes == 0) return cudaSuccess;
-    switch (dtype) {
-    case TDT_DTYPE_FLOAT32: return launch_dt<TDT_DTYPE_FLOAT32>(a, num_sms, stream);
-    case TDT_DTYPE_FLOAT64: return launch_dt<TDT_DTYPE_FLOAT64>(a, num_sms, stream);
-    case TDT_DTYPE_FLOAT16: return launch_dt<TDT_DTYPE_FLOAT16>(a, num_sms, stream);
-    case TDT_DTYPE_BFLOAT16: return launch_dt<TDT_DTYPE_BFLOAT16>(a, num_sms, stream);
-    }
-    return cudaErrorInvalidValue;
+    return with_dt(dtype, a.V, classic_launch{a, num_sms, stream});
+}
+
+cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
+                                         int cl, cudaStream_t stream) {
+    return with_dt(dtype, a.V, ordered_launch{a, blocks, cl, stream});
 }

@@ -39,6 +39,8 @@
  *    durations 0..4): the values alone in the ring, the weights prefetched into registers one
  *    diagonal ahead (what follows describes this kernel);
  *  - sweep_kernel with RING = false, beyond ~3600: the workspace array itself, one lane a node.
+ * The two staged kernels can also run alongside the normaliser, each sweep a few layers of
+ * diagonals behind it, where their blocks leave most SMs to it ("The overlapped forward").
  *
  * Per diagonal, the critical path holds no global-memory load:
  *  - the alphas (betas) of the last R diagonals live in a ring in shared memory, R the power of
@@ -433,12 +435,25 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* The overlapped forward: the sweep, the normaliser's programmatic dependent, ends only once the
+ * normaliser has ended and its memory is visible, so whatever the stream runs next (the gradient
+ * pass) sees both kernels done. Every block, at its end. */
+__device__ __forceinline__ void overlap_end(const tdt_gpu_args_t &a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (a.fwd_tickets > 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 /* One sample's staged-ring geometry, 32-bit: sweep_launch picks this kernel only where a
  * sample's per-node index (max_frames * row, times the durations for lp_dur) fits an int. */
 struct staged_geo {
     int T, U, row, frames, mask, fstride; /* fstride: doubles a ring slot holds (F * row) */
     int use_dur;
     int c0, c1; /* cluster split: this block's columns u = c0..c1 (sweep_cluster_kernel) */
+    /* The overlapped forward: the normaliser's finished tickets of each layer (NULL: it ran
+     * before this kernel), and the count that completes a layer. */
+    const int32_t *done;
+    int full;
 };
 
 /* A lane's slots with their offsets into a ring slot: the weights' fields (times row). */
@@ -508,6 +523,56 @@ __device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const stage
     }
 }
 
+/* ================================================================================================
+ * The overlapped forward (sweep_launch takes it where it pays: overlap_plan)
+ *
+ * The sweep need not wait for the whole normaliser: its step i reads the weights of diagonals i
+ * (alpha) or S - 1 - i (beta) and the ones before, and normalize_ordered_kernel produces them in
+ * that order, layer k = diagonals k and S_b - 1 - k of every sample, counting each layer's
+ * finished tickets. So the normaliser is enqueued first on one block an SM, leaving free the SMs
+ * the sweep's blocks need (whole clusters of them for the cluster split), and the sweep after
+ * it as its programmatic dependent: the normaliser's blocks let it launch as soon as they have
+ * all started (griddepcontrol.launch_dependents), and before staging a diagonal it waits for
+ * that diagonal's layer (wait_layers). Each sweep then trails the normaliser by a few layers
+ * instead of starting after it.
+ *
+ * Safe whatever the scheduling: the normaliser waits on nothing, so it always finishes; the
+ * sweep waits only on it. Where the programmatic launch does not overlap them (a device or a
+ * stream without it, a tool that serialises kernels), the sweep starts after the normaliser
+ * ends and finds every layer done. Memory: the count goes up after the ticket's values and a
+ * fence (normalize.cu); warp 0 reads it with ld.acquire.gpu, whose barrier then orders every
+ * thread's copies of those values after it. The sweep ends with griddepcontrol.wait, so the
+ * next kernel in the stream starts after both (overlap_end).
+ * ============================================================================================== */
+
+__device__ __forceinline__ int ld_acquire_gpu(const int32_t *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Block-wide (every thread, block-uniform arguments): waits until layer ready + 1 of the
+ * normaliser is finished, layers (of this sample) the count; returns the last layer known
+ * finished: warp 0 looks at the next 32 layers at once, so one wait covers many steps while the
+ * normaliser runs ahead. */
+__device__ __noinline__ int wait_layers(const int32_t *done, int full, int ready, int layers) {
+    int n = 0;
+    if (threadIdx.x < 32) {
+        for (;;) {
+            const int k = ready + 1 + (int)threadIdx.x;
+            const int ok = k < layers && ld_acquire_gpu(done + k) >= full;
+            const unsigned m = __ballot_sync(0xffffffffu, ok);
+            n = m == 0xffffffffu ? 32 : __ffs(~m) - 1; /* finished layers in a row */
+            if (n > 0) break;
+            __nanosleep(64);
+        }
+    }
+    return ready + __syncthreads_count((int)threadIdx.x < n);
+}
+
+/* The layer of diagonal s of a sample of S diagonals. */
+__device__ __forceinline__ int layer_of(int s, int S) { return min(s, S - 1 - s); }
+
 /* barrier.cluster: every thread of every block of the cluster; release / acquire at cluster
  * scope, so shared-memory stores into another block (and global stores) before it are seen
  * after it. */
@@ -557,9 +622,14 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     int s_st = BETA ? S - 1 : 0;  /* next diagonal to stage */
     int wr_st = s_st % g.frames;  /* its workspace row */
     int wr = wr_st;               /* workspace row of the step's diagonal */
+    int ready = -1;               /* overlapped forward: the last layer known finished */
+    const int layers = (S + 1) / 2;
 #pragma unroll
     for (int j = 0; j < kStageAhead; ++j) {
-        if (j < S) stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+        if (j < S) {
+            if (g.done && layer_of(s_st, S) > ready) ready = wait_layers(g.done, g.full, ready, layers);
+            stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+        }
         cp_async_commit();
         s_st += step;
         wr_st = BETA ? (wr_st == 0 ? g.frames - 1 : wr_st - 1) : (wr_st + 1 == g.frames ? 0 : wr_st + 1);
@@ -579,7 +649,10 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
             cluster_sync();
         else
             __syncthreads();
-        if (i + kStageAhead < S) stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+        if (i + kStageAhead < S) {
+            if (g.done && layer_of(s_st, S) > ready) ready = wait_layers(g.done, g.full, ready, layers);
+            stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+        }
         cp_async_commit();
         s_st += step;
         wr_st = BETA ? (wr_st == 0 ? g.frames - 1 : wr_st - 1) : (wr_st + 1 == g.frames ? 0 : wr_st + 1);
@@ -633,6 +706,8 @@ __device__ __forceinline__ staged_geo staged_geo_of(const tdt_gpu_args_t &a, con
     g.mask = ring_diags - 1;
     g.use_dur = A.use_dur;
     g.fstride = (g.use_dur ? F_DUR + KD : F_DUR) * g.row;
+    g.done = a.fwd_tickets > 0 ? a.ws.order + 1 : NULL;
+    g.full = a.fwd_tickets;
     return g;
 }
 template <int SPL, int G>
@@ -666,6 +741,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
             staged_sweep<true, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
         }
     });
+    overlap_end(a);
 }
 
 /* The staged sweep of a (sample, direction) split over a cluster of blocks, for diagonals
@@ -705,22 +781,48 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
             staged_sweep<true, KD, SPL, G, true>(L, g, sl, ring, glob, left);
         }
     });
+    overlap_end(a);
 #endif
+}
+
+/* The launch attribute that makes a kernel the programmatic dependent of the one before. */
+inline cudaLaunchAttribute pdl_attr() {
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    return attr;
+}
+
+/* Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel. */
+template <typename Kernel> cudaError_t sweep_smem_attr(Kernel kernel, size_t smem_bytes) {
+    if (smem_bytes <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
 }
 
 /* One launch: 2 B blocks (alpha and beta of each sample), smem_bytes of dynamic shared memory. */
 template <typename Kernel>
 cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, int ring_diags,
-                           size_t smem_bytes, cudaStream_t stream) {
+                           size_t smem_bytes, cudaStream_t stream, bool pdl = false) {
     int64_t blocks = 2 * a.B;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    if (smem_bytes > 48 * 1024) {
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem_bytes);
-        if (e != cudaSuccess) return e;
+    cudaError_t e = sweep_smem_attr(kernel, smem_bytes);
+    if (e != cudaSuccess) return e;
+    if (!pdl) {
+        kernel<<<(unsigned)blocks, threads, smem_bytes, stream>>>(a, ring_diags);
+        return cudaGetLastError();
     }
-    kernel<<<(unsigned)blocks, threads, smem_bytes, stream>>>(a, ring_diags);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)blocks, 1, 1);
+    cfg.blockDim = dim3((unsigned)threads, 1, 1);
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr = pdl_attr();
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, kernel, a, ring_diags);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* The most lanes a node uses: the power of two at or above its 2 * KD slots, at most 4 (8 lanes
@@ -731,12 +833,17 @@ template <int KD, int G> struct sweep_g {
     enum { MAX = KD == 1 ? 2 : 4, V = KD == 0 ? 4 : G < MAX ? G : MAX };
 };
 
-/* One launch of the cluster split: 2 B clusters of `cl` blocks. cudaErrorNotSupported where a
- * cluster of such blocks cannot be resident (the caller then tries 8 blocks, then one). */
+typedef void (*sweep_fn_t)(const tdt_gpu_args_t, int);
+
+/* The cluster split's launch configuration: 2 B clusters of `cl` blocks (attr: the caller's
+ * storage for the cluster attribute). *active: how many such clusters can be resident at once,
+ * 0 where none can (or before sm_90); the caller then tries 8 blocks, then one. */
 template <int KD>
-cudaError_t sweep_launch_cluster(const tdt_gpu_args_t &a, int threads, int ring_diags,
-                                 size_t smem_bytes, int cl, cudaStream_t stream) {
-    void (*kernel)(const tdt_gpu_args_t, int) = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
+cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_bytes, int cl,
+                           cudaStream_t stream, cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr,
+                           int *active) {
+    const sweep_fn_t kernel = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
+    *active = 0;
     int64_t clusters = 2 * a.B;
     if (clusters > 0x7fffffff / cl) clusters = 0x7fffffff / cl;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -745,30 +852,89 @@ cudaError_t sweep_launch_cluster(const tdt_gpu_args_t &a, int threads, int ring_
     if (cl > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
                                        1) != cudaSuccess) { /* beyond the portable size */
         (void)cudaGetLastError();
-        return cudaErrorNotSupported;
+        return cudaSuccess;
     }
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3((unsigned)(clusters * cl), 1, 1);
-    cfg.blockDim = dim3((unsigned)threads, 1, 1);
-    cfg.dynamicSmemBytes = smem_bytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = (unsigned)cl;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int active = 0; /* 0, or an error, before sm_90 */
-    if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->gridDim = dim3((unsigned)(clusters * cl), 1, 1);
+    cfg->blockDim = dim3((unsigned)threads, 1, 1);
+    cfg->dynamicSmemBytes = smem_bytes;
+    cfg->stream = stream;
+    memset(attr, 0, sizeof *attr);
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = (unsigned)cl;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg->attrs = attr;
+    cfg->numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(active, kernel, cfg) != cudaSuccess || *active < 1) {
+        (void)cudaGetLastError(); /* 0, or an error, before sm_90 */
+        *active = 0;
+    }
+    return cudaSuccess;
+}
+
+/* Whether the forward may overlap (see "The overlapped forward"), and how: an sm_90 device and
+ * sm_90 code in `kernel` (programmatic launch, griddepcontrol); the normaliser one block an SM;
+ * the sweep's `blocks` blocks (in clusters of cl), one an SM, on at most a quarter of the SMs
+ * (ragged on the H200, 64 blocks on half of them, ran 0.31 -> 0.40 ms forward: the normaliser
+ * on the other half came too slowly; benchmark/NOTES.md, v6); `sweep_fit` of them fit an SM
+ * (cl 1), or of its clusters the device (cl > 1); the normaliser's tickets within an int. Sets
+ * a's fwd_* fields when it may. */
+inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
+                                int64_t blocks, int cl, int sweep_fit) {
+    if (!env.sm90 || a->nodes == 0 || sweep_fit < 1 || blocks > env.num_sms / 4) return cudaSuccess;
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
         (void)cudaGetLastError();
-        return cudaErrorNotSupported;
+        return cudaSuccess;
     }
-    e = cudaLaunchKernelEx(&cfg, kernel, a, ring_diags);
+    if (fa.ptxVersion < 90) return cudaSuccess;
+    int per_sm = 0, norm_fit = 0;
+    cudaError_t e = tdt_normalize_ordered_fit(a->V, env.dtype, 1, &per_sm);
     if (e != cudaSuccess) return e;
-    return cudaGetLastError();
+    if (per_sm != 1) return cudaSuccess; /* its blocks would not leave whole SMs free */
+    int64_t norm_blocks;
+    if (cl <= 1) {
+        norm_blocks = env.num_sms - blocks; /* the rest for the sweep, one block an SM */
+    } else {
+        /* clusters of the normaliser as large as the sweep's, so the SMs left free come as
+         * whole clusters (a cluster's blocks share one GPC) */
+        e = tdt_normalize_ordered_fit(a->V, env.dtype, cl, &norm_fit);
+        if (e != cudaSuccess) return e;
+        const int64_t sweep_clusters = blocks / cl;
+        if (sweep_clusters > sweep_fit || 2 * sweep_clusters > norm_fit) return cudaSuccess;
+        norm_blocks = (norm_fit - sweep_clusters) * cl;
+    }
+    const int64_t layers = tdt_ws_layers(a->maxT, a->maxU);
+    const int64_t dlen = a->maxT < a->row ? a->maxT : a->row;
+    const int64_t per = tdt_normalize_ticket_nodes(a->V, env.dtype);
+    const int64_t tickets = (2 * a->B * dlen + per - 1) / per;
+    if (tickets > ((int64_t)1 << 30) / (layers > 0 ? layers : 1)) return cudaSuccess;
+    a->fwd_layers = layers;
+    a->fwd_dlen = dlen;
+    a->fwd_tickets = (int)tickets;
+    a->fwd_blocks = (int)norm_blocks;
+    a->fwd_cluster = cl;
+    return cudaSuccess;
+}
+
+/* Enqueues the forward: the normaliser, then sweep(a, false); or, when a carries an overlap
+ * plan, the layer counters zeroed, the ordered normaliser, and sweep(a, true): the sweep as its
+ * programmatic dependent. */
+template <typename F>
+cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, cudaStream_t stream,
+                            F sweep) {
+    cudaError_t e;
+    if (a.fwd_tickets == 0) {
+        e = tdt_launch_normalize(a, env.dtype, env.num_sms, stream);
+        if (e != cudaSuccess) return e;
+        return sweep(a, false);
+    }
+    e = cudaMemsetAsync(a.ws.order, 0, (size_t)(a.fwd_layers + 1) * sizeof(int32_t), stream);
+    if (e != cudaSuccess) return e;
+    e = tdt_launch_normalize_ordered(a, env.dtype, a.fwd_blocks, a.fwd_cluster, stream);
+    if (e != cudaSuccess) return e;
+    return sweep(a, true);
 }
 
 /* Which kernel runs a sweep. */
@@ -779,27 +945,24 @@ enum sweep_mode {
 };
 
 template <int KD, int MODE> struct sweep_kernels {
-    template <int G> static cudaError_t go(const tdt_gpu_args_t &a, int th, int ring, size_t smem,
-                                           cudaStream_t stream) {
+    template <int G> static sweep_fn_t fn() {
         if constexpr (MODE == SWEEP_STAGED && KD > 0) /* no staged kernel for a runtime count */
-            return sweep_launch_k(sweep_staged_kernel<KD, sweep_g<KD, G>::V>, a, th, ring, smem, stream);
+            return sweep_staged_kernel<KD, sweep_g<KD, G>::V>;
         else
-            return sweep_launch_k(sweep_kernel<KD, sweep_g<KD, G>::V, MODE == SWEEP_RING>, a, th,
-                                  ring, smem, stream);
+            return sweep_kernel<KD, sweep_g<KD, G>::V, MODE == SWEEP_RING>;
     }
 };
 
-template <int KD, int MODE>
-cudaError_t sweep_launch_mode(const tdt_gpu_args_t &a, int G, int th, int ring, size_t smem,
-                              cudaStream_t stream) {
+/* The kernel of a mode and lanes a node. */
+template <int KD, int MODE> sweep_fn_t sweep_kernel_of(int G) {
     typedef sweep_kernels<KD, MODE> K;
     if constexpr (MODE == SWEEP_ARRAY) {
-        return K::template go<1>(a, th, 0, 0, stream);
+        return K::template fn<1>();
     } else {
         switch (G) {
-        case 4: return K::template go<4>(a, th, ring, smem, stream);
-        case 2: return K::template go<2>(a, th, ring, smem, stream);
-        default: return K::template go<1>(a, th, ring, smem, stream);
+        case 4: return K::template fn<4>();
+        case 2: return K::template fn<2>();
+        default: return K::template fn<1>();
         }
     }
 }
@@ -811,46 +974,52 @@ static inline int pow2_above(int n) {
     return r;
 }
 
-/* Kernel, ring and lanes a node for a launch. Arcs span up to `span` diagonals; smem_max is the
- * device's per-block shared-memory limit. The staged kernel wherever its ring (R > span +
- * kStageAhead diagonals of 3 + D fields of maxU + 1 doubles) fits: up to maxU ~450 for
- * durations 0..4, ~900 for RNN-T; then the register-prefetching ring (R > span diagonals of
- * values only: maxU up to ~3600 and ~14500); beyond, the workspace array.
+/* The forward's launches: kernel, ring and lanes a node for the sweep, and whether it overlaps
+ * the normaliser. Arcs span up to `span` diagonals. The staged kernel wherever its ring (R >
+ * span + kStageAhead diagonals of 3 + D fields of maxU + 1 doubles) fits the device's per-block
+ * shared memory: up to maxU ~450 for durations 0..4, ~900 for RNN-T; then the
+ * register-prefetching ring (R > span diagonals of values only: maxU up to ~3600 and ~14500);
+ * beyond, the workspace array. Only the staged kernels overlap the normaliser.
  * Lanes a node, from the longest diagonal, min(maxT, maxU + 1) nodes, and tdt_bench on the H200
  * (benchmark/NOTES.md, v3): 4 lanes while one pass of kMaxThreads threads covers the
  * diagonal; 2 lanes up to kMaxThreads nodes, in two passes (long, 401 nodes: 9.3 ms forward
  * against 10.3 with one lane a node and 11.5 with four); one lane beyond. */
 template <int KD>
-cudaError_t sweep_launch(const tdt_gpu_args_t &a, int span, size_t smem_max, cudaStream_t stream) {
+cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env_t &env,
+                         cudaStream_t stream) {
+    tdt_gpu_args_t a = a_in; /* fwd_* set by overlap_plan */
     const int64_t diag = a.maxT < a.row ? a.maxT : a.row;
     int G = diag <= kMaxThreads / 4 ? 4 : diag <= kMaxThreads ? 2 : 1;
     const int staged_ring = pow2_above(span + kStageAhead), ring = pow2_above(span);
     const int fields = a.arcs.use_dur ? F_DUR + a.arcs.count : F_DUR;
-    const int64_t limit = (int64_t)smem_max / (int64_t)sizeof(double);
+    const int64_t limit = (int64_t)env.smem_max / (int64_t)sizeof(double);
     /* the staged kernel indexes a sample's per-node arrays (times the durations) with an int */
     const bool small = a.maxT <= ((int64_t)1 << 31) / (a.row * (a.D > 1 ? a.D : 1)) - 1;
     int mode = KD > 0 && small && a.row <= limit / (staged_ring * fields) ? SWEEP_STAGED
                : a.row <= limit / ring                            ? SWEEP_RING
                                                                   : SWEEP_ARRAY;
+    const size_t staged_smem = (size_t)staged_ring * fields * a.row * sizeof(double);
     /* Diagonals longer than one pass of 4 lanes a node: split over a cluster of blocks of
-     * about kClusterCols columns each, at most 16 (beyond the portable 8: sweep_launch_cluster
+     * about kClusterCols columns each, at most 16 (beyond the portable 8: the loop below
      * falls back to 8 where 16 cannot be resident). */
     int cl = 1;
     if (KD > 0 && mode == SWEEP_STAGED && diag > kMaxThreads / 4) {
         cl = (int)((a.row + kClusterCols - 1) / kClusterCols);
         if (cl > 16) cl = 16;
     }
+    bool overlap = true;
 #ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try another G or kernel */
-    if (const char *env = getenv("TDT_SWEEP_LANES")) {
-        const int g = atoi(env);
+    if (const char *env_s = getenv("TDT_SWEEP_LANES")) {
+        const int g = atoi(env_s);
         if (g == 1 || g == 2 || g == 4) G = g;
     }
-    if (const char *env = getenv("TDT_SWEEP_STAGED"))
-        if (atoi(env) == 0 && mode == SWEEP_STAGED) mode = SWEEP_RING;
-    if (const char *env = getenv("TDT_SWEEP_CLUSTER")) {
-        const int c = atoi(env);
+    if (const char *env_s = getenv("TDT_SWEEP_STAGED"))
+        if (atoi(env_s) == 0 && mode == SWEEP_STAGED) mode = SWEEP_RING;
+    if (const char *env_s = getenv("TDT_SWEEP_CLUSTER")) {
+        const int c = atoi(env_s);
         if (c >= 1 && c <= 16) cl = c;
     }
+    if (const char *env_s = getenv("TDT_FWD_OVERLAP")) overlap = atoi(env_s) != 0;
     if (mode != SWEEP_STAGED) cl = 1;
 #endif
     if constexpr (KD > 0) {
@@ -860,9 +1029,27 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a, int span, size_t smem_max, cud
             const int gc = sweep_g<KD, 4>::V;
             int64_t t = (d * gc + 31) / 32 * 32;
             if (t > kMaxThreads) t = kMaxThreads;
-            const cudaError_t e = sweep_launch_cluster<KD>(
-                a, (int)t, staged_ring, (size_t)staged_ring * fields * a.row * sizeof(double), cl, stream);
-            if (e != cudaErrorNotSupported) return e;
+            cudaLaunchConfig_t cfg;
+            cudaLaunchAttribute attrs[2];
+            int active = 0;
+            cudaError_t e = cluster_config<KD>(a, (int)t, staged_smem, cl, stream, &cfg, &attrs[0], &active);
+            if (e != cudaSuccess) return e;
+            if (active > 0) {
+                const sweep_fn_t kernel = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
+                if (overlap) {
+                    e = overlap_plan(&a, env, kernel, 2 * a.B * cl, cl, active);
+                    if (e != cudaSuccess) return e;
+                }
+                return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
+                    if (pdl) {
+                        attrs[1] = pdl_attr();
+                        cfg.attrs = attrs;
+                        cfg.numAttrs = 2;
+                    }
+                    const cudaError_t e2 = cudaLaunchKernelEx(&cfg, kernel, x, staged_ring);
+                    return e2 != cudaSuccess ? e2 : cudaGetLastError();
+                });
+            }
             /* not resident here: the portable 8, else the one-block kernel below */
             cl = cl > 8 ? 8 : 1;
         }
@@ -874,15 +1061,28 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a, int span, size_t smem_max, cud
     if (threads < 32) threads = 32; /* maxT == 0: nothing to sweep, still a valid launch */
     if (threads > kMaxThreads) threads = kMaxThreads;
     const int th = (int)threads;
+    sweep_fn_t kernel;
+    int rd;
+    size_t smem;
     switch (mode) {
     case SWEEP_STAGED:
-        return sweep_launch_mode<KD, SWEEP_STAGED>(
-            a, G, th, staged_ring, (size_t)staged_ring * fields * a.row * sizeof(double), stream);
+        kernel = sweep_kernel_of<KD, SWEEP_STAGED>(G), rd = staged_ring, smem = staged_smem;
+        break;
     case SWEEP_RING:
-        return sweep_launch_mode<KD, SWEEP_RING>(a, G, th, ring,
-                                                 (size_t)ring * a.row * sizeof(double), stream);
-    default: return sweep_launch_mode<KD, SWEEP_ARRAY>(a, G, th, 0, 0, stream);
+        kernel = sweep_kernel_of<KD, SWEEP_RING>(G), rd = ring, smem = (size_t)ring * a.row * sizeof(double);
+        break;
+    default: kernel = sweep_kernel_of<KD, SWEEP_ARRAY>(G), rd = 0, smem = 0; break;
     }
+    if (KD > 0 && mode == SWEEP_STAGED && overlap && env.sm90) {
+        cudaError_t e = sweep_smem_attr(kernel, smem);
+        int per_sm = 0;
+        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, th, smem);
+        if (e == cudaSuccess) e = overlap_plan(&a, env, kernel, 2 * a.B, 1, per_sm);
+        if (e != cudaSuccess) return e;
+    }
+    return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
+        return sweep_launch_k(kernel, x, th, rd, smem, stream, pdl);
+    });
 }
 
 } /* namespace */
