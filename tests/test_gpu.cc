@@ -491,6 +491,8 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     size_t ws = 0;
     EXPECT_EQ(tdt_get_workspace_size(&pr, &o, &ws), TDT_STATUS_SUCCESS);
     EXPECT_EQ(work.alloc(ws), cudaSuccess);
+    // NaN everywhere: a value read before the kernel meant to write it shows in the results
+    EXPECT_EQ(cudaMemset(work.p, 0xff, ws), cudaSuccess);
     EXPECT_EQ(costs.alloc((size_t)std::max<int64_t>(s.B, 1) * acc_size(s.dt)), cudaSuccess);
     EXPECT_EQ(cudaMemset(costs.p, 0xff, costs.n), cudaSuccess);
     std::vector<uint8_t> gch = acc_bytes(ro.grad_costs, s.dt);
@@ -867,6 +869,79 @@ TEST(GpuCalls, SecondStreamAndGraphCapture) {
         EXPECT_EQ(b.raw_gtok, ref.raw_gtok) << "graph replay, " << dt_name(dt);
         Out c = run_cpu(h, base);
         expect_match(a, c, s);
+    }
+    CUDA_OK(cudaStreamDestroy(st));
+}
+
+// Sample b of a batch as a batch of one: the same bytes of logits, labels and lengths.
+Host slice_sample(const Host &h, int64_t b) {
+    Host o = h;
+    const size_t es = esize(h.s.dt);
+    o.s.B = 1;
+    o.s.Tb.clear();
+    o.s.Ub.clear();
+    const size_t per = (size_t)h.tok_s[0] * es;
+    o.tok.assign(h.tok.begin() + (ptrdiff_t)(b * per), h.tok.begin() + (ptrdiff_t)((b + 1) * per));
+    if (!h.dur.empty()) {
+        const size_t pd = (size_t)h.dur_s[0] * es;
+        o.dur.assign(h.dur.begin() + (ptrdiff_t)(b * pd), h.dur.begin() + (ptrdiff_t)((b + 1) * pd));
+    }
+    if (h.s.U > 0)
+        o.labels.assign(h.labels.begin() + b * h.s.U, h.labels.begin() + (b + 1) * h.s.U);
+    o.T = {h.T[b]};
+    o.U = {h.U[b]};
+    o.gtok_elems = h.gtok_elems / h.s.B;
+    o.gdur_elems = h.gdur_elems / h.s.B;
+    return o;
+}
+
+// The overlapped forward (the normaliser enqueued first, in the order the sweeps read the
+// lattice, and the sweep as its programmatic dependent: sweep.cuh) against the normaliser and
+// the sweep one after the other: a batch whose sweep blocks would take more than a quarter of
+// the SMs never overlaps, each of its samples alone does (on sm_90), and the two must give the
+// same bits, on the legacy default stream and on a stream of its own. Each sample's logits
+// start on a 16-byte boundary in both (T a multiple of 8), so the V-wide sums run in the same
+// order. The workspace starts as NaN (run_gpu), so a weight the sweep read before the
+// normaliser wrote it shows. Both the one-block staged sweep (B = num_sms / 8 + 1 samples)
+// and the cluster split (rows of 301 nodes: clusters of 12 blocks, B = 3).
+TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
+    REQUIRE_GPU();
+    int dev = 0, sms = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaStream_t st = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int cluster = 0; cluster < 2; ++cluster) {
+        for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16, TDT_DTYPE_FLOAT64}) {
+            Spec s;
+            s.dt = dt;
+            s.ragged = true;
+            s.seed = 70 + cluster;
+            if (cluster) {
+                s.B = 3; s.T = 160; s.U = 300; s.V = 40;
+                if (dt == TDT_DTYPE_BFLOAT16) s.durs = {0, 2, 3};
+            } else {
+                s.B = sms / 8 + 1; s.T = 40; s.U = 13; s.V = 300;
+                if (dt == TDT_DTYPE_BFLOAT16) s.durs = {};
+            }
+            Host h = make_host(s);
+            RunOpts ro;
+            ro.mode = Mode::FwdBwd;
+            Out all = run_gpu(h, ro);
+            const size_t acc = acc_size(dt), per = (size_t)h.tok_s[0] * esize(dt);
+            for (int64_t b : {(int64_t)0, s.B / 2, s.B - 1}) {
+                RunOpts one_ro = ro;  // the legacy default stream, and a stream of its own
+                if (b == s.B / 2) one_ro.stream = st;
+                Out one = run_gpu(slice_sample(h, b), one_ro);
+                const std::vector<uint8_t> cost(all.raw_costs.begin() + (ptrdiff_t)(b * acc),
+                                                all.raw_costs.begin() + (ptrdiff_t)((b + 1) * acc));
+                const std::vector<uint8_t> grad(all.raw_gtok.begin() + (ptrdiff_t)(b * per),
+                                                all.raw_gtok.begin() + (ptrdiff_t)((b + 1) * per));
+                EXPECT_EQ(one.raw_costs, cost) << s.str() << ": cost of sample " << b << " (T_b "
+                                               << h.T[b] << ", U_b " << h.U[b] << ")";
+                EXPECT_EQ(one.raw_gtok, grad) << s.str() << ": gradient of sample " << b;
+            }
+        }
     }
     CUDA_OK(cudaStreamDestroy(st));
 }
