@@ -44,6 +44,7 @@ typedef struct bench_args {
     tdt_dtype_t dtypes[4];
     int num_dtypes;
     int cpu, gpu, iters, threads;
+    int own_stream; /* GPU: run on a created non-blocking stream, not the legacy default */
     int durations[TDT_MAX_DURATIONS], D;
 } bench_args_t;
 
@@ -310,6 +311,9 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
     tdt_problem_t v = bench_view(p, d_joint, d_labels, d_T, d_U);
     tdt_options_t o = bench_options(a, p, TDT_LOCATION_GPU);
     tdt_gradients_t g = bench_grads(p, d_grad);
+    cudaStream_t st = NULL;
+    if (a->own_stream) BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    o.stream = st;
     BENCH_CHECK(tdt_get_workspace_size(&v, &o, &ws_bytes));
     BENCH_CUDA(cudaMalloc(&d_ws, ws_bytes));
     cudaEvent_t e0, e1;
@@ -320,6 +324,7 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
         char verdict[160];
         BENCH_CUDA(cudaMemset(d_grad, 0xff, bytes)); /* poison: every element must be written */
         BENCH_CHECK(compute_tdt_loss(&v, &o, d_costs, pass ? &g : NULL, d_ws, ws_bytes));
+        BENCH_CUDA(cudaStreamSynchronize(st));
         BENCH_CUDA(cudaMemcpy(costs, d_costs, cost_bytes, cudaMemcpyDeviceToHost));
         if (pass) BENCH_CUDA(cudaMemcpy(grad, d_grad, bytes, cudaMemcpyDeviceToHost));
         int ok = check(p, costs, pass ? grad : NULL, ref_costs, p->dtype, ref_grad, verdict, sizeof verdict);
@@ -327,9 +332,9 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
         double t[1000];
         for (int i = 0; ok && i < iters + 3; ++i) {
             float ms;
-            BENCH_CUDA(cudaEventRecord(e0, NULL));
+            BENCH_CUDA(cudaEventRecord(e0, st));
             BENCH_CHECK(compute_tdt_loss(&v, &o, d_costs, pass ? &g : NULL, d_ws, ws_bytes));
-            BENCH_CUDA(cudaEventRecord(e1, NULL));
+            BENCH_CUDA(cudaEventRecord(e1, st));
             BENCH_CUDA(cudaEventSynchronize(e1));
             BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
             if (i >= 3) t[i - 3] = ms;
@@ -341,6 +346,7 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
     cudaFree(d_joint); cudaFree(d_grad); cudaFree(d_costs); cudaFree(d_ws);
     cudaFree(d_labels); cudaFree(d_T); cudaFree(d_U);
     cudaEventDestroy(e0); cudaEventDestroy(e1);
+    if (st) cudaStreamDestroy(st);
     free(ref_costs); free(costs); free(ref_grad); free(grad);
 }
 #endif
@@ -348,11 +354,13 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tdt_bench [--shapes LIST | --shape B,T,U,V [--ragged]] [--backend cpu|gpu|all]\n"
-            "                 [--dtypes LIST] [--durations LIST] [--iters N] [--threads N]\n"
+            "                 [--dtypes LIST] [--durations LIST] [--iters N] [--threads N] [--stream]\n"
             "  --shapes LIST   named shapes of shared/TARGETS.md: base, parakeet, large, long, ragged,\n"
             "                  huge (default: all; on the CPU large and huge are skipped unless named)\n"
             "  --dtypes LIST   f32, f64, f16, bf16 (default f32,bf16)\n"
-            "  --iters N       timed repetitions after warm-up; the median is printed (default 20)\n");
+            "  --iters N       timed repetitions after warm-up; the median is printed (default 20)\n"
+            "  --stream        GPU: run on a stream of its own (cudaStreamNonBlocking) instead of the\n"
+            "                  legacy default stream, the one PyTorch's default stream is\n");
 }
 
 int main(int argc, char **argv) {
@@ -368,6 +376,7 @@ int main(int argc, char **argv) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(o, "--help")) { usage(stdout); return 0; }
         if (!strcmp(o, "--ragged")) { a.custom.ragged = 1; continue; }
+        if (!strcmp(o, "--stream")) { a.own_stream = 1; continue; }
         ++i;
         if (!strcmp(o, "--shapes")) {
             char buf[256];
