@@ -1036,7 +1036,7 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
             if (e != cudaSuccess) return e;
             if (active > 0) {
                 const sweep_fn_t kernel = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
-                if (overlap) {
+                if (overlap && 2 * a.B * cl <= env.num_sms / 4) {
                     e = overlap_plan(&a, env, kernel, 2 * a.B * cl, cl, active);
                     if (e != cudaSuccess) return e;
                 }
@@ -1073,7 +1073,7 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
         break;
     default: kernel = sweep_kernel_of<KD, SWEEP_ARRAY>(G), rd = 0, smem = 0; break;
     }
-    if (KD > 0 && mode == SWEEP_STAGED && overlap && env.sm90) {
+    if (KD > 0 && mode == SWEEP_STAGED && overlap && env.sm90 && 2 * a.B <= env.num_sms / 4) {
         cudaError_t e = sweep_smem_attr(kernel, smem);
         int per_sm = 0;
         if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, th, smem);
