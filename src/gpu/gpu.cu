@@ -4,8 +4,9 @@
  * tdt_gpu_run() receives one call already validated by src/tdt.c (internal.h), builds the
  * kernels' argument block and enqueues, on the caller's stream,
  *     forward:  normalize (per node)  ->  sweep (alpha | beta per sample, LL, cost), or the
- *               two overlapped: the sweep first, the normaliser as its programmatic dependent,
- *               in the order the sweep consumes its values (sweep.cuh, "The overlapped forward")
+ *               two overlapped: a memset of the workspace's layer counters, the normaliser in
+ *               the order the sweep consumes its values, the sweep as its programmatic
+ *               dependent (sweep.cuh, "The overlapped forward")
  *     backward: grad (per node)
  * Nothing else: no allocation (the caller's workspace holds every intermediate), no host
  * synchronisation, no stream or event creation, so the whole call can be captured in a CUDA
