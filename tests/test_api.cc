@@ -98,6 +98,9 @@ TEST(Api, WorkspaceSizeFromShapesOnly) {
     EXPECT_GE(workspace(2, 10, 4, TDT_MAX_DURATIONS), base) << "grows with D";
     workspace(0, 0, 0, 0);  // an empty problem is a valid question
     workspace(2, 10, 4, 0); // RNN-T
+    // An empty batch has no lattice: its size must not grow with max_frames (the GPU forward's
+    // per-layer counters, ceil((T + U) / 2) of them, are only there when B > 0).
+    EXPECT_EQ(workspace(0, int64_t(1) << 62, 4, 5), workspace(0, 10, 4, 5));
 }
 
 // Sizes whose workspace cannot be represented must be refused, not wrapped around.

@@ -15,6 +15,7 @@
  *                     | state    [B]      | int32: per-sample state flags (GPU)         |
  *                     | order    [K + 1]  | int32: the GPU forward's work ticket and    |
  *                     |                   | per-layer done counters, K = ceil((T + U)/2) |
+ *                     |                   | (0 when B == 0)                             |
  *
  * The per-node arrays hold sample b's nodes at b * max_frames * (max_labels + 1) +
  * tdt_node_index() (lattice.h): anti-diagonal-major, so a sweep's diagonal is contiguous.
@@ -42,7 +43,6 @@ typedef struct tdt_ws_layout {
     size_t total; /* bytes from the aligned base to the end */
     int64_t nodes;       /* N */
     int64_t dur_stride;  /* Dw */
-    int64_t layers;      /* K: layers of the GPU's overlapped forward (tdt_ws_layers) */
 } tdt_ws_layout_t;
 
 /* Pointers into one carved workspace. */
@@ -85,6 +85,8 @@ TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_l
                                 int64_t num_durations, tdt_ws_layout_t *l) {
     size_t nodes, dur_elems, cursor = 0;
     int64_t dw = num_durations > 1 ? num_durations : 1;
+    /* no lattice, no layers: an empty batch's size does not grow with max_frames */
+    const int64_t layers = batch > 0 ? tdt_ws_layers(max_frames, max_labels) : 0;
     if (!tdt_mul_size((size_t)batch, (size_t)max_frames, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)max_labels + 1, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)dw, &dur_elems)) return 0;
@@ -97,10 +99,8 @@ TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_l
              tdt_ws_take(&cursor, dur_elems, sizeof(double), &l->lp_dur) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(int32_t), &l->state) &&
-             tdt_ws_take(&cursor, (size_t)tdt_ws_layers(max_frames, max_labels) + 1, sizeof(int32_t),
-                         &l->order);
+             tdt_ws_take(&cursor, (size_t)layers + 1, sizeof(int32_t), &l->order);
     if (!ok) return 0;
-    l->layers = tdt_ws_layers(max_frames, max_labels);
     l->total = cursor;
     l->nodes = (int64_t)nodes;
     l->dur_stride = dw;
