@@ -15,6 +15,8 @@
 #ifndef TDT_GPU_COMMON_CUH
 #define TDT_GPU_COMMON_CUH
 
+#include <string.h>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -312,6 +314,31 @@ cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const td
                                      cudaStream_t stream);
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                     cudaStream_t stream);
+
+/* ---- launch attributes (host) ------------------------------------------------------------- */
+/* A thread-block cluster of cl blocks along x. */
+static inline cudaLaunchAttribute tdt_cluster_attr(int cl) {
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)cl;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    return attr;
+}
+/* Makes a launch the programmatic dependent of the kernel before it in the stream. */
+static inline cudaLaunchAttribute tdt_pdl_attr(void) {
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    return attr;
+}
+/* Clusters beyond the portable 8 blocks must be allowed, kernel by kernel. */
+template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) {
+    if (cl <= 8) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+}
 
 /* Lanes per node for the V-wide kernels. Each node costs a fixed latency (lengths, workspace
  * values, a reduction or the occupancies) besides its row, so rows of up to a few thousand

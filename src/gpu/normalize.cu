@@ -370,17 +370,10 @@ cudaError_t launch_ordered(const tdt_gpu_args_t &a, int blocks, int cl, cudaStre
     cfg.gridDim = dim3((unsigned)blocks, 1, 1);
     cfg.blockDim = dim3(norm_ordered<DT>::THREADS, 1, 1);
     cfg.stream = stream;
-    cudaLaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
+    cudaLaunchAttribute attr = tdt_cluster_attr(cl);
     if (cl > 1) {
-        if (cl > 8) {
-            cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-            if (e != cudaSuccess) return e;
-        }
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = (unsigned)cl;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
+        cudaError_t e = tdt_allow_cluster(kernel, cl);
+        if (e != cudaSuccess) return e;
         cfg.attrs = &attr;
         cfg.numAttrs = 1;
     }
@@ -395,7 +388,7 @@ template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
     void (*kernel)(const tdt_gpu_args_t) = normalize_ordered_kernel<DT, G>;
     *fit = 0;
     if (cl <= 1) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(fit, kernel, norm_ordered<DT>::THREADS, 0);
-    if (cl > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    if (tdt_allow_cluster(kernel, cl) != cudaSuccess) {
         (void)cudaGetLastError();
         return cudaSuccess;
     }
@@ -403,12 +396,7 @@ template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)cl, 1, 1);
     cfg.blockDim = dim3(norm_ordered<DT>::THREADS, 1, 1);
-    cudaLaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = (unsigned)cl;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
+    cudaLaunchAttribute attr = tdt_cluster_attr(cl);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     if (cudaOccupancyMaxActiveClusters(fit, kernel, &cfg) != cudaSuccess) {

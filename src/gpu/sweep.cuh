@@ -785,15 +785,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
 #endif
 }
 
-/* The launch attribute that makes a kernel the programmatic dependent of the one before. */
-inline cudaLaunchAttribute pdl_attr() {
-    cudaLaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    return attr;
-}
-
 /* Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel. */
 template <typename Kernel> cudaError_t sweep_smem_attr(Kernel kernel, size_t smem_bytes) {
     if (smem_bytes <= 48 * 1024) return cudaSuccess;
@@ -818,7 +809,7 @@ cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, 
     cfg.blockDim = dim3((unsigned)threads, 1, 1);
     cfg.dynamicSmemBytes = smem_bytes;
     cfg.stream = stream;
-    cudaLaunchAttribute attr = pdl_attr();
+    cudaLaunchAttribute attr = tdt_pdl_attr();
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     e = cudaLaunchKernelEx(&cfg, kernel, a, ring_diags);
@@ -849,8 +840,7 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem_bytes);
     if (e != cudaSuccess) return e;
-    if (cl > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                       1) != cudaSuccess) { /* beyond the portable size */
+    if (tdt_allow_cluster(kernel, cl) != cudaSuccess) { /* beyond the portable size */
         (void)cudaGetLastError();
         return cudaSuccess;
     }
@@ -859,11 +849,7 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
     cfg->blockDim = dim3((unsigned)threads, 1, 1);
     cfg->dynamicSmemBytes = smem_bytes;
     cfg->stream = stream;
-    memset(attr, 0, sizeof *attr);
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = (unsigned)cl;
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
+    *attr = tdt_cluster_attr(cl);
     cfg->attrs = attr;
     cfg->numAttrs = 1;
     if (cudaOccupancyMaxActiveClusters(active, kernel, cfg) != cudaSuccess || *active < 1) {
@@ -1042,7 +1028,7 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
                 }
                 return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
                     if (pdl) {
-                        attrs[1] = pdl_attr();
+                        attrs[1] = tdt_pdl_attr();
                         cfg.attrs = attrs;
                         cfg.numAttrs = 2;
                     }
