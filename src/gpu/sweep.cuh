@@ -863,12 +863,12 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
  * sm_90 code in `kernel` (programmatic launch, griddepcontrol); the normaliser one block an SM;
  * the sweep's `blocks` blocks (in clusters of cl), one an SM, on at most a quarter of the SMs
  * (ragged on the H200, 64 blocks on half of them, ran 0.31 -> 0.40 ms forward: the normaliser
- * on the other half came too slowly; benchmark/NOTES.md, v6); `sweep_fit` of them fit an SM
- * (cl 1), or of its clusters the device (cl > 1); the normaliser's tickets within an int. Sets
- * a's fwd_* fields when it may. */
+ * on the other half came too slowly; benchmark/NOTES.md, v6); for the cluster split, the device
+ * holds cluster_fit of the sweep's clusters at once; the normaliser's tickets within an int.
+ * Sets a's fwd_* fields when it may. */
 inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
-                                int64_t blocks, int cl, int sweep_fit) {
-    if (!env.sm90 || a->nodes == 0 || sweep_fit < 1 || blocks > env.num_sms / 4) return cudaSuccess;
+                                int64_t blocks, int cl, int cluster_fit) {
+    if (!env.sm90 || a->nodes == 0 || blocks > env.num_sms / 4) return cudaSuccess;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -888,7 +888,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
         e = tdt_normalize_ordered_fit(a->V, env.dtype, cl, &norm_fit);
         if (e != cudaSuccess) return e;
         const int64_t sweep_clusters = blocks / cl;
-        if (sweep_clusters > sweep_fit || 2 * sweep_clusters > norm_fit) return cudaSuccess;
+        if (sweep_clusters > cluster_fit || 2 * sweep_clusters > norm_fit) return cudaSuccess;
         norm_blocks = (norm_fit - sweep_clusters) * cl;
     }
     const int64_t layers = tdt_ws_layers(a->maxT, a->maxU);
@@ -1060,10 +1060,7 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
     default: kernel = sweep_kernel_of<KD, SWEEP_ARRAY>(G), rd = 0, smem = 0; break;
     }
     if (KD > 0 && mode == SWEEP_STAGED && overlap && env.sm90 && 2 * a.B <= env.num_sms / 4) {
-        cudaError_t e = sweep_smem_attr(kernel, smem);
-        int per_sm = 0;
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, th, smem);
-        if (e == cudaSuccess) e = overlap_plan(&a, env, kernel, 2 * a.B, 1, per_sm);
+        const cudaError_t e = overlap_plan(&a, env, kernel, 2 * a.B, 1, 0);
         if (e != cudaSuccess) return e;
     }
     return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
