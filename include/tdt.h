@@ -78,8 +78,9 @@ typedef enum tdt_status {
                                              length outside [0, max_labels] (CPU check) */
     TDT_STATUS_INVALID_LABEL = 12,        /* a label outside [0, vocab_size) or equal to blank
                                              (CPU check) */
-    TDT_STATUS_INVALID_OPTION = 13,       /* location, input kind, num_threads, or a non-finite or
-                                             negative sigma / fastemit_lambda / clamp */
+    TDT_STATUS_INVALID_OPTION = 13,       /* location, input kind, GPU schedule, num_threads, or
+                                             a non-finite or negative sigma / fastemit_lambda /
+                                             clamp */
     TDT_STATUS_INVALID_WORKSPACE = 14,    /* tdt_backward() on a CPU workspace that does not hold
                                              tdt_forward() of the same problem */
     TDT_STATUS_CUDA_ERROR = 15,           /* a CUDA call or launch failed; tdt_last_error() has
@@ -111,6 +112,21 @@ typedef enum tdt_input_kind {
                                the derivative with respect to those log-probabilities */
 } tdt_input_kind_t;
 
+/* How the GPU backend orders its kernels (tdt_options_t.gpu_schedule). Every schedule gives the
+ * same costs and gradients, bit for bit; they differ only in speed. A schedule the device or
+ * the problem cannot take runs as TDT_GPU_SCHEDULE_SERIAL. tdt_forward() and tdt_backward() of
+ * one pair must be given the same schedule (as they must be given the same options). */
+typedef enum tdt_gpu_schedule {
+    TDT_GPU_SCHEDULE_AUTO = 0,    /* the library picks one from the shapes and the device
+                                     (docs/math.md, section 5) */
+    TDT_GPU_SCHEDULE_SERIAL = 1,  /* forward: the per-node pass, then the alpha and beta sweeps;
+                                     backward: the gradient pass */
+    TDT_GPU_SCHEDULE_OVERLAP = 2, /* forward: the alpha and beta sweeps trail the per-node pass
+                                     as it runs (sm_90); backward: the gradient pass */
+    TDT_GPU_SCHEDULE_SPLIT = 3    /* forward: the alpha sweep trails the per-node pass; backward:
+                                     the beta sweep, the gradient pass trailing it (sm_90) */
+} tdt_gpu_schedule_t;
+
 /* ---------------------------------------------------------------------------------------------
  * Options. Zero-initialise (tdt_options_t o = {0};) and set what you need: every zero field
  * means its documented default.
@@ -137,6 +153,7 @@ typedef struct tdt_options {
     int grad_costs_scalar;   /* tdt_backward(): nonzero = grad_costs points to one value, the
                                 upstream gradient of every sample (what a sum or batch-mean
                                 reduction hands back); 0 = (B) values. Ignored elsewhere. */
+    tdt_gpu_schedule_t gpu_schedule; /* GPU: default TDT_GPU_SCHEDULE_AUTO. Ignored on the CPU. */
 } tdt_options_t;
 
 /* ---------------------------------------------------------------------------------------------

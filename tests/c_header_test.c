@@ -29,6 +29,7 @@ int main(void) {
     tdt_dtype_t dtype = TDT_DTYPE_FLOAT32;
     tdt_location_t loc = TDT_LOCATION_CPU;
     tdt_input_kind_t kind = TDT_INPUT_LOGITS;
+    tdt_gpu_schedule_t schedule = TDT_GPU_SCHEDULE_AUTO;
     static const int durations[2] = {0, 1};
     float tok[2 * 2 * 2] = {0}, dur[2 * 2 * 2] = {0}, gtok[8], gdur[8], cost = 0.0f;
     const int32_t labels[1] = {1}, frames[1] = {2}, lens[1] = {1};
@@ -47,6 +48,7 @@ int main(void) {
     opt.durations = durations;
     opt.num_durations = 2;
     opt.input_kind = kind;
+    opt.gpu_schedule = schedule;
     prob.batch = 1;
     prob.max_frames = 2;
     prob.max_labels = 1;

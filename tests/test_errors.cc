@@ -432,6 +432,15 @@ TEST_F(ErrorsTest, BadInputKind) {
     expect_status(TDT_STATUS_INVALID_OPTION, "input_kind");
 }
 
+// Checked on every location (a CPU call ignores the schedule, but not a value outside the enum).
+TEST_F(ErrorsTest, BadGpuSchedule) {
+    for (int v : {-1, 4, 1000}) {
+        SCOPED_TRACE(::testing::Message() << "gpu_schedule " << v);
+        opt.gpu_schedule = static_cast<tdt_gpu_schedule_t>(v);
+        expect_status(TDT_STATUS_INVALID_OPTION, "gpu_schedule");
+    }
+}
+
 // ---- TDT_STATUS_INVALID_WORKSPACE ----------------------------------------------------------------
 
 TEST_F(ErrorsTest, BackwardWithoutForward) {

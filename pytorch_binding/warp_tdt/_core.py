@@ -60,13 +60,13 @@ def workspace_bound(batch, max_frames, rows, num_durations):
     Used where the size must be known from (possibly symbolic) shapes alone: the fake
     implementation of the torch.compile custom op. It mirrors the layout drawn in
     src/common/workspace.h (five per-node double arrays, Dw per-node duration doubles, two (B)
-    arrays, the GPU forward's (T + U + 1) / 2 + 1 int32 counters, a small header, one alignment
+    arrays, the GPU's 1 + (T + U) + B int32 counters, a small header, one alignment
     pad per sub-buffer plus the pointer slack), and every real call checks it against the
     library's own answer, so a layout change cannot go unnoticed.
     """
     nodes = batch * max_frames * rows
     dw = max(int(num_durations), 1)
-    counters = (max_frames + rows) // 2 + 1
+    counters = max_frames + rows + batch  # 1 + (T + U) + B, with rows = U + 1
     return 8 * nodes * (5 + dw) + 12 * batch + 4 * counters + 64 + 12 * 256
 
 

@@ -83,6 +83,7 @@ class Options(ctypes.Structure):
         ("clamp", ctypes.c_double),
         ("input_kind", ctypes.c_int),
         ("grad_costs_scalar", ctypes.c_int),
+        ("gpu_schedule", ctypes.c_int),
     ]
 
 

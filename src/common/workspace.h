@@ -13,9 +13,10 @@
  *                     | lp_dur   [N * Dw] | double, Dw = max(num_durations, 1)          |
  *                     | ll       [B]      | double: log p(y|x) per sample               |
  *                     | state    [B]      | int32: per-sample state flags (GPU)         |
- *                     | order    [K + 1]  | int32: the GPU forward's work ticket and    |
- *                     |                   | per-layer done counters, K = ceil((T + U)/2) |
- *                     |                   | (0 when B == 0)                             |
+ *                     | order [1 + K + B] | int32, the GPU's overlapped schedules: a    |
+ *                     |                   | work ticket, K = T + U per-layer done       |
+ *                     |                   | counts, B per-sample beta progress counts   |
+ *                     |                   | (nothing when B == 0)                       |
  *
  * The per-node arrays hold sample b's nodes at b * max_frames * (max_labels + 1) +
  * tdt_node_index() (lattice.h): anti-diagonal-major, so a sweep's diagonal is contiguous.
@@ -50,7 +51,8 @@ typedef struct tdt_ws {
     tdt_ws_header_t *header;
     double *lp_blank, *lp_label, *lse, *alpha, *beta, *lp_dur, *ll;
     int32_t *state;
-    int32_t *order; /* [0]: next work ticket; [1 + k]: finished tickets of layer k */
+    int32_t *order; /* [0]: next work ticket; [1 + k]: finished tickets of layer k (forward);
+                       [1 + K + b]: beta diagonals of sample b published (backward) */
 } tdt_ws_t;
 
 TDT_HD size_t tdt_align_up(size_t x) { return (x + TDT_WS_ALIGN - 1) & ~(TDT_WS_ALIGN - 1); }
@@ -72,21 +74,17 @@ TDT_HD int tdt_ws_take(size_t *cursor, size_t count, size_t elem, size_t *offset
     return 1;
 }
 
-/* Layers of a lattice of max_frames + max_labels anti-diagonals, taken from both ends at
- * once: layer k holds diagonals k and S - 1 - k of a sample with S diagonals (the ones its
- * alpha and beta sweeps reach at their step k), so ceil((max_frames + max_labels) / 2). */
-TDT_HD int64_t tdt_ws_layers(int64_t max_frames, int64_t max_labels) {
-    /* (T + U + 1) / 2 without forming T + U, which may overflow when B == 0 */
-    return max_frames / 2 + max_labels / 2 + (max_frames % 2 + max_labels % 2 + 1) / 2;
-}
+/* Layer counters K of the overlapped schedules: one per anti-diagonal, max_frames + max_labels
+ * (a layer is one diagonal of every sample, or two, taken from both ends at once, when the
+ * alpha and beta sweeps both trail the normaliser; then only the first half is used). Only
+ * called for B > 0, where max_frames * (max_labels + 1) fits and so does the sum. */
+TDT_HD int64_t tdt_ws_layers(int64_t max_frames, int64_t max_labels) { return max_frames + max_labels; }
 
 /* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T). 0 on overflow. */
 TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_labels,
                                 int64_t num_durations, tdt_ws_layout_t *l) {
     size_t nodes, dur_elems, cursor = 0;
     int64_t dw = num_durations > 1 ? num_durations : 1;
-    /* no lattice, no layers: an empty batch's size does not grow with max_frames */
-    const int64_t layers = batch > 0 ? tdt_ws_layers(max_frames, max_labels) : 0;
     if (!tdt_mul_size((size_t)batch, (size_t)max_frames, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)max_labels + 1, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)dw, &dur_elems)) return 0;
@@ -98,9 +96,12 @@ TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_l
              tdt_ws_take(&cursor, nodes, sizeof(double), &l->beta) &&
              tdt_ws_take(&cursor, dur_elems, sizeof(double), &l->lp_dur) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll) &&
-             tdt_ws_take(&cursor, (size_t)batch, sizeof(int32_t), &l->state) &&
-             tdt_ws_take(&cursor, (size_t)layers + 1, sizeof(int32_t), &l->order);
+             tdt_ws_take(&cursor, (size_t)batch, sizeof(int32_t), &l->state);
     if (!ok) return 0;
+    /* No lattice, no counters: an empty batch's size does not grow with max_frames. Else the
+     * node arrays fit, so T + U + B (at most 2 B T (U + 1) + U) cannot overflow. */
+    const int64_t counters = batch > 0 ? 1 + tdt_ws_layers(max_frames, max_labels) + batch : 0;
+    if (!tdt_ws_take(&cursor, (size_t)counters, sizeof(int32_t), &l->order)) return 0;
     l->total = cursor;
     l->nodes = (int64_t)nodes;
     l->dur_stride = dw;
