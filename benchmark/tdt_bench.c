@@ -45,6 +45,7 @@ typedef struct bench_args {
     int num_dtypes;
     int cpu, gpu, iters, threads;
     int own_stream; /* GPU: run on a created non-blocking stream, not the legacy default */
+    tdt_gpu_schedule_t schedule; /* GPU: tdt_options_t.gpu_schedule */
     int durations[TDT_MAX_DURATIONS], D;
 } bench_args_t;
 
@@ -170,6 +171,7 @@ static tdt_options_t bench_options(const bench_args_t *a, const bench_problem_t 
     o.durations = p->durations;
     o.num_durations = (int)p->D;
     o.num_threads = a->threads;
+    o.gpu_schedule = a->schedule;
     return o;
 }
 
@@ -355,12 +357,15 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: tdt_bench [--shapes LIST | --shape B,T,U,V [--ragged]] [--backend cpu|gpu|all]\n"
             "                 [--dtypes LIST] [--durations LIST] [--iters N] [--threads N] [--stream]\n"
+            "                 [--schedule auto|serial|overlap|split]\n"
             "  --shapes LIST   named shapes of shared/TARGETS.md: base, parakeet, large, long, ragged,\n"
             "                  huge (default: all; on the CPU large and huge are skipped unless named)\n"
             "  --dtypes LIST   f32, f64, f16, bf16 (default f32,bf16)\n"
             "  --iters N       timed repetitions after warm-up; the median is printed (default 20)\n"
             "  --stream        GPU: run on a stream of its own (cudaStreamNonBlocking) instead of the\n"
-            "                  legacy default stream, the one PyTorch's default stream is\n");
+            "                  legacy default stream, the one PyTorch's default stream is\n"
+            "  --schedule S    GPU: tdt_options_t.gpu_schedule (default auto; the same results, bit\n"
+            "                  for bit, in another kernel order)\n");
 }
 
 int main(int argc, char **argv) {
@@ -396,6 +401,16 @@ int main(int argc, char **argv) {
             }
             a.custom.name = "custom"; a.custom.B = B; a.custom.T = T; a.custom.U = U; a.custom.V = V;
             a.have_custom = 1;
+        } else if (!strcmp(o, "--schedule")) {
+            static const char *names[] = {"auto", "serial", "overlap", "split"};
+            int found = -1;
+            for (int k = 0; k < 4; ++k)
+                if (!strcmp(v, names[k])) found = k;
+            if (found < 0) {
+                fprintf(stderr, "tdt_bench: --schedule wants auto, serial, overlap or split, got %s\n", v);
+                return 2;
+            }
+            a.schedule = (tdt_gpu_schedule_t)found;
         } else if (!strcmp(o, "--backend")) {
             a.cpu = strcmp(v, "gpu") != 0;
             a.gpu = strcmp(v, "cpu") != 0;
@@ -440,6 +455,9 @@ int main(int argc, char **argv) {
         char line[256];
         if (smi && fgets(line, sizeof line, smi)) printf("gpu clocks (sm, max sm, mem, driver): %s", line);
         if (smi) pclose(smi);
+        static const char *sched[] = {"auto", "serial", "overlap", "split"};
+        printf("gpu schedule %s, %s stream\n", sched[a.schedule],
+               a.own_stream ? "a non-blocking" : "the legacy default");
     }
 #endif
     printf("durations ");

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/workspace.h"  // the counters of the overlapped schedules (which one ran)
 #include "tdt.h"
 
 namespace {
@@ -270,6 +271,7 @@ Host make_host(const Spec &s) {
 struct Out {
     std::vector<double> costs, gtok, gdur;
     std::vector<uint8_t> raw_costs, raw_gtok, raw_gdur;  // the bytes as written (bitwise checks)
+    std::vector<int32_t> order;  // RunOpts::keep_order: the workspace's int32 counters after the call
 };
 
 enum class Mode { OneShot, FwdBwd, FwdOnly };
@@ -281,6 +283,9 @@ struct RunOpts {
     cudaStream_t stream = nullptr;
     bool graph = false;              // GPU: capture the calls in a CUDA graph and replay it
     bool want_tok = true, want_dur = true;
+    tdt_gpu_schedule_t schedule = TDT_GPU_SCHEDULE_AUTO;
+    bool backward_twice = false;     // FwdBwd: a second tdt_backward() over the same workspace
+    bool keep_order = false;         // download the workspace's counters (Out::order)
 };
 
 void fill_options(const Host &h, tdt_location_t loc, tdt_options_t *o, cudaStream_t stream) {
@@ -485,6 +490,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     tdt_options_t o;
     fill_options(h, TDT_LOCATION_GPU, &o, ro.stream);
     o.grad_costs_scalar = ro.grad_scalar;
+    o.gpu_schedule = ro.schedule;
     tdt_problem_t pr;
     tdt_gradients_t g;
     fill_problem(h, p, &pr, &g, ro);
@@ -503,6 +509,8 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
         if (ro.mode == Mode::OneShot) return compute_tdt_loss(&pr, &o, costs.p, &g, work.p, ws);
         tdt_status_t st = tdt_forward(&pr, &o, costs.p, work.p, ws);
         if (st != TDT_STATUS_SUCCESS || ro.mode == Mode::FwdOnly) return st;
+        st = tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.p, &g, work.p, ws);
+        if (st != TDT_STATUS_SUCCESS || !ro.backward_twice) return st;
         return tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.p, &g, work.p, ws);
     };
     if (ro.graph) {
@@ -526,6 +534,14 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
         EXPECT_EQ(cudaStreamSynchronize(ro.stream), cudaSuccess);
     }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (ro.keep_order && s.B > 0) {
+        tdt_ws_layout_t l = {};
+        EXPECT_TRUE(tdt_workspace_layout(s.B, s.T, s.U, s.D(), &l));
+        EXPECT_EQ((uintptr_t)work.p % TDT_WS_ALIGN, 0u);  // cudaMalloc: the layout starts at p
+        const std::vector<uint8_t> raw = work.download();
+        out.order.resize((size_t)(1 + tdt_ws_layers(s.T, s.U) + s.B));
+        std::memcpy(out.order.data(), raw.data() + l.order, out.order.size() * 4);
+    }
     out.raw_costs = costs.download();
     out.raw_costs.resize((size_t)s.B * acc_size(s.dt));
     unpack_costs(h, &out);
@@ -944,6 +960,79 @@ TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
         }
     }
     CUDA_OK(cudaStreamDestroy(st));
+}
+
+// The GPU schedules (tdt_gpu_schedule_t) reorder kernels, never arithmetic: costs and both
+// gradients must be the same bits under each, against SERIAL, in the one-shot call and the
+// forward/backward pair (backward run twice over one workspace: the split schedule recomputes
+// beta there), with samples the split backward must not wait for: bad data (NaN cost), an
+// infeasible sample (durations without 1, T_b = 1), T_b = 0, U_b = 0. The workspace's counters
+// show which schedule ran: untouched (NaN poison) after SERIAL, the forward's layer counts after
+// OVERLAP, every sample's final beta count (INT_MAX) after SPLIT.
+TEST(GpuCalls, SchedulesMatchSerialBitwise) {
+    REQUIRE_GPU();
+    int dev = 0, major = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    struct Case {
+        tdt_dtype_t dt;
+        int64_t B, T, U, V;
+        std::vector<int> durs;
+        bool joint;
+    };
+    const std::vector<Case> cases = {
+        {TDT_DTYPE_FLOAT32, 6, 40, 13, 300, {0, 1, 2, 3, 4}, false},   // 8 lanes a row
+        {TDT_DTYPE_FLOAT32, 3, 24, 9, 2100, {0, 1, 2, 3, 4}, true},    // 32 lanes, joint slices
+        {TDT_DTYPE_BFLOAT16, 5, 33, 20, 513, {0, 2, 3}, false},        // infeasible T_b = 1
+        {TDT_DTYPE_FLOAT16, 4, 20, 6, 130, {}, false},                 // RNN-T
+        {TDT_DTYPE_FLOAT64, 4, 18, 7, 90, {0, 1, 2}, false},
+    };
+    for (const Case &cs : cases) {
+        Spec s;
+        s.dt = cs.dt; s.B = cs.B; s.T = cs.T; s.U = cs.U; s.V = cs.V; s.durs = cs.durs;
+        s.ragged = true; s.joint = cs.joint; s.seed = 90 + (uint64_t)cs.V;
+        if (cs.joint) s.grads = Grads::Joint;
+        Host h = make_host(s);
+        h.T[0] = (int32_t)s.T;  // one full-length sample
+        h.U[0] = (int32_t)s.U;
+        h.labels[1 * s.U + 0] = s.blank_id();  // bad data: label == blank (if U_b > 0)
+        h.U[1] = std::max<int32_t>(h.U[1], 1);
+        h.T[2] = 1;  // infeasible without duration 1 (else a one-frame sample)
+        if (s.B > 3) h.T[3] = 0;
+        if (s.B > 4) h.U[4] = 0;
+        RunOpts serial;
+        serial.mode = Mode::FwdBwd;
+        serial.schedule = TDT_GPU_SCHEDULE_SERIAL;
+        serial.keep_order = true;
+        const Out ref = run_gpu(h, serial);
+        for (int32_t v : ref.order) EXPECT_EQ(v, -1) << s.str() << ": SERIAL touched a counter";
+        EXPECT_TRUE(std::isnan(ref.costs[1])) << s.str() << ": bad sample 1 cost " << ref.costs[1];
+        for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_OVERLAP, TDT_GPU_SCHEDULE_SPLIT, TDT_GPU_SCHEDULE_AUTO}) {
+            for (Mode m : {Mode::FwdBwd, Mode::OneShot}) {
+                RunOpts ro;
+                ro.mode = m;
+                ro.schedule = sch;
+                ro.backward_twice = m == Mode::FwdBwd;
+                ro.keep_order = true;
+                const Out o = run_gpu(h, ro);
+                const std::string what = s.str() + ", schedule " + std::to_string((int)sch) +
+                                         (m == Mode::OneShot ? ", one-shot" : ", backward twice");
+                EXPECT_EQ(o.raw_costs, ref.raw_costs) << what << ": costs";
+                EXPECT_EQ(o.raw_gtok, ref.raw_gtok) << what << ": token gradient";
+                EXPECT_EQ(o.raw_gdur, ref.raw_gdur) << what << ": duration gradient";
+                if (major < 9) continue;  // the overlapped schedules need sm_90: SERIAL ran
+                const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
+                if (sch == TDT_GPU_SCHEDULE_SPLIT) {
+                    for (int64_t b = 0; b < s.B; ++b)
+                        EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX)
+                            << what << ": sample " << b << "'s beta progress";
+                } else if (sch == TDT_GPU_SCHEDULE_OVERLAP) {
+                    EXPECT_GT(o.order[1], 0) << what << ": layer 0 of the ordered normaliser";
+                    EXPECT_EQ(o.order[1 + K], -1) << what << ": a beta progress count was written";
+                }
+            }
+        }
+    }
 }
 
 TEST(GpuCalls, CurrentDeviceRestoredAndNonZeroDevice) {

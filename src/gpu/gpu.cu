@@ -6,8 +6,9 @@
  *     forward:  normalize (per node)  ->  sweep (alpha | beta per sample, LL, cost), or the
  *               two overlapped: a memset of the workspace's layer counters, the normaliser in
  *               the order the sweep consumes its values, the sweep as its programmatic
- *               dependent (sweep.cuh, "The overlapped forward")
- *     backward: grad (per node)
+ *               dependent (sweep.cuh, "The overlapped schedules"; the split schedule: alpha alone)
+ *     backward: grad (per node); for the split schedule (tdt_gpu_schedule_t) the beta sweep
+ *               first, the gradient pass trailing it as its programmatic dependent
  * Nothing else: no allocation (the caller's workspace holds every intermediate), no host
  * synchronisation, no stream or event creation, so the whole call can be captured in a CUDA
  * graph. The only state touched is the calling thread's current device, switched to the
@@ -88,12 +89,12 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
     tdt_gpu_args_t a;
     build_args(c, &a);
     if (c->do_forward) {
-        e = tdt_launch_forward(a, c->p.dtype, num_sms, stream);
+        e = tdt_launch_forward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream);
         if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
     }
     if (c->do_backward) {
-        e = tdt_launch_grad(a, c->p.dtype, num_sms, stream);
-        if (e != cudaSuccess) return cuda_fail(e, "launching the gradient kernel");
+        e = tdt_launch_backward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream);
+        if (e != cudaSuccess) return cuda_fail(e, "launching the backward's kernels");
     }
     return TDT_STATUS_SUCCESS;
 }

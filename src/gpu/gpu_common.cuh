@@ -15,6 +15,7 @@
 #ifndef TDT_GPU_COMMON_CUH
 #define TDT_GPU_COMMON_CUH
 
+#include <limits.h>
 #include <string.h>
 
 #include <cuda_bf16.h>
@@ -51,12 +52,22 @@ typedef struct tdt_gpu_args {
     int grad_costs_scalar;         /* grad_costs is one value for every sample */
     tdt_arcs_t arcs;
     tdt_ws_t ws;
-    /* The overlapped forward (sweep.cuh, "The overlapped forward"); fwd_tickets 0: the
+    /* Which (sample, direction) jobs the sweep kernels run: 0 alpha and beta, 1 alpha only
+     * (the split schedule's forward), 2 beta only (its backward). */
+    int sweep_only;
+    /* The overlapped schedules (sweep.cuh, "The overlapped schedules"); fwd_tickets 0: the
      * normaliser runs first, alone. */
-    int64_t fwd_layers; /* K = tdt_ws_layers(maxT, maxU) */
+    int fwd_ends;       /* a layer of the ordered normaliser: 2 = diagonals k and S_b - 1 - k
+                           (alpha and beta trail it), 1 = diagonal k (alpha alone) */
+    int64_t fwd_layers; /* layers it produces */
     int64_t fwd_dlen;   /* node slots of a diagonal: min(maxT, row) */
-    int fwd_tickets;    /* the normaliser's tickets a layer */
+    int fwd_tickets;    /* its tickets a layer */
     int fwd_blocks, fwd_cluster; /* launcher only: the ordered normaliser's grid and cluster */
+    /* The split schedule's backward: the beta sweep publishes each sample's finished steps in
+     * bwd_progress[b] (NULL: it does not); the gradient pass takes bwd_tickets tickets a layer,
+     * layer k = diagonal S_b - 1 - k of every sample, over fwd_layers layers. */
+    int32_t *bwd_progress;
+    int bwd_tickets;
 } tdt_gpu_args_t;
 
 /* ---- element types ---------------------------------------------------------------------------
@@ -276,6 +287,72 @@ __device__ __forceinline__ tdt_arcs_t tdt_arcs_fixed(const tdt_arcs_t &in) {
     return A;
 }
 
+/* ---- tickets: work in the order another kernel consumes or produces it ---------------------
+ * The overlapped schedules (sweep.cuh) run a V-wide pass over the nodes in layers of
+ * anti-diagonals instead of memory order: the ordered normaliser (normalize.cu) ahead of the
+ * sweeps, the ordered gradient pass (grad.cuh) behind the beta sweep. */
+
+__device__ __forceinline__ int tdt_ld_acquire(const int32_t *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+/* A count other blocks poll: the caller's earlier stores (and, after a barrier, its block's)
+ * are visible to a block that reads v with tdt_ld_acquire. */
+__device__ __forceinline__ void tdt_st_release(int32_t *p, int v) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+/* Slot q of layer k, as (sample b, node t, u): layer k holds, of every sample with S_b =
+ * T_b + U_b diagonals, diagonal k (ends 1, rev 0), diagonal S_b - 1 - k (ends 1, rev 1), or both
+ * (ends 2: diagonal k and, while distinct, S_b - 1 - k; a sample's diagonals are then spread
+ * over its first ceil(S_b / 2) layers). A layer has ends * B * a.fwd_dlen slots: sample-major,
+ * then end, then position on the diagonal. 0 for a slot with no node (past its diagonal's
+ * end, past the sample's last layer, or a sample whose lengths are out of range). */
+__device__ __forceinline__ int tdt_layer_node(const tdt_gpu_args_t &a, int64_t k, int64_t q,
+                                              int ends, int rev, int64_t *b, int64_t *t,
+                                              int64_t *u, int64_t *Ub) {
+    const int64_t dlen = a.fwd_dlen;
+    *b = q / (ends * dlen);
+    const int64_t r = q - *b * ends * dlen;
+    const int end = ends == 2 ? (int)(r >= dlen) : rev;
+    const int64_t j = r - (ends == 2 ? end * dlen : 0);
+    int64_t Tb;
+    if (!tdt_sample_lengths(a, *b, &Tb, Ub) || Tb == 0) return 0;
+    const int64_t S = Tb + *Ub, s = end ? S - 1 - k : k;
+    /* ends 2: end 0 while k <= S - 1 - k, end 1 while S - 1 - k > k (the middle diagonal once) */
+    if (ends == 2 ? !(end ? s > k : k <= S - 1 - k) : !(k < S)) return 0;
+    const int64_t lo = s - (Tb - 1) > 0 ? s - (Tb - 1) : 0;
+    const int64_t hi = s < *Ub ? s : *Ub;
+    *u = lo + j;
+    *t = s - *u;
+    return *u <= hi;
+}
+
+/* Warp-wide (all 32 lanes; each warp on its own, with no block barrier, so one group's slow
+ * node never holds up another warp's next one): takes tickets from *next until `total` are
+ * taken, and for each runs body(k, q) (q: the slot of this lane's group of G lanes in layer
+ * k = ticket / tpl; a ticket is 32 / G consecutive slots), then, after __syncwarp (which orders
+ * the warp's memory operations before lane 0's), done(k) on lane 0. Lane 0 takes the next
+ * ticket while the warp works on the current one. The loop is warp-uniform. */
+template <int G, typename Body, typename Done>
+__device__ __forceinline__ void tdt_ticket_loop(int32_t *next, int total, int tpl, Body body,
+                                                Done done) {
+    const int lane = threadIdx.x & 31;
+    int tk = 0;
+    if (lane == 0) tk = atomicAdd(next, 1);
+    tk = __shfl_sync(0xffffffffu, tk, 0);
+    while (tk < total) {
+        int nxt = 0;
+        if (lane == 0) nxt = atomicAdd(next, 1); /* in flight during this ticket */
+        const int k = tk / tpl;
+        body(k, (int64_t)(tk - k * tpl) * (32 / G) + lane / G);
+        __syncwarp();
+        if (lane == 0) done(k);
+        tk = __shfl_sync(0xffffffffu, nxt, 0);
+    }
+}
+
 /* Lanes of a G-lane group (G divides 32): the mask of the group inside its warp, so groups of
  * one warp may diverge (different nodes, some skipped) while each reduces on its own. */
 template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
@@ -288,7 +365,7 @@ template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
  * Each enqueues its kernels on stream and returns the first error of a launch. */
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                  cudaStream_t stream);
-/* normalize_ordered_kernel (the overlapped forward, sweep.cuh): `blocks` blocks in clusters of
+/* normalize_ordered_kernel (the overlapped schedules, sweep.cuh): `blocks` blocks in clusters of
  * cl (1: no cluster), as the programmatic primary of the sweep enqueued next; a.fwd_* set. */
 cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                          int cl, cudaStream_t stream);
@@ -299,15 +376,29 @@ int tdt_normalize_ticket_nodes(int64_t V, tdt_dtype_t dtype);
 /* The forward: the normaliser and the sweep, one after the other or overlapped (sweep.cuh);
  * a.fwd_* are set here, on a copy. */
 cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
-                               cudaStream_t stream);
+                               tdt_gpu_schedule_t schedule, cudaStream_t stream);
+/* The backward: the gradient pass, or for the split schedule the beta sweep with the ordered
+ * gradient pass trailing it (sweep.cuh). */
+cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                                tdt_gpu_schedule_t schedule, cudaStream_t stream);
 cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                             cudaStream_t stream);
-/* What the forward's launcher knows of the device. */
+/* grad_ordered_kernel (the split schedule's backward, sweep.cuh): `blocks` blocks, as the
+ * programmatic dependent of the beta sweep enqueued before it; a.fwd_dlen, a.fwd_layers,
+ * a.bwd_* set. Arc counts with their own instantiation only (tdt_grad_ordered_arcs). */
+cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
+                                    cudaStream_t stream);
+int tdt_grad_ordered_arcs(int count);
+/* Nodes a ticket of grad_ordered_kernel covers. */
+int tdt_grad_ticket_nodes(int64_t V, tdt_dtype_t dtype);
+/* What the launchers of the forward and of the split backward know of the device and the call;
+ * both derive the same schedule from it. */
 typedef struct tdt_fwd_env {
     tdt_dtype_t dtype;
     int num_sms;
     size_t smem_max; /* per-block opt-in shared memory */
     int sm90;        /* compute capability 9.0 or above */
+    tdt_gpu_schedule_t schedule; /* as asked (tdt_options_t.gpu_schedule) */
 } tdt_fwd_env_t;
 /* generic.cu: the same kernels for arc counts without their own instantiation. */
 cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env,

@@ -20,13 +20,18 @@
  * node's coefficients itself: the lanes of a group run them in lock-step, so this costs the same
  * as one lane and needs no shuffles. The row loop writes every element with the bulk formula;
  * the blank and the label are then overwritten by the lane that wrote them (row_owner), with
- * values that lane computed before its loop from the logits it read there.
+ * values that lane computed before its loop from the logits it read there. Two kernels share
+ * that per-node work (grad_node): grad_kernel takes the nodes in memory order, after the
+ * forward's sweeps; grad_ordered_kernel (the split schedule, sweep.cuh) takes them in layers
+ * of diagonals from the last one back, each once the beta sweep running beside it has passed.
  *
  * Race-free, in place included: every gradient element is written by exactly one lane (the
  * blank and label twice, by the same lane, in program order), and that lane has already read
  * the logit at the same position (same thread, load before store) when the gradient aliases
  * the logits; nothing else reads the logits in this kernel, and the workspace is read-only
- * here. No atomics: deterministic.
+ * here (grad_ordered_kernel reads a sample's betas only after its acquire of the count the beta
+ * sweep releases after writing them; the ticket counter is its one atomic). No atomics on any
+ * value: deterministic, whatever the order.
  *
  * Precision: the node's coefficients in float64 (lattice.h). The bulk of each row, p * occ
  * clipped and scaled, in the accumulate precision (float32; float64 for float64), as the CPU
@@ -164,110 +169,166 @@ __device__ __forceinline__ typename tdt_elem<DT>::T special_grad(const tdt_gpu_a
     return tdt_elem<DT>::from_double(gb * tdt_token_grad(&ng, p, is_blank, is_label, a.clamp));
 }
 
+/* The beta sweep of the split schedule publishes sample b's finished steps in p[b]; a node on
+ * layer k (diagonal S_b - 1 - k) needs steps 0..k. Every lane of the group polls. */
+__device__ __noinline__ void grad_wait(const int32_t *p, int need) {
+    while (tdt_ld_acquire(p) < need) __nanosleep(128);
+}
+
+/* Node (b, t, u)'s gradient rows (every node of the padded extent, inside a lattice or not),
+ * the G lanes of a group together. wait: the split schedule's beta progress (NULL: beta is in
+ * the workspace already); only a node whose gradient reads beta waits, for `need` steps. */
 template <int DT, int G, int KD>
-__global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_kernel(const tdt_gpu_args_t a) {
+__device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t b,
+                                          int64_t t, int64_t u, int lane, const int32_t *wait,
+                                          int need) {
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
     typedef typename E::Acc Acc;
     typedef typename tdt_rexp_fast<DT>::X XF;     /* the row loop's units */
     typedef tdt_rexp_nat<DT> XN;                  /* rows whose lse XF cannot hold */
     const int VEC = E::VEC;
-    const int lane = threadIdx.x & (G - 1);
-    const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
-    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const T *tok = static_cast<const T *>(a.tok);
     T *tok_g = static_cast<T *>(a.tok_g);
     T *dur_g = a.D > 0 ? static_cast<T *>(a.dur_g) : (T *)0;
     const int D = a.D;
     const int64_t V = a.V;
+    int64_t Tb, Ub;
+    T *gz = tok_g ? tok_g + tdt_row_offset(a.tok_gs, b, t, u) : (T *)0;
+    T *gh = dur_g ? dur_g + tdt_row_offset(a.dur_gs, b, t, u) : (T *)0;
 
-    for (int64_t n = (int64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; n < a.nodes;
-         n += groups) {
-        int64_t b, t, u, Tb, Ub;
-        tdt_decode_node(a, n, &b, &t, &u);
-        T *gz = tok_g ? tok_g + tdt_row_offset(a.tok_gs, b, t, u) : (T *)0;
-        T *gh = dur_g ? dur_g + tdt_row_offset(a.dur_gs, b, t, u) : (T *)0;
+    /* The per-sample values depend only on b: issue their loads together (one memory
+     * round trip, not three dependent ones). b < B, so each read is in bounds. */
+    const int lengths_ok = tdt_sample_lengths(a, b, &Tb, &Ub);
+    const int32_t state = a.ws.state[b];
+    const double ll = a.ws.ll[b];
+    const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b);
+    if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
+        /* group-uniform: outside the lattice, infeasible, or bad data */
+        if (gz) zero_row<DT, G>(gz, V, lane);
+        if (gh)
+            for (int k = lane; k < D; k += G) gh[k] = T(0);
+        return;
+    }
+    if (wait) grad_wait(wait + b, need);
+    const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
+    const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
+    const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
+    const double lse = a.ws.lse[off + nl];
+    const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1; /* compared; indexed only in [0, V) */
+    tdt_node_grad_t ng;
+    tdt_node_grad(&L, &A, a.ws.alpha + off, a.ws.beta + off, t, u, ll, a.fastemit_lambda, &ng);
 
-        /* The per-sample values depend only on b: issue their loads together (one memory
-         * round trip, not three dependent ones). b < B, so each read is in bounds. */
-        const int lengths_ok = tdt_sample_lengths(a, b, &Tb, &Ub);
-        const int32_t state = a.ws.state[b];
-        const double ll = a.ws.ll[b];
-        const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b);
-        if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
-            /* group-uniform: outside the lattice, infeasible, or bad data */
-            if (gz) zero_row<DT, G>(gz, V, lane);
-            if (gh)
-                for (int k = lane; k < D; k += G) gh[k] = T(0);
-            continue;
-        }
-        const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
-        const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
-        const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
-        const double lse = a.ws.lse[off + nl];
-        const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1; /* compared; indexed only in [0, V) */
-        tdt_node_grad_t ng;
-        tdt_node_grad(&L, &A, a.ws.alpha + off, a.ws.beta + off, t, u, ll, a.fastemit_lambda,
-                      &ng);
-
-        if (gh) { /* first, so the per-arc occupancies are dead before the token row */
-            const double *lpd = L.lp_dur + nl * D;
-            const int kmax = KD > 0 ? KD : TDT_MAX_DURATIONS;
+    if (gh) { /* first, so the per-arc occupancies are dead before the token row */
+        const double *lpd = L.lp_dur + nl * D;
+        const int kmax = KD > 0 ? KD : TDT_MAX_DURATIONS;
 #pragma unroll
-            for (int k = 0; k < kmax; ++k) {
-                if (k < D && (k % G) == lane) {
-                    double q = a.log_probs ? 0.0 : exp(lpd[k]);
-                    gh[k] = E::from_double(gb * tdt_duration_grad(&ng, q, k));
-                }
+        for (int k = 0; k < kmax; ++k) {
+            if (k < D && (k % G) == lane) {
+                double q = a.log_probs ? 0.0 : exp(lpd[k]);
+                gh[k] = E::from_double(gb * tdt_duration_grad(&ng, q, k));
             }
-        }
-
-        if (gz) {
-            const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
-            /* How the row is split (row_owner): by the gradient's address when zeroing
-             * (log-prob inputs), by the logits' when both share an alignment modulo 16, one
-             * element a lane otherwise and for rows whose lse the fast units cannot hold. */
-            const bool fast = !a.log_probs && XF::fits(lse) && lse == lse;
-            const bool same16 = (((uintptr_t)gz ^ (uintptr_t)z) & 15u) == 0;
-            int64_t head = V, tail = V;
-            if (a.log_probs || (fast && same16)) {
-                head = tdt_row_head<T>(a.log_probs ? (const T *)gz : z, V);
-                tail = head + (V - head) / VEC * VEC;
-            }
-            /* The blank and the label: read by the lane that will write them, before its row
-             * loop overwrites them (in place), patched after it. y == blank (bad data, never
-             * reached here) would take both terms at one element. */
-            const int64_t vb = a.blank, vy = (y >= 0 && y < V && y != a.blank) ? y : -1;
-            const bool own_b = row_owner<G>(vb, head, tail, VEC) == lane;
-            const bool own_y = vy >= 0 && row_owner<G>(vy, head, tail, VEC) == lane;
-            T gsb = T(0), gsy = T(0);
-            if (own_b) gsb = special_grad<DT>(a, ng, lse, gb, z[vb], 1, y == a.blank);
-            if (own_y) gsy = special_grad<DT>(a, ng, lse, gb, z[vy], 0, 1);
-
-            const Acc cl = a.clamp > 0.0 ? (Acc)a.clamp : (Acc)INFINITY;
-            if (a.log_probs) {
-                zero_row<DT, G>(gz, V, lane);
-            } else if (fast) {
-                row_coef<XF> c;
-                double fix; /* r's rounding, folded into occ */
-                c.r = XF::ref_fix(lse, &fix);
-                c.occ = (Acc)(ng.tok_occ * fix);
-                c.cl = cl;
-                c.scale = (Acc)gb;
-                if (same16) grad_row_vec<DT, G>(z, gz, V, lane, c);
-                else grad_row_scalar<DT, G>(z, gz, V, lane, c);
-            } else {
-                row_coef<XN> c; /* the previous formula: exp(z - lse) in the accumulate precision */
-                c.r = (Acc)lse;
-                c.occ = (Acc)ng.tok_occ;
-                c.cl = cl;
-                c.scale = (Acc)gb;
-                grad_row_scalar<DT, G>(z, gz, V, lane, c);
-            }
-            if (own_b) gz[vb] = gsb;
-            if (own_y) gz[vy] = gsy;
         }
     }
+
+    if (gz) {
+        const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
+        /* How the row is split (row_owner): by the gradient's address when zeroing
+         * (log-prob inputs), by the logits' when both share an alignment modulo 16, one
+         * element a lane otherwise and for rows whose lse the fast units cannot hold. */
+        const bool fast = !a.log_probs && XF::fits(lse) && lse == lse;
+        const bool same16 = (((uintptr_t)gz ^ (uintptr_t)z) & 15u) == 0;
+        int64_t head = V, tail = V;
+        if (a.log_probs || (fast && same16)) {
+            head = tdt_row_head<T>(a.log_probs ? (const T *)gz : z, V);
+            tail = head + (V - head) / VEC * VEC;
+        }
+        /* The blank and the label: read by the lane that will write them, before its row
+         * loop overwrites them (in place), patched after it. y == blank (bad data, never
+         * reached here) would take both terms at one element. */
+        const int64_t vb = a.blank, vy = (y >= 0 && y < V && y != a.blank) ? y : -1;
+        const bool own_b = row_owner<G>(vb, head, tail, VEC) == lane;
+        const bool own_y = vy >= 0 && row_owner<G>(vy, head, tail, VEC) == lane;
+        T gsb = T(0), gsy = T(0);
+        if (own_b) gsb = special_grad<DT>(a, ng, lse, gb, z[vb], 1, y == a.blank);
+        if (own_y) gsy = special_grad<DT>(a, ng, lse, gb, z[vy], 0, 1);
+
+        const Acc cl = a.clamp > 0.0 ? (Acc)a.clamp : (Acc)INFINITY;
+        if (a.log_probs) {
+            zero_row<DT, G>(gz, V, lane);
+        } else if (fast) {
+            row_coef<XF> c;
+            double fix; /* r's rounding, folded into occ */
+            c.r = XF::ref_fix(lse, &fix);
+            c.occ = (Acc)(ng.tok_occ * fix);
+            c.cl = cl;
+            c.scale = (Acc)gb;
+            if (same16) grad_row_vec<DT, G>(z, gz, V, lane, c);
+            else grad_row_scalar<DT, G>(z, gz, V, lane, c);
+        } else {
+            row_coef<XN> c; /* the previous formula: exp(z - lse) in the accumulate precision */
+            c.r = (Acc)lse;
+            c.occ = (Acc)ng.tok_occ;
+            c.cl = cl;
+            c.scale = (Acc)gb;
+            grad_row_scalar<DT, G>(z, gz, V, lane, c);
+        }
+        if (own_b) gz[vb] = gsb;
+        if (own_y) gz[vy] = gsy;
+    }
+}
+
+/* Every node of the padded extent in memory order, grid-striding. */
+template <int DT, int G, int KD>
+__global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_kernel(const tdt_gpu_args_t a) {
+    const int lane = threadIdx.x & (G - 1);
+    const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
+    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    for (int64_t n = (int64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; n < a.nodes;
+         n += groups) {
+        int64_t b, t, u;
+        tdt_decode_node(a, n, &b, &t, &u);
+        grad_node<DT, G, KD>(a, A, b, t, u, lane, NULL, 0);
+    }
+}
+
+/* Threads of a block of grad_ordered_kernel: one block fills an SM's registers (the row loop's
+ * 80 registers a thread, 24 warps an SM as grad_kernel's 3 blocks; float64 up to 126), so its
+ * blocks take the SMs the beta sweep leaves free. */
+template <int DT> struct grad_ordered {
+    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : 768 };
+};
+
+/* The same rows in the order the split schedule's beta sweep finishes them (sweep.cuh, "The
+ * overlapped schedules"), as its programmatic dependent: first the rows outside every lattice
+ * (zeros, waiting on nothing, grid-striding); then layer k = diagonal S_b - 1 - k of every
+ * sample, in tickets of a warp from order[0] (tdt_ticket_loop), a.bwd_tickets a layer, each node once
+ * beta has reached its diagonal. Ends with griddepcontrol.wait: the beta sweep has ended too
+ * when this kernel has. */
+template <int DT, int G, int KD>
+__global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_kernel(const tdt_gpu_args_t a) {
+    enum { THREADS = grad_ordered<DT>::THREADS, PER = THREADS / G };
+    const int lane = threadIdx.x & (G - 1);
+    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    for (int64_t n = (int64_t)blockIdx.x * PER + threadIdx.x / G; n < a.nodes;
+         n += (int64_t)gridDim.x * PER) {
+        int64_t b, t, u, Tb, Ub;
+        tdt_decode_node(a, n, &b, &t, &u);
+        if (tdt_sample_lengths(a, b, &Tb, &Ub) && t < Tb && u <= Ub) continue; /* a layer's */
+        grad_node<DT, G, KD>(a, A, b, t, u, lane, NULL, 0);
+    }
+    const int64_t slots = a.B * a.fwd_dlen; /* a layer's */
+    tdt_ticket_loop<G>(
+        a.ws.order, (int)a.fwd_layers * a.bwd_tickets /* fits: split_plan */, a.bwd_tickets,
+        [&](int64_t k, int64_t q) {
+            int64_t b, t, u, Ub;
+            if (q < slots && tdt_layer_node(a, k, q, 1, 1, &b, &t, &u, &Ub)) /* group-uniform */
+                grad_node<DT, G, KD>(a, A, b, t, u, lane, a.bwd_progress, (int)k + 1);
+        },
+        [](int) {});
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 template <int DT, int G, int KD>
@@ -281,24 +342,63 @@ cudaError_t grad_launch_g(const tdt_gpu_args_t &a, int num_sms, cudaStream_t str
     return cudaGetLastError();
 }
 
+template <int DT, int G, int KD>
+cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStream_t stream) {
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)blocks, 1, 1);
+    cfg.blockDim = dim3(grad_ordered<DT>::THREADS, 1, 1);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr = tdt_pdl_attr();
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, grad_ordered_kernel<DT, G, KD>, a);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+/* The kernel of dtype and V for arc count KD: f.template go<DT, G>(). */
+template <typename F> cudaError_t grad_with_dt(tdt_dtype_t dtype, int64_t V, F f) {
+    switch (dtype) {
+    case TDT_DTYPE_FLOAT32:
+        return tdt_gpu_group_size(V, 4) == 32 ? f.template go<TDT_DTYPE_FLOAT32, 32>()
+                                              : f.template go<TDT_DTYPE_FLOAT32, 8>();
+    case TDT_DTYPE_FLOAT64:
+        return tdt_gpu_group_size(V, 2) == 32 ? f.template go<TDT_DTYPE_FLOAT64, 32>()
+                                              : f.template go<TDT_DTYPE_FLOAT64, 8>();
+    case TDT_DTYPE_FLOAT16:
+        return tdt_gpu_group_size(V, 8) == 32 ? f.template go<TDT_DTYPE_FLOAT16, 32>()
+                                              : f.template go<TDT_DTYPE_FLOAT16, 8>();
+    case TDT_DTYPE_BFLOAT16:
+        return tdt_gpu_group_size(V, 8) == 32 ? f.template go<TDT_DTYPE_BFLOAT16, 32>()
+                                              : f.template go<TDT_DTYPE_BFLOAT16, 8>();
+    }
+    return cudaErrorInvalidValue;
+}
+
+template <int KD> struct grad_plain {
+    const tdt_gpu_args_t &a;
+    int num_sms;
+    cudaStream_t stream;
+    template <int DT, int G> cudaError_t go() const { return grad_launch_g<DT, G, KD>(a, num_sms, stream); }
+};
+template <int KD> struct grad_in_order {
+    const tdt_gpu_args_t &a;
+    int blocks;
+    cudaStream_t stream;
+    template <int DT, int G> cudaError_t go() const { return grad_ordered_launch_g<DT, G, KD>(a, blocks, stream); }
+};
+struct grad_ticket {
+    int *n;
+    template <int DT, int G> cudaError_t go() const {
+        *n = 32 / G;
+        return cudaSuccess;
+    }
+};
+
 /* Enqueues the gradient kernel for arc count KD (0: any count), any dtype. */
 template <int KD>
 cudaError_t grad_launch(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms, cudaStream_t s) {
-    switch (dtype) {
-    case TDT_DTYPE_FLOAT32:
-        return tdt_gpu_group_size(a.V, 4) == 32 ? grad_launch_g<TDT_DTYPE_FLOAT32, 32, KD>(a, num_sms, s)
-                                                : grad_launch_g<TDT_DTYPE_FLOAT32, 8, KD>(a, num_sms, s);
-    case TDT_DTYPE_FLOAT64:
-        return tdt_gpu_group_size(a.V, 2) == 32 ? grad_launch_g<TDT_DTYPE_FLOAT64, 32, KD>(a, num_sms, s)
-                                                : grad_launch_g<TDT_DTYPE_FLOAT64, 8, KD>(a, num_sms, s);
-    case TDT_DTYPE_FLOAT16:
-        return tdt_gpu_group_size(a.V, 8) == 32 ? grad_launch_g<TDT_DTYPE_FLOAT16, 32, KD>(a, num_sms, s)
-                                                : grad_launch_g<TDT_DTYPE_FLOAT16, 8, KD>(a, num_sms, s);
-    case TDT_DTYPE_BFLOAT16:
-        return tdt_gpu_group_size(a.V, 8) == 32 ? grad_launch_g<TDT_DTYPE_BFLOAT16, 32, KD>(a, num_sms, s)
-                                                : grad_launch_g<TDT_DTYPE_BFLOAT16, 8, KD>(a, num_sms, s);
-    }
-    return cudaErrorInvalidValue;
+    return grad_with_dt(dtype, a.V, grad_plain<KD>{a, num_sms, s});
 }
 
 } /* namespace */

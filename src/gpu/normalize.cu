@@ -23,7 +23,7 @@
  * Two kernels share that per-node work (normalize_node): normalize_kernel takes the nodes in
  * memory order, before the sweep; normalize_ordered_kernel takes them in the order the sweeps
  * read them, counting what is done, for the forward that overlaps the two (sweep.cuh, "The
- * overlapped forward"). A node's values are the same bits either way.
+ * overlapped schedules"). A node's values are the same bits either way.
  *
  * Race-free: every node is owned by exactly one group; each output element has one writer and
  * no element is read after being written in this kernel. Nodes outside a sample's lattice and
@@ -290,63 +290,36 @@ template <int DT> struct norm_ordered {
 };
 
 /* The same work in the order the sweeps consume it, for a forward whose sweep runs concurrently
- * (sweep.cuh, "The overlapped forward"): layer k is diagonals k and S_b - 1 - k of every sample
- * b (S_b = T_b + U_b diagonals), the ones its alpha and beta sweeps reach at step k. Work comes
- * in tickets, taken in order from a counter (order[0]): ticket i is chunk i mod tpl of layer
- * i / tpl, THREADS / G node slots of the layer's 2 B a.fwd_dlen (sample, end, position on the
- * diagonal); a slot outside its sample's lattice does nothing. Once a ticket's nodes are
- * written, thread 0 adds it to its layer's count (order[1 + k]), after a fence: the sweep reads a
- * layer once its count reaches tpl. Thread 0 takes the next ticket while the block works on the
- * current one. The blocks wait on nothing but each other's barriers, and each starts by letting
- * its programmatic dependent (the sweep) launch. */
+ * (sweep.cuh, "The overlapped schedules"): layer k is diagonal k of every sample b (a.fwd_ends
+ * 1: the alpha sweep alone trails it) or diagonals k and S_b - 1 - k (2: alpha and beta), the
+ * ones the sweeps reach at their step k (tdt_layer_node). Work comes in tickets, taken in order
+ * from a counter (order[0]) a warp at a time (tdt_ticket_loop): ticket i is chunk i mod tpl of
+ * layer i / tpl, 32 / G node slots; a slot without a node does nothing. Once a ticket's nodes
+ * are written, the warp's lane 0 adds it to its layer's count (order[1 + k]), after a fence:
+ * the sweep reads a layer once its count reaches tpl. The warps wait on nothing, and each
+ * block starts by letting its programmatic dependent (the sweep) launch. */
 template <int DT, int G>
 __global__ void __launch_bounds__(norm_ordered<DT>::THREADS, 1)
     normalize_ordered_kernel(const tdt_gpu_args_t a) {
-    enum { THREADS = norm_ordered<DT>::THREADS, PER = THREADS / G };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-    __shared__ int ticket_sh[2];
     const int lane = threadIdx.x & (G - 1);
     const unsigned mask = tdt_group_mask<G>();
-    const int64_t dlen = a.fwd_dlen;
-    const int64_t slots = 2 * a.B * dlen; /* a layer's */
-    const int tpl = a.fwd_tickets;
-    const int total = (int)a.fwd_layers * tpl; /* fits: overlap_plan */
-    int32_t *next = a.ws.order, *done = a.ws.order + 1;
-    if (threadIdx.x == 0) ticket_sh[0] = atomicAdd(next, 1);
-    __syncthreads();
-    int tk = ticket_sh[0];
-    for (int it = 1; tk < total; ++it) { /* block-uniform */
-        int nxt = 0;
-        if (threadIdx.x == 0) nxt = atomicAdd(next, 1); /* in flight during this ticket */
-        const int k = tk / tpl;
-        const int64_t q = (int64_t)(tk - k * tpl) * PER + threadIdx.x / G;
-        if (q < slots) { /* the rest is group-uniform too */
-            const int64_t b = q / (2 * dlen), r = q - b * 2 * dlen;
-            const int end = r >= dlen;
-            const int64_t j = r - end * dlen;
-            int64_t Tb, Ub;
-            if (tdt_sample_lengths(a, b, &Tb, &Ub) && Tb > 0) {
-                const int64_t S = Tb + Ub, s = end ? S - 1 - k : k;
-                /* diagonal s is in layer min(s, S - 1 - s): end 0 while k <= S - 1 - k,
-                 * end 1 while S - 1 - k > k (the middle diagonal once) */
-                if (end ? s > k : k <= S - 1 - k) {
-                    const int64_t lo = s - (Tb - 1) > 0 ? s - (Tb - 1) : 0;
-                    const int64_t hi = s < Ub ? s : Ub;
-                    const int64_t u = lo + j;
-                    if (u <= hi) normalize_node<DT, G>(a, b, s - u, u, Ub, lane, mask);
-                }
-            }
-        }
-        if (threadIdx.x == 0) ticket_sh[it & 1] = nxt;
-        __syncthreads(); /* the ticket's values all written; the next ticket published */
-        if (threadIdx.x == 0) {
-            __threadfence(); /* with the barrier: the block's values before the count */
+    const int ends = a.fwd_ends;
+    const int64_t slots = ends * a.B * a.fwd_dlen; /* a layer's */
+    int32_t *done = a.ws.order + 1;
+    tdt_ticket_loop<G>(
+        a.ws.order, (int)a.fwd_layers * a.fwd_tickets /* fits: overlap_plan */, a.fwd_tickets,
+        [&](int64_t k, int64_t q) {
+            int64_t b, t, u, Ub;
+            if (q < slots && tdt_layer_node(a, k, q, ends, 0, &b, &t, &u, &Ub)) /* group-uniform */
+                normalize_node<DT, G>(a, b, t, u, Ub, lane, mask);
+        },
+        [&](int k) {
+            __threadfence(); /* with __syncwarp: the warp's values before the count */
             atomicAdd(done + k, 1);
-        }
-        tk = ticket_sh[it & 1]; /* rewritten two barriers later at the earliest */
-    }
+        });
 }
 
 template <int DT, int G>
@@ -441,7 +414,7 @@ struct ordered_fitting {
 struct ticket_nodes {
     int *n;
     template <int DT, int G> cudaError_t go() const {
-        *n = norm_ordered<DT>::THREADS / G;
+        *n = 32 / G;
         return cudaSuccess;
     }
 };

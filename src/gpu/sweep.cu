@@ -1,24 +1,24 @@
 /*
- * sweep.cu - the forward's launcher: the alpha/beta sweep kernel (sweep.cuh has its math,
- * mapping and limits) with the normaliser before it or overlapped with it,
- * instantiated for the common arc counts, where lattice.h's per-arc loops unroll fully; other
- * counts go to generic.cu.
+ * sweep.cu - the launchers of the forward (the alpha/beta sweep kernel, sweep.cuh, with the
+ * normaliser before it or overlapped with it) and of the backward (the gradient pass, with the
+ * split schedule's beta sweep before it), instantiated for the common arc counts, where
+ * lattice.h's per-arc loops unroll fully; other counts go to generic.cu.
  */
 #include "sweep.cuh"
 
-/* ================================================================================================
- * launcher
- * ============================================================================================== */
+namespace {
 
-cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
-                               cudaStream_t stream) {
-    if (a.B == 0) return cudaSuccess;
-    /* The most diagonals an arc spans. */
+/* The most diagonals an arc spans. */
+int arc_span(const tdt_arcs_t &arcs) {
     int span = 1;
-    for (int k = 0; k < a.arcs.count; ++k) {
-        if (a.arcs.blank_dur[k] > span) span = a.arcs.blank_dur[k];
-        if (a.arcs.label_dur[k] >= 0 && a.arcs.label_dur[k] + 1 > span) span = a.arcs.label_dur[k] + 1;
+    for (int k = 0; k < arcs.count; ++k) {
+        if (arcs.blank_dur[k] > span) span = arcs.blank_dur[k];
+        if (arcs.label_dur[k] >= 0 && arcs.label_dur[k] + 1 > span) span = arcs.label_dur[k] + 1;
     }
+    return span;
+}
+
+cudaError_t env_of(tdt_dtype_t dtype, int num_sms, tdt_gpu_schedule_t schedule, tdt_fwd_env_t *env) {
     int device = 0, smem_max = 0, major = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
@@ -26,12 +26,27 @@ cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int n
     if (e != cudaSuccess) return e;
     e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (e != cudaSuccess) return e;
-    tdt_fwd_env_t env;
-    env.dtype = dtype;
-    env.num_sms = num_sms;
-    env.smem_max = smem_max > 0 ? (size_t)smem_max : 0;
-    env.sm90 = major >= 9;
+    env->dtype = dtype;
+    env->num_sms = num_sms;
+    env->smem_max = smem_max > 0 ? (size_t)smem_max : 0;
+    env->sm90 = major >= 9;
+    env->schedule = schedule;
+    return cudaSuccess;
+}
 
+} /* namespace */
+
+/* ================================================================================================
+ * launchers
+ * ============================================================================================== */
+
+cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                               tdt_gpu_schedule_t schedule, cudaStream_t stream) {
+    if (a.B == 0) return cudaSuccess;
+    const int span = arc_span(a.arcs);
+    tdt_fwd_env_t env;
+    const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
+    if (e != cudaSuccess) return e;
     switch (a.arcs.count) {
     case 1: return sweep_launch<1>(a, span, env, stream);
     case 2: return sweep_launch<2>(a, span, env, stream);
@@ -41,5 +56,24 @@ cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int n
     case 6: return sweep_launch<6>(a, span, env, stream);
     case 8: return sweep_launch<8>(a, span, env, stream);
     default: return tdt_launch_sweep_generic(a, span, env, stream);
+    }
+}
+
+cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                                tdt_gpu_schedule_t schedule, cudaStream_t stream) {
+    if (a.B == 0 || a.nodes == 0 || (!a.tok_g && !(a.dur_g && a.D > 0))) return cudaSuccess;
+    const int span = arc_span(a.arcs);
+    tdt_fwd_env_t env;
+    const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
+    if (e != cudaSuccess) return e;
+    switch (a.arcs.count) { /* the counts of tdt_grad_ordered_arcs */
+    case 1: return backward_launch<1>(a, span, env, stream);
+    case 2: return backward_launch<2>(a, span, env, stream);
+    case 3: return backward_launch<3>(a, span, env, stream);
+    case 4: return backward_launch<4>(a, span, env, stream);
+    case 5: return backward_launch<5>(a, span, env, stream);
+    case 6: return backward_launch<6>(a, span, env, stream);
+    case 8: return backward_launch<8>(a, span, env, stream);
+    default: return tdt_launch_grad(a, dtype, num_sms, stream); /* never split */
     }
 }

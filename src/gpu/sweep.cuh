@@ -40,7 +40,7 @@
  *    diagonal ahead (what follows describes this kernel);
  *  - sweep_kernel with RING = false, beyond ~3600: the workspace array itself, one lane a node.
  * The two staged kernels can also run alongside the normaliser, each sweep a few layers of
- * diagonals behind it, where their blocks leave most SMs to it ("The overlapped forward").
+ * diagonals behind it, where their blocks leave most SMs to it ("The overlapped schedules").
  *
  * Per diagonal, the critical path holds no global-memory load:
  *  - the alphas (betas) of the last R diagonals live in a ring in shared memory, R the power of
@@ -341,17 +341,27 @@ __device__ __forceinline__ void tdt_sweep_finish(const tdt_gpu_args_t &a, int64_
 template <typename Body>
 __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t first,
                                                int64_t stride, Body body) {
-    for (int64_t job = first; job < 2 * a.B; job += stride) { /* block-uniform */
-        const int64_t b = job >> 1;
-        const int is_beta = (int)(job & 1);
+    const int only = a.sweep_only; /* 1: alpha jobs only, 2: beta only */
+    for (int64_t job = first; job < (only ? 1 : 2) * a.B; job += stride) { /* block-uniform */
+        const int64_t b = only ? job : job >> 1;
+        const int is_beta = only ? only == 2 : (int)(job & 1);
         int64_t T, U;
         if (tdt_sweep_bad_sample(a, b, &T, &U)) {
             if (!is_beta && threadIdx.x == 0) tdt_sweep_mark_bad(a, b);
-            continue;
+        } else {
+            const tdt_lattice_t L = tdt_sample_lattice(a, b, T, U);
+            body(b, is_beta, L,
+                 (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row));
         }
-        const tdt_lattice_t L = tdt_sample_lattice(a, b, T, U);
-        body(b, is_beta, L,
-             (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row));
+        if (is_beta && a.bwd_progress) {
+            /* the split backward: sample b's betas all written (the body's last barrier, or
+             * bad data, which the gradient pass does not wait for anyway): its last count */
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                tdt_st_release(a.bwd_progress + b, INT_MAX);
+            }
+        }
     }
 }
 template <typename Body>
@@ -435,7 +445,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* The overlapped forward: the sweep, the normaliser's programmatic dependent, ends only once the
+/* The overlapped schedules' forward: the sweep, the normaliser's programmatic dependent, ends only once the
  * normaliser has ended and its memory is visible, so whatever the stream runs next (the gradient
  * pass) sees both kernels done. Every block, at its end. */
 __device__ __forceinline__ void overlap_end(const tdt_gpu_args_t &a) {
@@ -451,9 +461,13 @@ struct staged_geo {
     int use_dur;
     int c0, c1; /* cluster split: this block's columns u = c0..c1 (sweep_cluster_kernel) */
     /* The overlapped forward: the normaliser's finished tickets of each layer (NULL: it ran
-     * before this kernel), and the count that completes a layer. */
+     * before this kernel), the count that completes a layer, and the diagonals a layer holds
+     * (ends: 2, diagonals k and S - 1 - k; 1, diagonal k). */
     const int32_t *done;
-    int full;
+    int full, ends;
+    /* The split backward's beta sweep: where it publishes its finished steps (NULL: it does
+     * not): every step up to kPublish / 2, then every kPublish steps. */
+    int32_t *progress;
 };
 
 /* A lane's slots with their offsets into a ring slot: the weights' fields (times row). */
@@ -495,6 +509,30 @@ __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const sta
     }
 }
 
+/* Block-wide: asks L2 for diagonal s's weights (prefetch.global.L2, one 128-byte line a
+ * thread), kL2Ahead steps before stage_diagonal copies them in. For the split backward's beta
+ * sweep: beside the gradient pass, which streams the logits through L2, the forward's weights
+ * are long evicted, and a copy from DRAM under that load takes longer than the kStageAhead
+ * steps that hide it. */
+const int kL2Ahead = 8;
+template <int KD>
+__device__ __forceinline__ void prefetch_diagonal(const tdt_lattice_t &L, const staged_geo &g, int s) {
+    int lo, hi;
+    staged_range(g, s, &lo, &hi);
+    if (hi < lo) return;
+    const int n0 = (s % g.frames) * g.row + lo, cnt = hi - lo + 1;
+    const double *base[3] = {L.lp_blank + n0, L.lp_label + n0, L.lp_dur + (size_t)n0 * KD};
+    const int bytes[3] = {8 * cnt, 8 * cnt, g.use_dur ? 8 * KD * cnt : 0};
+    int e = threadIdx.x; /* this thread's line, counted over the three ranges in turn */
+    for (int f = 0; f < 3; ++f) {
+        const size_t a0 = __cvta_generic_to_global(base[f]);
+        const int lines = bytes[f] ? (int)(((a0 + bytes[f] - 1) >> 7) - (a0 >> 7) + 1) : 0;
+        if (e >= 0 && e < lines)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(((a0 >> 7) + (size_t)e) << 7));
+        e -= lines;
+    }
+}
+
 /* The terms of a lane's slots at node (t, u) of diagonal s, from the ring: lattice.h's
  * existence rules and tdt_alpha_term / tdt_beta_term, with X and the weights read from the
  * staged fields (absent arcs read nothing). */
@@ -524,8 +562,10 @@ __device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const stage
 }
 
 /* ================================================================================================
- * The overlapped forward (sweep_launch takes it where it pays: overlap_plan)
+ * The overlapped schedules (tdt_gpu_schedule_t; sweep_launch and backward_launch take them
+ * where they pay: overlap_plan, split_plan)
  *
+ * OVERLAP, the forward:
  * The sweep need not wait for the whole normaliser: its step i reads the weights of diagonals i
  * (alpha) or S - 1 - i (beta) and the ones before, and normalize_ordered_kernel produces them in
  * that order, layer k = diagonals k and S_b - 1 - k of every sample, counting each layer's
@@ -543,13 +583,20 @@ __device__ __forceinline__ void staged_terms(const tdt_lattice_t &L, const stage
  * fence (normalize.cu); warp 0 reads it with ld.acquire.gpu, whose barrier then orders every
  * thread's copies of those values after it. The sweep ends with griddepcontrol.wait, so the
  * next kernel in the stream starts after both (overlap_end).
+ *
+ * SPLIT: while the normaliser is slower than half a sweep, both sweeps trail it to the middle
+ * and then each still has half a sweep to go. So the forward runs the alpha sweep alone
+ * (sweep_only 1; the cost needs nothing else), trailing a normaliser whose layer k is diagonal
+ * k (fwd_ends 1): about the normaliser's time. The backward then runs the beta sweep first
+ * (sweep_only 2, B blocks, the normaliser's weights all there) and the gradient pass as its
+ * programmatic dependent on the other SMs (grad_ordered_kernel, grad.cuh), in layers from the
+ * last diagonal back: the beta block of sample b stores its finished steps in bwd_progress[b]
+ * (a release store every step up to kPublish / 2, then every kPublish steps, and INT_MAX once
+ * done or skipped), and a node of layer k waits (ld.acquire.gpu) until that count passes k. The
+ * same safety argument: the beta sweep waits on nothing. Both calls derive the schedule from
+ * the problem, the options and the device alone (split_plan), so the backward knows whether
+ * the forward left beta to it.
  * ============================================================================================== */
-
-__device__ __forceinline__ int ld_acquire_gpu(const int32_t *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 /* Block-wide (every thread, block-uniform arguments): waits until layer ready + 1 of the
  * normaliser is finished, layers (of this sample) the count; returns the last layer known
@@ -560,7 +607,7 @@ __device__ __noinline__ int wait_layers(const int32_t *done, int full, int ready
     if (threadIdx.x < 32) {
         for (;;) {
             const int k = ready + 1 + (int)threadIdx.x;
-            const int ok = k < layers && ld_acquire_gpu(done + k) >= full;
+            const int ok = k < layers && tdt_ld_acquire(done + k) >= full;
             const unsigned m = __ballot_sync(0xffffffffu, ok);
             n = m == 0xffffffffu ? 32 : __ffs(~m) - 1; /* finished layers in a row */
             if (n > 0) break;
@@ -571,7 +618,12 @@ __device__ __noinline__ int wait_layers(const int32_t *done, int full, int ready
 }
 
 /* The layer of diagonal s of a sample of S diagonals. */
-__device__ __forceinline__ int layer_of(int s, int S) { return min(s, S - 1 - s); }
+__device__ __forceinline__ int layer_of(int s, int S, int ends) { return ends == 2 ? min(s, S - 1 - s) : s; }
+
+/* Steps of the split backward's beta sweep between two publications of its progress: a
+ * publication is a release store by one thread (a fence, which holds that thread up, and so
+ * the block's next barrier); the gradient pass trailing it needs no finer grain. */
+const int kPublish = 16;
 
 /* barrier.cluster: every thread of every block of the cluster; release / acquire at cluster
  * scope, so shared-memory stores into another block (and global stores) before it are seen
@@ -611,8 +663,10 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * computes columns g.c0..g.c1 of each diagonal, in step with the other blocks of its cluster
  * (one cluster barrier a diagonal); the value of its last column (alpha) or first (beta), which
  * the neighbour's label arcs read, is also stored into the neighbour's ring (nb, NULL at the
- * ends of the row), so every read stays in the block's own shared memory. */
-template <bool BETA, int KD, int SPL, int G, bool CLUSTER>
+ * ends of the row), so every read stays in the block's own shared memory. PUBLISH (the split
+ * backward's beta sweep, one block): its progress goes to g.progress as it runs, and each
+ * diagonal's weights are asked of L2 kL2Ahead steps before they are staged. */
+template <bool BETA, int KD, int SPL, int G, bool CLUSTER, bool PUBLISH = false>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, double *ring,
                                              double *glob, double *nb) {
@@ -623,11 +677,11 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     int wr_st = s_st % g.frames;  /* its workspace row */
     int wr = wr_st;               /* workspace row of the step's diagonal */
     int ready = -1;               /* overlapped forward: the last layer known finished */
-    const int layers = (S + 1) / 2;
+    const int layers = g.ends == 2 ? (S + 1) / 2 : S;
 #pragma unroll
     for (int j = 0; j < kStageAhead; ++j) {
         if (j < S) {
-            if (g.done && layer_of(s_st, S) > ready) ready = wait_layers(g.done, g.full, ready, layers);
+            if (g.done && layer_of(s_st, S, g.ends) > ready) ready = wait_layers(g.done, g.full, ready, layers);
             stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
         }
         cp_async_commit();
@@ -649,9 +703,15 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
             cluster_sync();
         else
             __syncthreads();
+        /* the split backward: steps 0..i-1 written (by the whole block: the barrier); every
+         * step at first, so the gradient pass trailing it starts early */
+        if (PUBLISH && threadIdx.x == 0 && i > 0 && (i < kPublish / 2 || i % kPublish == 0))
+            tdt_st_release(g.progress, i);
         if (i + kStageAhead < S) {
-            if (g.done && layer_of(s_st, S) > ready) ready = wait_layers(g.done, g.full, ready, layers);
+            if (g.done && layer_of(s_st, S, g.ends) > ready) ready = wait_layers(g.done, g.full, ready, layers);
             stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+            if (PUBLISH && s_st - kL2Ahead >= 0)
+                prefetch_diagonal<KD>(L, g, s_st - kL2Ahead);
         }
         cp_async_commit();
         s_st += step;
@@ -708,6 +768,8 @@ __device__ __forceinline__ staged_geo staged_geo_of(const tdt_gpu_args_t &a, con
     g.fstride = (g.use_dur ? F_DUR + KD : F_DUR) * g.row;
     g.done = a.fwd_tickets > 0 ? a.ws.order + 1 : NULL;
     g.full = a.fwd_tickets;
+    g.ends = a.fwd_ends;
+    g.progress = NULL;
     return g;
 }
 template <int SPL, int G>
@@ -725,6 +787,10 @@ template <int KD, int G>
 __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_gpu_args_t a, int ring_diags) {
     extern __shared__ double ring[];
     enum { SPL = sweep_shape<KD, G>::SPL };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* the split backward: the gradient pass, its programmatic dependent, may start */
+    if (a.bwd_progress) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const int tid = threadIdx.x;
     staged_geo g = staged_geo_of<KD>(a, A, ring_diags);
@@ -734,11 +800,17 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
     tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
         g.T = (int)L.T;
         g.U = (int)L.U;
+        g.progress = is_beta && a.bwd_progress ? a.bwd_progress + b : NULL;
         if (!is_beta) {
             staged_sweep<false, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
             if (tid == 0) tdt_sweep_finish(a, b, L, A, glob);
         } else {
-            staged_sweep<true, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
+            /* the split backward's: its own copy, so the release stores and prefetches (whose
+             * memory clobbers constrain the compiler) stay out of the forward's loop */
+            if (g.progress)
+                staged_sweep<true, KD, SPL, G, false, true>(L, g, sl, ring, glob, NULL);
+            else
+                staged_sweep<true, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
         }
     });
     overlap_end(a);
@@ -791,11 +863,12 @@ template <typename Kernel> cudaError_t sweep_smem_attr(Kernel kernel, size_t sme
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
 }
 
-/* One launch: 2 B blocks (alpha and beta of each sample), smem_bytes of dynamic shared memory. */
+/* One launch: a block a job (2 B: alpha and beta of each sample; B with a.sweep_only),
+ * smem_bytes of dynamic shared memory. */
 template <typename Kernel>
 cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, int ring_diags,
                            size_t smem_bytes, cudaStream_t stream, bool pdl = false) {
-    int64_t blocks = 2 * a.B;
+    int64_t blocks = (a.sweep_only ? 1 : 2) * a.B;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
     cudaError_t e = sweep_smem_attr(kernel, smem_bytes);
     if (e != cudaSuccess) return e;
@@ -859,16 +932,15 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
     return cudaSuccess;
 }
 
-/* Whether the forward may overlap (see "The overlapped forward"), and how: an sm_90 device and
- * sm_90 code in `kernel` (programmatic launch, griddepcontrol); the normaliser one block an SM;
- * the sweep's `blocks` blocks (in clusters of cl), one an SM, on at most a quarter of the SMs
- * (ragged on the H200, 64 blocks on half of them, ran 0.31 -> 0.40 ms forward: the normaliser
- * on the other half came too slowly; benchmark/NOTES.md, v6); for the cluster split, the device
- * holds cluster_fit of the sweep's clusters at once; the normaliser's tickets within an int.
- * Sets a's fwd_* fields when it may. */
+/* Whether an overlapped schedule may run, and how (see "The overlapped schedules"): an sm_90
+ * device and sm_90 code in `kernel` (programmatic launch, griddepcontrol); the normaliser one
+ * block an SM, on the SMs the sweep's `blocks` blocks (in clusters of cl, one an SM) leave it;
+ * for the cluster split, the device holds cluster_fit of the sweep's clusters at once; the
+ * normaliser's tickets within an int. ends: the layer form (2 when both sweeps trail the
+ * normaliser, 1 for alpha alone). Sets a's fwd_* when it may. */
 inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
-                                int64_t blocks, int cl, int cluster_fit) {
-    if (!env.sm90 || a->nodes == 0 || blocks > env.num_sms / 4) return cudaSuccess;
+                                int64_t blocks, int cl, int cluster_fit, int ends) {
+    if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms) return cudaSuccess;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -891,17 +963,28 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
         if (sweep_clusters > cluster_fit || 2 * sweep_clusters > norm_fit) return cudaSuccess;
         norm_blocks = (norm_fit - sweep_clusters) * cl;
     }
-    const int64_t layers = tdt_ws_layers(a->maxT, a->maxU);
+    const int64_t diagonals = tdt_ws_layers(a->maxT, a->maxU);
+    const int64_t layers = ends == 2 ? (diagonals + 1) / 2 : diagonals;
     const int64_t dlen = a->maxT < a->row ? a->maxT : a->row;
     const int64_t per = tdt_normalize_ticket_nodes(a->V, env.dtype);
-    const int64_t tickets = (2 * a->B * dlen + per - 1) / per;
+    const int64_t tickets = (ends * a->B * dlen + per - 1) / per;
     if (tickets > ((int64_t)1 << 30) / (layers > 0 ? layers : 1)) return cudaSuccess;
+    a->fwd_ends = ends;
     a->fwd_layers = layers;
     a->fwd_dlen = dlen;
     a->fwd_tickets = (int)tickets;
     a->fwd_blocks = (int)norm_blocks;
     a->fwd_cluster = cl;
     return cudaSuccess;
+}
+
+/* Whether the overlap of both sweeps with the normaliser is wanted for a sweep of `blocks`
+ * blocks: asked for, or (AUTO) where the sweep's blocks take at most a quarter of the SMs
+ * (ragged on the H200, 64 blocks on half of them, ran 0.31 -> 0.40 ms forward: the normaliser
+ * on the other half came too slowly; benchmark/NOTES.md, v6). */
+inline bool overlap_wanted(const tdt_fwd_env_t &env, int64_t blocks) {
+    if (env.schedule == TDT_GPU_SCHEDULE_OVERLAP) return true;
+    return env.schedule == TDT_GPU_SCHEDULE_AUTO && blocks <= env.num_sms / 4;
 }
 
 /* Enqueues the forward: the normaliser, then sweep(a, false); or, when a carries an overlap
@@ -960,55 +1043,142 @@ static inline int pow2_above(int n) {
     return r;
 }
 
-/* The forward's launches: kernel, ring and lanes a node for the sweep, and whether it overlaps
- * the normaliser. Arcs span up to `span` diagonals. The staged kernel wherever its ring (R >
- * span + kStageAhead diagonals of 3 + D fields of maxU + 1 doubles) fits the device's per-block
- * shared memory: up to maxU ~450 for durations 0..4, ~900 for RNN-T; then the
- * register-prefetching ring (R > span diagonals of values only: maxU up to ~3600 and ~14500);
- * beyond, the workspace array. Only the staged kernels overlap the normaliser.
+/* The sweep's kernel, ring and lanes a node, for the forward and for the split backward's beta
+ * sweep alike (so both derive the same schedule). Arcs span up to `span` diagonals. The staged
+ * kernel wherever its ring (R > span + kStageAhead diagonals of 3 + D fields of maxU + 1
+ * doubles) fits the device's per-block shared memory: up to maxU ~450 for durations 0..4, ~900
+ * for RNN-T; then the register-prefetching ring (R > span diagonals of values only: maxU up to
+ * ~3600 and ~14500); beyond, the workspace array. Only the staged kernels overlap the
+ * normaliser.
  * Lanes a node, from the longest diagonal, min(maxT, maxU + 1) nodes, and tdt_bench on the H200
  * (benchmark/NOTES.md, v3): 4 lanes while one pass of kMaxThreads threads covers the
  * diagonal; 2 lanes up to kMaxThreads nodes, in two passes (long, 401 nodes: 9.3 ms forward
  * against 10.3 with one lane a node and 11.5 with four); one lane beyond. */
-template <int KD>
-cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env_t &env,
-                         cudaStream_t stream) {
-    tdt_gpu_args_t a = a_in; /* fwd_* set by overlap_plan */
+struct sweep_cfg {
+    int mode, G;
+    int cl; /* blocks a cluster wanted (1: the one-block kernel; the launch may fall back) */
+    int staged_ring, ring;
+    size_t staged_smem;
+};
+
+template <int KD> sweep_cfg sweep_choose(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env) {
+    sweep_cfg c;
     const int64_t diag = a.maxT < a.row ? a.maxT : a.row;
-    int G = diag <= kMaxThreads / 4 ? 4 : diag <= kMaxThreads ? 2 : 1;
-    const int staged_ring = pow2_above(span + kStageAhead), ring = pow2_above(span);
+    c.G = diag <= kMaxThreads / 4 ? 4 : diag <= kMaxThreads ? 2 : 1;
+    c.staged_ring = pow2_above(span + kStageAhead);
+    c.ring = pow2_above(span);
     const int fields = a.arcs.use_dur ? F_DUR + a.arcs.count : F_DUR;
     const int64_t limit = (int64_t)env.smem_max / (int64_t)sizeof(double);
     /* the staged kernel indexes a sample's per-node arrays (times the durations) with an int */
     const bool small = a.maxT <= ((int64_t)1 << 31) / (a.row * (a.D > 1 ? a.D : 1)) - 1;
-    int mode = KD > 0 && small && a.row <= limit / (staged_ring * fields) ? SWEEP_STAGED
-               : a.row <= limit / ring                            ? SWEEP_RING
-                                                                  : SWEEP_ARRAY;
-    const size_t staged_smem = (size_t)staged_ring * fields * a.row * sizeof(double);
+    c.mode = KD > 0 && small && a.row <= limit / (c.staged_ring * fields) ? SWEEP_STAGED
+             : a.row <= limit / c.ring                                  ? SWEEP_RING
+                                                                        : SWEEP_ARRAY;
+    c.staged_smem = (size_t)c.staged_ring * fields * a.row * sizeof(double);
     /* Diagonals longer than one pass of 4 lanes a node: split over a cluster of blocks of
-     * about kClusterCols columns each, at most 16 (beyond the portable 8: the loop below
-     * falls back to 8 where 16 cannot be resident). */
-    int cl = 1;
-    if (KD > 0 && mode == SWEEP_STAGED && diag > kMaxThreads / 4) {
-        cl = (int)((a.row + kClusterCols - 1) / kClusterCols);
-        if (cl > 16) cl = 16;
+     * about kClusterCols columns each, at most 16 (beyond the portable 8: sweep_launch falls
+     * back to 8 where 16 cannot be resident). */
+    c.cl = 1;
+    if (KD > 0 && c.mode == SWEEP_STAGED && diag > kMaxThreads / 4) {
+        c.cl = (int)((a.row + kClusterCols - 1) / kClusterCols);
+        if (c.cl > 16) c.cl = 16;
     }
-    bool overlap = true;
 #ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try another G or kernel */
     if (const char *env_s = getenv("TDT_SWEEP_LANES")) {
         const int g = atoi(env_s);
-        if (g == 1 || g == 2 || g == 4) G = g;
+        if (g == 1 || g == 2 || g == 4) c.G = g;
     }
     if (const char *env_s = getenv("TDT_SWEEP_STAGED"))
-        if (atoi(env_s) == 0 && mode == SWEEP_STAGED) mode = SWEEP_RING;
+        if (atoi(env_s) == 0 && c.mode == SWEEP_STAGED) c.mode = SWEEP_RING;
     if (const char *env_s = getenv("TDT_SWEEP_CLUSTER")) {
-        const int c = atoi(env_s);
-        if (c >= 1 && c <= 16) cl = c;
+        const int n = atoi(env_s);
+        if (n >= 1 && n <= 16) c.cl = n;
     }
-    if (const char *env_s = getenv("TDT_FWD_OVERLAP")) overlap = atoi(env_s) != 0;
-    if (mode != SWEEP_STAGED) cl = 1;
+    if (c.mode != SWEEP_STAGED) c.cl = 1;
 #endif
+    return c;
+}
+
+/* The one-block kernel of a choice (c.cl == 1, or the cluster split's last fallback). */
+template <int KD>
+void sweep_one_block(const tdt_gpu_args_t &a, const sweep_cfg &c, sweep_fn_t *kernel, int *threads,
+                     int *ring_diags, size_t *smem) {
+    const int64_t diag = a.maxT < a.row ? a.maxT : a.row;
+    int G = c.G;
+    if (KD == 0) G = 4;
+    if (c.mode == SWEEP_ARRAY) G = 1;
+    if (G > sweep_g<KD, 4>::MAX) G = sweep_g<KD, 4>::MAX;
+    int64_t th = (diag * G + 31) / 32 * 32;
+    if (th < 32) th = 32; /* maxT == 0: nothing to sweep, still a valid launch */
+    if (th > kMaxThreads) th = kMaxThreads;
+    *threads = (int)th;
+    switch (c.mode) {
+    case SWEEP_STAGED:
+        *kernel = sweep_kernel_of<KD, SWEEP_STAGED>(G), *ring_diags = c.staged_ring, *smem = c.staged_smem;
+        break;
+    case SWEEP_RING:
+        *kernel = sweep_kernel_of<KD, SWEEP_RING>(G), *ring_diags = c.ring;
+        *smem = (size_t)c.ring * a.row * sizeof(double);
+        break;
+    default: *kernel = sweep_kernel_of<KD, SWEEP_ARRAY>(G), *ring_diags = 0, *smem = 0; break;
+    }
+}
+
+/* Bytes of logits a diagonal (over the batch) from which AUTO takes the split schedule. Its
+ * forward is then about the normaliser's pass alone (the overlap of both sweeps takes the
+ * normaliser plus half a sweep), but its backward is the gradient pass on the SMs the beta
+ * sweep leaves, or the beta sweep itself (slower beside the gradient pass's traffic), whichever
+ * is longer. H200, f+b ms, split against overlap (benchmark/NOTES.md, v7): parakeet f32
+ * (4.5 MB a diagonal) 0.985 / 1.019, large f32 (5.3) 3.045 / 3.120, large bf16 (2.7) 2.093 /
+ * 2.198, huge bf16 (10.3) 5.137 / 5.145; but parakeet bf16 (2.2) 0.716 / 0.643, base (0.6)
+ * 0.300 / 0.203. */
+const double kSplitBytesPerDiagonal = 2.5 * 1024 * 1024;
+
+inline bool split_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
+    const double elem = dtype == TDT_DTYPE_FLOAT64 ? 8.0 : dtype == TDT_DTYPE_FLOAT32 ? 4.0 : 2.0;
+    const double bytes = (double)a.nodes * (double)(a.V + a.D) * elem;
+    return bytes >= kSplitBytesPerDiagonal * (double)tdt_ws_layers(a.maxT, a.maxU);
+}
+
+/* Whether the split schedule runs for this call (the same answer for its forward and its
+ * backward: it depends on the problem, the options and the device only): the one-block staged
+ * sweep (c.cl == 1 as chosen, whatever a cluster launch would fall back to), an ordered
+ * gradient kernel for the arc count, asked for or (AUTO) worth it with the alpha sweep's B
+ * blocks on at most a quarter of the SMs, and an overlap plan for the forward (one diagonal a
+ * layer). Then *a carries it: fwd_* for the ordered normaliser and the gradient pass's layers,
+ * bwd_tickets. */
+template <int KD>
+cudaError_t split_plan(tdt_gpu_args_t *a, const sweep_cfg &c, const tdt_fwd_env_t &env,
+                       sweep_fn_t kernel, bool *split) {
+    *split = false;
+    if (KD == 0 || c.mode != SWEEP_STAGED || c.cl != 1 || !tdt_grad_ordered_arcs(KD)) return cudaSuccess;
+    if (env.schedule == TDT_GPU_SCHEDULE_AUTO) {
+        if (a->B > env.num_sms / 4 || !split_pays(*a, env.dtype)) return cudaSuccess;
+    } else if (env.schedule != TDT_GPU_SCHEDULE_SPLIT) {
+        return cudaSuccess;
+    }
+    tdt_gpu_args_t p = *a;
+    const cudaError_t e = overlap_plan(&p, env, kernel, a->B, 1, 0, 1);
+    if (e != cudaSuccess || p.fwd_tickets == 0) return e;
+    const int64_t per = tdt_grad_ticket_nodes(a->V, env.dtype);
+    const int64_t tickets = (a->B * p.fwd_dlen + per - 1) / per;
+    if (tickets > ((int64_t)1 << 30) / (p.fwd_layers > 0 ? p.fwd_layers : 1)) return cudaSuccess;
+    p.bwd_tickets = (int)tickets;
+    *a = p;
+    *split = true;
+    return cudaSuccess;
+}
+
+/* The forward's launches: the sweep's kernel (sweep_choose), and whether and how it overlaps
+ * the normaliser: the split schedule (alpha alone trails it), or both sweeps trailing it, or
+ * neither (the normaliser first). */
+template <int KD>
+cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env_t &env,
+                         cudaStream_t stream) {
+    tdt_gpu_args_t a = a_in; /* fwd_* set by overlap_plan */
+    const sweep_cfg c = sweep_choose<KD>(a, span, env);
     if constexpr (KD > 0) {
+        int cl = c.cl;
         while (cl > 1) {
             const int64_t chunk = (a.row + cl - 1) / cl;
             const int64_t d = a.maxT < chunk ? a.maxT : chunk;
@@ -1018,12 +1188,12 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
             cudaLaunchConfig_t cfg;
             cudaLaunchAttribute attrs[2];
             int active = 0;
-            cudaError_t e = cluster_config<KD>(a, (int)t, staged_smem, cl, stream, &cfg, &attrs[0], &active);
+            cudaError_t e = cluster_config<KD>(a, (int)t, c.staged_smem, cl, stream, &cfg, &attrs[0], &active);
             if (e != cudaSuccess) return e;
             if (active > 0) {
                 const sweep_fn_t kernel = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
-                if (overlap && 2 * a.B * cl <= env.num_sms / 4) {
-                    e = overlap_plan(&a, env, kernel, 2 * a.B * cl, cl, active);
+                if (overlap_wanted(env, 2 * a.B * cl)) {
+                    e = overlap_plan(&a, env, kernel, 2 * a.B * cl, cl, active, 2);
                     if (e != cudaSuccess) return e;
                 }
                 return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
@@ -1032,7 +1202,7 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
                         cfg.attrs = attrs;
                         cfg.numAttrs = 2;
                     }
-                    const cudaError_t e2 = cudaLaunchKernelEx(&cfg, kernel, x, staged_ring);
+                    const cudaError_t e2 = cudaLaunchKernelEx(&cfg, kernel, x, c.staged_ring);
                     return e2 != cudaSuccess ? e2 : cudaGetLastError();
                 });
             }
@@ -1040,32 +1210,49 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
             cl = cl > 8 ? 8 : 1;
         }
     }
-    if (KD == 0) G = 4;
-    if (mode == SWEEP_ARRAY) G = 1;
-    if (G > sweep_g<KD, 4>::MAX) G = sweep_g<KD, 4>::MAX;
-    int64_t threads = (diag * G + 31) / 32 * 32;
-    if (threads < 32) threads = 32; /* maxT == 0: nothing to sweep, still a valid launch */
-    if (threads > kMaxThreads) threads = kMaxThreads;
-    const int th = (int)threads;
     sweep_fn_t kernel;
-    int rd;
+    int th, rd;
     size_t smem;
-    switch (mode) {
-    case SWEEP_STAGED:
-        kernel = sweep_kernel_of<KD, SWEEP_STAGED>(G), rd = staged_ring, smem = staged_smem;
-        break;
-    case SWEEP_RING:
-        kernel = sweep_kernel_of<KD, SWEEP_RING>(G), rd = ring, smem = (size_t)ring * a.row * sizeof(double);
-        break;
-    default: kernel = sweep_kernel_of<KD, SWEEP_ARRAY>(G), rd = 0, smem = 0; break;
-    }
-    if (KD > 0 && mode == SWEEP_STAGED && overlap && env.sm90 && 2 * a.B <= env.num_sms / 4) {
-        const cudaError_t e = overlap_plan(&a, env, kernel, 2 * a.B, 1, 0);
+    sweep_one_block<KD>(a, c, &kernel, &th, &rd, &smem);
+    bool split = false;
+    cudaError_t e = split_plan<KD>(&a, c, env, kernel, &split);
+    if (e != cudaSuccess) return e;
+    if (split) {
+        a.sweep_only = 1; /* beta runs in the backward */
+    } else if (KD > 0 && c.mode == SWEEP_STAGED && env.sm90 && overlap_wanted(env, 2 * a.B)) {
+        e = overlap_plan(&a, env, kernel, 2 * a.B, 1, 0, 2);
         if (e != cudaSuccess) return e;
     }
     return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
         return sweep_launch_k(kernel, x, th, rd, smem, stream, pdl);
     });
+}
+
+/* The backward's launches: the gradient pass; or for the split schedule its counters zeroed,
+ * the beta sweep (B blocks, publishing each sample's progress), and the ordered gradient pass
+ * as its programmatic dependent on the SMs it leaves free. */
+template <int KD>
+cudaError_t backward_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env_t &env,
+                            cudaStream_t stream) {
+    tdt_gpu_args_t a = a_in;
+    const sweep_cfg c = sweep_choose<KD>(a, span, env);
+    sweep_fn_t kernel;
+    int th, rd;
+    size_t smem;
+    sweep_one_block<KD>(a, c, &kernel, &th, &rd, &smem);
+    bool split = false;
+    cudaError_t e = split_plan<KD>(&a, c, env, kernel, &split);
+    if (e != cudaSuccess) return e;
+    if (!split) return tdt_launch_grad(a_in, env.dtype, env.num_sms, stream);
+    const int64_t K = tdt_ws_layers(a.maxT, a.maxU);
+    e = cudaMemsetAsync(a.ws.order, 0, (size_t)(1 + K + a.B) * sizeof(int32_t), stream);
+    if (e != cudaSuccess) return e;
+    a.sweep_only = 2;
+    a.fwd_tickets = 0; /* the normaliser's values are all there: the sweep waits for none */
+    a.bwd_progress = a.ws.order + 1 + K;
+    e = sweep_launch_k(kernel, a, th, rd, smem, stream, false);
+    if (e != cudaSuccess) return e;
+    return tdt_launch_grad_ordered(a, env.dtype, (int)(env.num_sms - a.B), stream);
 }
 
 } /* namespace */
