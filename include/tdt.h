@@ -238,8 +238,9 @@ TDT_API tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_op
                               size_t workspace_bytes);
 
 /* Forward half of an autograd pair: writes costs[b] and keeps in the workspace what
- * tdt_backward() needs (per-node log-probabilities and normalisers, alpha and beta). The
- * workspace must then be left untouched until tdt_backward() of the same problem and options.
+ * tdt_backward() needs (per-node log-probabilities and normalisers, alpha, and beta unless the
+ * GPU's split schedule leaves it to the backward). The workspace must then be left untouched
+ * until tdt_backward() of the same problem and options.
  * Memory, streams and validation as compute_tdt_loss(). */
 TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
                          void *workspace, size_t workspace_bytes);
@@ -252,6 +253,9 @@ TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options
  *
  * grad_costs: (B) of float / double in the location's memory (one value for every sample with
  *             options->grad_costs_scalar), or NULL for all ones.
+ * It may be called again on the same workspace (the GPU's split schedule rewrites beta and
+ * its counters there each time, to the same values), but two calls on one workspace must not
+ * run concurrently (on the GPU: on one stream, or ordered by events).
  * On the CPU a workspace that does not hold a forward pass of this problem is refused with
  * TDT_STATUS_INVALID_WORKSPACE; the GPU cannot check it without a host synchronisation. */
 TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
