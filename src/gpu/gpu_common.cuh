@@ -406,6 +406,23 @@ cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const td
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                     cudaStream_t stream);
 
+/* f.template go<KD>() for the arc counts that have their own instantiation of the kernels
+ * (where lattice.h's per-arc loops unroll fully); *done = false, nothing called, for the others,
+ * which generic.cu serves with the count a runtime value. */
+template <typename F> cudaError_t tdt_with_arcs(int count, F f, bool *done) {
+    *done = true;
+    switch (count) {
+    case 1: return f.template go<1>();
+    case 2: return f.template go<2>();
+    case 3: return f.template go<3>();
+    case 4: return f.template go<4>();
+    case 5: return f.template go<5>();
+    case 6: return f.template go<6>();
+    case 8: return f.template go<8>();
+    default: *done = false; return cudaSuccess;
+    }
+}
+
 /* ---- launch attributes (host) ------------------------------------------------------------- */
 /* A thread-block cluster of cl blocks along x. */
 static inline cudaLaunchAttribute tdt_cluster_attr(int cl) {
@@ -436,5 +453,20 @@ template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) 
  * elements go 8 lanes a node (4 nodes a warp in flight, one 128-byte line per group load);
  * only long rows (Parakeet's V = 8193) take a whole warp. */
 static inline int tdt_gpu_group_size(int64_t V, int vec) { return V / vec >= 512 ? 32 : 8; }
+
+/* f.template go<DT, G>() for the dtype, with the V-wide kernels' G for this V. */
+template <int DT, typename F> cudaError_t tdt_with_g(int64_t V, F f) {
+    if (tdt_gpu_group_size(V, tdt_elem<DT>::VEC) == 32) return f.template go<DT, 32>();
+    return f.template go<DT, 8>();
+}
+template <typename F> cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F f) {
+    switch (dtype) {
+    case TDT_DTYPE_FLOAT32: return tdt_with_g<TDT_DTYPE_FLOAT32>(V, f);
+    case TDT_DTYPE_FLOAT64: return tdt_with_g<TDT_DTYPE_FLOAT64>(V, f);
+    case TDT_DTYPE_FLOAT16: return tdt_with_g<TDT_DTYPE_FLOAT16>(V, f);
+    case TDT_DTYPE_BFLOAT16: return tdt_with_g<TDT_DTYPE_BFLOAT16>(V, f);
+    }
+    return cudaErrorInvalidValue;
+}
 
 #endif /* TDT_GPU_COMMON_CUH */

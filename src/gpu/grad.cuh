@@ -356,25 +356,6 @@ cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStrea
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* The kernel of dtype and V for arc count KD: f.template go<DT, G>(). */
-template <typename F> cudaError_t grad_with_dt(tdt_dtype_t dtype, int64_t V, F f) {
-    switch (dtype) {
-    case TDT_DTYPE_FLOAT32:
-        return tdt_gpu_group_size(V, 4) == 32 ? f.template go<TDT_DTYPE_FLOAT32, 32>()
-                                              : f.template go<TDT_DTYPE_FLOAT32, 8>();
-    case TDT_DTYPE_FLOAT64:
-        return tdt_gpu_group_size(V, 2) == 32 ? f.template go<TDT_DTYPE_FLOAT64, 32>()
-                                              : f.template go<TDT_DTYPE_FLOAT64, 8>();
-    case TDT_DTYPE_FLOAT16:
-        return tdt_gpu_group_size(V, 8) == 32 ? f.template go<TDT_DTYPE_FLOAT16, 32>()
-                                              : f.template go<TDT_DTYPE_FLOAT16, 8>();
-    case TDT_DTYPE_BFLOAT16:
-        return tdt_gpu_group_size(V, 8) == 32 ? f.template go<TDT_DTYPE_BFLOAT16, 32>()
-                                              : f.template go<TDT_DTYPE_BFLOAT16, 8>();
-    }
-    return cudaErrorInvalidValue;
-}
-
 template <int KD> struct grad_plain {
     const tdt_gpu_args_t &a;
     int num_sms;
@@ -398,7 +379,7 @@ struct grad_ticket {
 /* Enqueues the gradient kernel for arc count KD (0: any count), any dtype. */
 template <int KD>
 cudaError_t grad_launch(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms, cudaStream_t s) {
-    return grad_with_dt(dtype, a.V, grad_plain<KD>{a, num_sms, s});
+    return tdt_with_dtype(dtype, a.V, grad_plain<KD>{a, num_sms, s});
 }
 
 } /* namespace */

@@ -379,21 +379,6 @@ template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
     return cudaSuccess;
 }
 
-/* The ordered kernels' G for this V, and a call to `f` with the kernel's <DT, G>. */
-template <int DT, typename F> cudaError_t with_g(int64_t V, F f) {
-    if (tdt_gpu_group_size(V, tdt_elem<DT>::VEC) == 32) return f.template go<DT, 32>();
-    return f.template go<DT, 8>();
-}
-template <typename F> cudaError_t with_dt(tdt_dtype_t dtype, int64_t V, F f) {
-    switch (dtype) {
-    case TDT_DTYPE_FLOAT32: return with_g<TDT_DTYPE_FLOAT32>(V, f);
-    case TDT_DTYPE_FLOAT64: return with_g<TDT_DTYPE_FLOAT64>(V, f);
-    case TDT_DTYPE_FLOAT16: return with_g<TDT_DTYPE_FLOAT16>(V, f);
-    case TDT_DTYPE_BFLOAT16: return with_g<TDT_DTYPE_BFLOAT16>(V, f);
-    }
-    return cudaErrorInvalidValue;
-}
-
 struct classic_launch {
     const tdt_gpu_args_t &a;
     int num_sms;
@@ -427,21 +412,21 @@ struct ticket_nodes {
 
 int tdt_normalize_ticket_nodes(int64_t V, tdt_dtype_t dtype) {
     int n = 1;
-    (void)with_dt(dtype, V, ticket_nodes{&n});
+    (void)tdt_with_dtype(dtype, V, ticket_nodes{&n});
     return n;
 }
 
 cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit) {
-    return with_dt(dtype, V, ordered_fitting{cl, fit});
+    return tdt_with_dtype(dtype, V, ordered_fitting{cl, fit});
 }
 
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                  cudaStream_t stream) {
     if (a.nodes == 0) return cudaSuccess;
-    return with_dt(dtype, a.V, classic_launch{a, num_sms, stream});
+    return tdt_with_dtype(dtype, a.V, classic_launch{a, num_sms, stream});
 }
 
 cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                          int cl, cudaStream_t stream) {
-    return with_dt(dtype, a.V, ordered_launch{a, blocks, cl, stream});
+    return tdt_with_dtype(dtype, a.V, ordered_launch{a, blocks, cl, stream});
 }

@@ -34,6 +34,21 @@ cudaError_t env_of(tdt_dtype_t dtype, int num_sms, tdt_gpu_schedule_t schedule, 
     return cudaSuccess;
 }
 
+struct forward_arcs {
+    const tdt_gpu_args_t &a;
+    int span;
+    const tdt_fwd_env_t &env;
+    cudaStream_t stream;
+    template <int KD> cudaError_t go() const { return sweep_launch<KD>(a, span, env, stream); }
+};
+struct backward_arcs {
+    const tdt_gpu_args_t &a;
+    int span;
+    const tdt_fwd_env_t &env;
+    cudaStream_t stream;
+    template <int KD> cudaError_t go() const { return backward_launch<KD>(a, span, env, stream); }
+};
+
 } /* namespace */
 
 /* ================================================================================================
@@ -47,16 +62,9 @@ cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int n
     tdt_fwd_env_t env;
     const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
     if (e != cudaSuccess) return e;
-    switch (a.arcs.count) {
-    case 1: return sweep_launch<1>(a, span, env, stream);
-    case 2: return sweep_launch<2>(a, span, env, stream);
-    case 3: return sweep_launch<3>(a, span, env, stream);
-    case 4: return sweep_launch<4>(a, span, env, stream);
-    case 5: return sweep_launch<5>(a, span, env, stream);
-    case 6: return sweep_launch<6>(a, span, env, stream);
-    case 8: return sweep_launch<8>(a, span, env, stream);
-    default: return tdt_launch_sweep_generic(a, span, env, stream);
-    }
+    bool done;
+    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, forward_arcs{a, span, env, stream}, &done);
+    return done ? e2 : tdt_launch_sweep_generic(a, span, env, stream);
 }
 
 cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
@@ -66,14 +74,7 @@ cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int 
     tdt_fwd_env_t env;
     const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
     if (e != cudaSuccess) return e;
-    switch (a.arcs.count) { /* the counts of tdt_grad_ordered_arcs */
-    case 1: return backward_launch<1>(a, span, env, stream);
-    case 2: return backward_launch<2>(a, span, env, stream);
-    case 3: return backward_launch<3>(a, span, env, stream);
-    case 4: return backward_launch<4>(a, span, env, stream);
-    case 5: return backward_launch<5>(a, span, env, stream);
-    case 6: return backward_launch<6>(a, span, env, stream);
-    case 8: return backward_launch<8>(a, span, env, stream);
-    default: return tdt_launch_grad(a, dtype, num_sms, stream); /* never split */
-    }
+    bool done; /* the counts of tdt_grad_ordered_arcs; the others never split */
+    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, backward_arcs{a, span, env, stream}, &done);
+    return done ? e2 : tdt_launch_grad(a, dtype, num_sms, stream);
 }
