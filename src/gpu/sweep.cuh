@@ -445,9 +445,9 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* The overlapped schedules' forward: the sweep, the normaliser's programmatic dependent, ends only once the
- * normaliser has ended and its memory is visible, so whatever the stream runs next (the gradient
- * pass) sees both kernels done. Every block, at its end. */
+/* The overlapped schedules' forward: the sweep, the normaliser's programmatic dependent, ends
+ * only once the normaliser has ended and its memory is visible, so whatever the stream runs
+ * next (the gradient pass) sees both kernels done. Every block, at its end. */
 __device__ __forceinline__ void overlap_end(const tdt_gpu_args_t &a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (a.fwd_tickets > 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -620,9 +620,11 @@ __device__ __noinline__ int wait_layers(const int32_t *done, int full, int ready
 /* The layer of diagonal s of a sample of S diagonals. */
 __device__ __forceinline__ int layer_of(int s, int S, int ends) { return ends == 2 ? min(s, S - 1 - s) : s; }
 
-/* Steps of the split backward's beta sweep between two publications of its progress: a
+/* Steps of the split backward's beta sweep between two publications of its progress, once it
+ * has published each of its first kPublish / 2 steps (so the gradient pass can start): a
  * publication is a release store by one thread (a fence, which holds that thread up, and so
- * the block's next barrier); the gradient pass trailing it needs no finer grain. */
+ * the block's next barrier); the gradient pass, far behind after its start, needs no finer
+ * grain. */
 const int kPublish = 16;
 
 /* barrier.cluster: every thread of every block of the cluster; release / acquire at cluster
