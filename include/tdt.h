@@ -262,6 +262,17 @@ TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_option
                           const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
                           size_t workspace_bytes);
 
+/* Checks lengths and labels in host memory as a CPU call does: every frame length in
+ * [0, max_frames], every label length in [0, max_labels], every label a sample uses in
+ * [0, vocab_size) and not blank. For a GPU caller that keeps (or copies) them on the host too,
+ * since the GPU backend never reads device data on the host (see "GPU and bad data" above).
+ * Reads batch, max_frames, max_labels, vocab_size, labels, frame_lengths and label_lengths of
+ * problem (the logits pointers and dtype are ignored) and blank of options; writes nothing.
+ * Returns TDT_STATUS_INVALID_LENGTH or TDT_STATUS_INVALID_LABEL with tdt_last_error() naming
+ * the first bad element (e.g. "labels[1][3] = 7 equals blank 7"), or a status for a bad size,
+ * blank or NULL pointer. */
+TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_options_t *options);
+
 /* A static string naming the status, e.g. "TDT_STATUS_INVALID_LABEL: a label is outside
  * [0, vocab_size) or equals blank". Never NULL; unknown values give a generic string. */
 TDT_API const char *tdt_status_string(tdt_status_t status);

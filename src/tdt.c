@@ -151,6 +151,22 @@ static tdt_status_t check_in_place(const char *name, const void *grad, const int
 
 /* ---- data (CPU only: on the GPU these live in device memory) ------------------------------ */
 
+static tdt_status_t check_blank(const tdt_problem_t *p, const tdt_options_t *o) {
+    if (o->blank < 0 || o->blank >= p->vocab_size)
+        TDT_FAIL(TDT_STATUS_INVALID_BLANK, "options->blank = %d is outside [0, %lld) (vocab_size)",
+                 o->blank, (long long)p->vocab_size);
+    return TDT_STATUS_SUCCESS;
+}
+
+/* Lengths and labels: arrays of no element may be NULL. */
+static tdt_status_t check_data_pointers(const tdt_problem_t *p) {
+    if (p->batch > 0 && !p->frame_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->frame_lengths is NULL");
+    if (p->batch > 0 && !p->label_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->label_lengths is NULL");
+    if (p->batch > 0 && p->max_labels > 0 && !p->labels)
+        TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->labels is NULL but max_labels = %lld", (long long)p->max_labels);
+    return TDT_STATUS_SUCCESS;
+}
+
 static tdt_status_t check_data(const tdt_problem_t *p, int blank) {
     for (int64_t b = 0; b < p->batch; ++b) {
         int32_t T = p->frame_lengths[b], U = p->label_lengths[b];
@@ -192,9 +208,7 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     if (p->dtype != TDT_DTYPE_FLOAT32 && p->dtype != TDT_DTYPE_FLOAT64 &&
         p->dtype != TDT_DTYPE_FLOAT16 && p->dtype != TDT_DTYPE_BFLOAT16)
         TDT_FAIL(TDT_STATUS_INVALID_DTYPE, "problem->dtype = %d is not a tdt_dtype_t", (int)p->dtype);
-    if (o->blank < 0 || o->blank >= p->vocab_size)
-        TDT_FAIL(TDT_STATUS_INVALID_BLANK, "options->blank = %d is outside [0, %lld) (vocab_size)",
-                 o->blank, (long long)p->vocab_size);
+    TDT_CHECK(check_blank(p, o));
     c->tdt_mode = p->duration_logits != NULL;
     if (c->tdt_mode) {
         TDT_CHECK(check_durations(o));
@@ -207,10 +221,7 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     /* pointers: tensors of no element may be NULL */
     int any_rows = p->batch > 0 && p->max_frames > 0;
     if (!p->token_logits && any_rows) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->token_logits is NULL");
-    if (p->batch > 0 && !p->frame_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->frame_lengths is NULL");
-    if (p->batch > 0 && !p->label_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->label_lengths is NULL");
-    if (p->batch > 0 && p->max_labels > 0 && !p->labels)
-        TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->labels is NULL but max_labels = %lld", (long long)p->max_labels);
+    TDT_CHECK(check_data_pointers(p));
     if (do_forward && p->batch > 0 && !costs) TDT_FAIL(TDT_STATUS_NULL_POINTER, "costs is NULL");
     if (!workspace) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace is NULL");
 
@@ -299,6 +310,17 @@ TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_option
                                   const void *grad_costs, const tdt_gradients_t *grads,
                                   void *workspace, size_t workspace_bytes) {
     return run(problem, options, NULL, grad_costs, grads, workspace, workspace_bytes, 0, 1);
+}
+
+TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_options_t *options) {
+    if (!problem) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem is NULL");
+    if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
+    TDT_CHECK(check_sizes(problem));
+    TDT_CHECK(check_blank(problem, options));
+    TDT_CHECK(check_data_pointers(problem));
+    TDT_CHECK(check_data(problem, options->blank));
+    tdt_clear_error();
+    return TDT_STATUS_SUCCESS;
 }
 
 TDT_API int tdt_backend_built(tdt_location_t location) {

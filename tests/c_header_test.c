@@ -68,6 +68,7 @@ int main(void) {
     grads.duration_grads = gdur;
     memcpy(grads.duration_strides, prob.token_strides, sizeof grads.duration_strides);
 
+    CHECK(tdt_check_data(&prob, &opt) == TDT_STATUS_SUCCESS);
     st = tdt_get_workspace_size(&prob, &opt, &bytes);
     CHECK(st == TDT_STATUS_SUCCESS);
     ws = malloc(bytes);

@@ -103,6 +103,13 @@ class Errors : public ::testing::Test {
         EXPECT_EQ(st, want) << "compute_tdt_loss: got " << tdt_status_string(st) << " (" << tdt_last_error() << ")";
         expect_error_text(needle, "compute_tdt_loss");
         expect_untouched("compute_tdt_loss");
+        if (want == TDT_STATUS_INVALID_LENGTH || want == TDT_STATUS_INVALID_LABEL) {
+            // the host-side check of lengths and labels finds the same fault, in the same words
+            const std::string text = tdt_last_error();
+            st = tdt_check_data(&prob, &opt);
+            EXPECT_EQ(st, want) << "tdt_check_data: got " << tdt_status_string(st) << " (" << tdt_last_error() << ")";
+            EXPECT_EQ(text, tdt_last_error()) << "tdt_check_data names the fault otherwise";
+        }
 
         if (check_forward) {  // false for a gradient argument: tdt_forward does not take one
             st = tdt_forward(&prob, &opt, costs.data(), ws.data(), ws_bytes);
@@ -430,6 +437,39 @@ TEST_F(ErrorsTest, BadLocation) {
 TEST_F(ErrorsTest, BadInputKind) {
     opt.input_kind = static_cast<tdt_input_kind_t>(3);
     expect_status(TDT_STATUS_INVALID_OPTION, "input_kind");
+}
+
+// tdt_check_data: the lengths and labels alone, from host memory, whatever the logits (none
+// here) and the location; padding labels beyond U_b are never read. Each data fault's status and
+// message are checked against the CPU call's in expect_status.
+TEST_F(ErrorsTest, CheckDataAloneOnTheHost) {
+    tdt_problem_t p = prob;
+    p.token_logits = nullptr;
+    p.duration_logits = nullptr;
+    p.dtype = static_cast<tdt_dtype_t>(77);  // ignored
+    tdt_options_t o = opt;
+    o.location = TDT_LOCATION_GPU;
+    labels[3] = -5;  // labels[1][1]: read, since U_1 = 2
+    EXPECT_EQ(tdt_check_data(&p, &o), TDT_STATUS_INVALID_LABEL) << tdt_last_error();
+    lens[1] = 1;  // now labels[1][1] is padding
+    EXPECT_EQ(tdt_check_data(&p, &o), TDT_STATUS_SUCCESS) << tdt_last_error();
+    EXPECT_STREQ(tdt_last_error(), "");
+    p.batch = 0;
+    p.frame_lengths = p.label_lengths = nullptr;
+    p.labels = nullptr;
+    EXPECT_EQ(tdt_check_data(&p, &o), TDT_STATUS_SUCCESS) << "an empty batch reads nothing";
+    p = prob;
+    p.label_lengths = nullptr;
+    EXPECT_EQ(tdt_check_data(&p, &o), TDT_STATUS_NULL_POINTER);
+    EXPECT_NE(std::string(tdt_last_error()).find("label_lengths"), std::string::npos) << tdt_last_error();
+    p = prob;
+    o.blank = static_cast<int>(V);
+    EXPECT_EQ(tdt_check_data(&p, &o), TDT_STATUS_INVALID_BLANK) << tdt_last_error();
+    o.blank = opt.blank;
+    p.vocab_size = 0;
+    EXPECT_EQ(tdt_check_data(&p, &o), TDT_STATUS_INVALID_SIZE) << tdt_last_error();
+    EXPECT_EQ(tdt_check_data(nullptr, &o), TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(tdt_check_data(&p, nullptr), TDT_STATUS_NULL_POINTER);
 }
 
 // Checked on every location (a CPU call ignores the schedule, but not a value outside the enum).

@@ -345,24 +345,54 @@ def _first(mask):
     return tuple(int(i) for i in mask.nonzero()[0])
 
 
+_blank_options = {}  # blank -> tdt_options_t for tdt_check_data (it reads only the blank)
+
+
+def _library_says_ok(spec, T, U, B, lengths_labels):
+    """tdt_check_data() over int32 host memory: (frame lengths, label lengths, labels) addresses.
+    True when every length and used label is in range; False, or None for a library without
+    it, sends the caller to the numpy checks (which name the first bad element)."""
+    fn = getattr(_lib.load(), "tdt_check_data", None)
+    if fn is None:
+        return None
+    p = _lib.Problem()
+    p.batch, p.max_frames, p.max_labels, p.vocab_size = B, T, U, spec.vocab_size
+    p.frame_lengths, p.label_lengths, p.labels = lengths_labels
+    o = _blank_options.get(spec.blank)
+    if o is None:
+        o = _lib.Options()
+        o.blank = spec.blank
+        if len(_blank_options) >= _CACHE_MAX:
+            _blank_options.clear()
+        _blank_options[spec.blank] = o
+    return fn(ctypes.byref(p), ctypes.byref(o)) == 0
+
+
 def validation_finish(spec, logits, pending, names):
     """The second half of validate_data: waits for validation_start's copy, then the checks.
 
-    A few reductions over numpy arrays decide that all is well (microseconds, where a dozen
-    small torch ops took a hundred); only bad data takes the slower search for the first bad
-    element to name.
+    One C call (tdt_check_data, the CPU backend's own checks) decides that all is well, in a few
+    microseconds where the numpy reductions took ~40; only bad data takes the search for the
+    first bad element to name, in the caller's argument names.
     """
     host, parts, B, U, done = pending
     if done is not None:
         done.synchronize()
     if B == 0:
         return
+    T = int(logits.shape[1])
+    if parts is None:
+        base = host.data_ptr()
+        addresses = (base, base + 4 * B, base + 8 * B)
+    else:
+        addresses = tuple(x.data_ptr() for x in parts)
+    if _library_says_ok(spec, T, U, B, addresses):
+        return
     if parts is None:
         h = _as_array(host)
         fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].reshape(B, U)
     else:
         fl, ll, labels = (_as_array(x) for x in parts)
-    T = int(logits.shape[1])
     V = spec.vocab_size
     numpy = _np is not None and isinstance(fl, _np.ndarray)
     arange = _np.arange if numpy else torch.arange

@@ -194,6 +194,9 @@ def _declare(lib):
     lib.tdt_backend_built.restype = c_int
     lib.tdt_gpu_device_count.argtypes = [P(c_int)]
     lib.tdt_gpu_device_count.restype = c_int
+    if hasattr(lib, "tdt_check_data"):  # a library older than the binding checks in numpy
+        lib.tdt_check_data.argtypes = [P(Problem), P(Options)]
+        lib.tdt_check_data.restype = c_int
 
 
 def _open(path):

@@ -193,9 +193,10 @@ def test_version_and_backend_queries():
 
 @pytest.mark.parametrize("numpy", [True, False])
 def test_data_checks_name_the_first_bad_element_on_random_data(monkeypatch, numpy):
-    # The fast checks (a few reductions) decide only whether all is well; the message must
-    # still name the first bad element in the documented order: frame lengths, then label
-    # lengths, then labels out of range, then labels equal to the blank (row-major).
+    # The fast checks (tdt_check_data, or a few reductions) decide only whether all is well;
+    # the message must still name the first bad element in the documented order: frame
+    # lengths, then label lengths, then labels out of range, then labels equal to the blank
+    # (row-major).
     if not numpy:
         monkeypatch.setattr(_core, "_np", None)
     g = torch.Generator().manual_seed(5)
@@ -227,6 +228,12 @@ def test_data_checks_name_the_first_bad_element_on_random_data(monkeypatch, nump
                             b, i, y, "is outside" if kind == "range" else "equals blank_token_id")
         kw = dict(token_logits=tok, duration_logits=dur, targets=targets, logit_lengths=fl,
                   target_lengths=ll, blank_token_id=V - 1, durations=[0, 1, 2])
+        # the library's own check (tdt_check_data, the fast path) agrees that all is well
+        packed = torch.cat([fl, ll, targets.reshape(-1)]).to(torch.int32)
+        spec = _core.Spec("separate", V, (0, 1, 2), V - 1, 0.0, 0.0, 0.0, False)
+        base = packed.data_ptr()
+        assert _core._library_says_ok(spec, T, U, B, (base, base + 4 * B, base + 8 * B)) \
+            == (expected is None), (fl, ll, targets)
         if expected is None:
             warp_tdt.tdt_loss(**kw, reduction="none")
         else:
