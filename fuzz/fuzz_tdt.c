@@ -1154,6 +1154,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                  (alt_ok == 2 && (s == TDT_STATUS_WORKSPACE_TOO_SMALL || s == TDT_STATUS_INVALID_STRIDES));
     REQUIRE(s == want || ok_alt, "status %d (%s) but %d (%s) expected", (int)s,
             tdt_status_string(s), (int)want, tdt_status_string(want));
+    if (s == TDT_STATUS_SUCCESS || s == TDT_STATUS_INVALID_LENGTH || s == TDT_STATUS_INVALID_LABEL) {
+        /* the host-side check of lengths and labels agrees with the call, in the same words
+           (it rewrites the thread's message with the same text, or clears an empty one) */
+        char said[512];
+        snprintf(said, sizeof said, "%s", err);
+        const tdt_status_t d = tdt_check_data(&iv.p, &iv.o);
+        REQUIRE(d == s, "tdt_check_data %d (%s) but the call %d (%s)", (int)d, tdt_status_string(d),
+                (int)s, tdt_status_string(s));
+        REQUIRE(strcmp(said, tdt_last_error()) == 0, "tdt_check_data says \"%s\", the call \"%s\"",
+                tdt_last_error(), said);
+    }
 
     /* inputs never change (the in-place fault was refused, so it wrote nothing either) */
     REQUIRE(memcmp(in_tok0, W.in_tok.mem, (size_t)W.in_tok.elems * esize(dt)) == 0, "token logits modified");
