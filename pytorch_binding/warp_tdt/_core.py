@@ -15,6 +15,7 @@ without sigma, and gives the duration logits a zero gradient.
 """
 
 import ctypes
+import os
 from typing import NamedTuple, Tuple
 
 import torch
@@ -100,6 +101,22 @@ _CACHE_MAX = 256
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+_SCHEDULES = {"auto": _lib.GPU_SCHEDULE_AUTO, "serial": _lib.GPU_SCHEDULE_SERIAL,
+              "overlap": _lib.GPU_SCHEDULE_OVERLAP, "split": _lib.GPU_SCHEDULE_SPLIT}
+
+
+def gpu_schedule():
+    """tdt_options_t.gpu_schedule from WARP_TDT_GPU_SCHEDULE (auto, serial, overlap or split;
+    default auto): the GPU's kernel order, for benchmarking. Every schedule gives the same
+    results, bit for bit."""
+    name = os.environ.get("WARP_TDT_GPU_SCHEDULE", "auto")
+    value = _SCHEDULES.get(name.lower())
+    if value is None:
+        raise ValueError("WARP_TDT_GPU_SCHEDULE = %r is not one of %s"
+                         % (name, ", ".join(sorted(_SCHEDULES))))
+    return value
+
+
 def _options(spec, cuda, tdt):
     key = (spec, cuda, tdt)
     entry = _options_cache.get(key)
@@ -125,6 +142,8 @@ def _options(spec, cuda, tdt):
     # follow torch (a library built against another OpenMP runtime, or a thread torch never set)
     if not cuda:
         o.num_threads = max(1, torch.get_num_threads())
+    else:
+        o.gpu_schedule = gpu_schedule()
     return o, entry
 
 

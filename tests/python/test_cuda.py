@@ -156,6 +156,20 @@ def test_host_lengths_are_checked_on_the_host_without_a_copy_back(monkeypatch):
         warp_tdt.tdt_loss(**bad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_gpu_schedule_gives_the_same_bits(monkeypatch, dtype):
+    # WARP_TDT_GPU_SCHEDULE reorders the kernels, never the arithmetic (tdt_gpu_schedule_t)
+    case = R.random_case(B=3, T=24, U=9, V=300, seed=93)
+    case["target_lengths"].clamp_(min=1)
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "serial")
+    ref = lib_tdt(case, "cuda", dtype, "joint", "mean")
+    for name in ("auto", "overlap", "split"):
+        monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", name)
+        got = lib_tdt(case, "cuda", dtype, "joint", "mean")
+        for x, y, what in zip(got, ref, ("loss", "token gradient", "duration gradient")):
+            assert torch.equal(x, y), "%s differs under %s (%s)" % (what, name, dtype)
+
+
 def test_cuda_graph_capture_of_forward_and_backward():
     torch.manual_seed(0)
     B, T, U, V, D = 2, 8, 3, 6, 3

@@ -88,6 +88,19 @@ def test_data_checks_without_numpy(monkeypatch, changes, match):
     assert torch.isfinite(warp_tdt.tdt_loss(**kw))
 
 
+def test_gpu_schedule_comes_from_the_environment(monkeypatch):
+    spec = _core.Spec("joint", 5, (0, 1, 2), 4, 0.0, 0.0, 0.0, False)
+    monkeypatch.delenv("WARP_TDT_GPU_SCHEDULE", raising=False)
+    assert _core._options(spec, True, True)[0].gpu_schedule == _lib.GPU_SCHEDULE_AUTO
+    for name, value in (("serial", 1), ("Overlap", 2), ("split", 3), ("auto", 0)):
+        monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", name)
+        assert _core._options(spec, True, True)[0].gpu_schedule == value, name
+        assert _core._options(spec, False, True)[0].gpu_schedule == 0, "CPU calls ignore it"
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "fastest")
+    with pytest.raises(ValueError, match=r"WARP_TDT_GPU_SCHEDULE = 'fastest' is not one of"):
+        _core._options(spec, True, True)
+
+
 def test_narrow_targets_need_short_lengths():
     _raises(ValueError, r"target_lengths\[0\] = 3 exceeds targets.shape\[1\] = 2",
             targets=torch.tensor([[1, 2], [0, 4]]))
