@@ -371,8 +371,6 @@ cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dt
                                          int cl, cudaStream_t stream);
 /* Its blocks a device SM holds (cl <= 1), or its clusters of cl blocks the device holds. */
 cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit);
-/* Nodes a ticket of normalize_ordered_kernel covers (its block's lane groups). */
-int tdt_normalize_ticket_nodes(int64_t V, tdt_dtype_t dtype);
 /* The forward: the normaliser and the sweep, one after the other or overlapped (sweep.cuh);
  * a.fwd_* are set here, on a copy. */
 cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
@@ -381,16 +379,15 @@ cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int n
  * gradient pass trailing it (sweep.cuh). */
 cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                 tdt_gpu_schedule_t schedule, cudaStream_t stream);
+/* The gradient pass in memory order (the caller, tdt_launch_backward, skips a call with no
+ * node or no gradient to write). */
 cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                             cudaStream_t stream);
 /* grad_ordered_kernel (the split schedule's backward, sweep.cuh): `blocks` blocks, as the
  * programmatic dependent of the beta sweep enqueued before it; a.fwd_dlen, a.fwd_layers,
- * a.bwd_* set. Arc counts with their own instantiation only (tdt_grad_ordered_arcs). */
+ * a.bwd_* set. Arc counts with their own instantiation only (tdt_with_arcs). */
 cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                     cudaStream_t stream);
-int tdt_grad_ordered_arcs(int count);
-/* Nodes a ticket of grad_ordered_kernel covers. */
-int tdt_grad_ticket_nodes(int64_t V, tdt_dtype_t dtype);
 /* What the launchers of the forward and of the split backward know of the device and the call;
  * both derive the same schedule from it. */
 typedef struct tdt_fwd_env {
@@ -467,6 +464,21 @@ template <typename F> cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F
     case TDT_DTYPE_BFLOAT16: return tdt_with_g<TDT_DTYPE_BFLOAT16>(V, f);
     }
     return cudaErrorInvalidValue;
+}
+
+/* Node slots a ticket of the ordered V-wide kernels covers (tdt_ticket_loop: one warp, 32 / G
+ * groups), for the normaliser and the gradient pass alike. */
+struct tdt_ticket_slots {
+    int *n;
+    template <int DT, int G> cudaError_t go() const {
+        *n = 32 / G;
+        return cudaSuccess;
+    }
+};
+static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype) {
+    int n = 1;
+    (void)tdt_with_dtype(dtype, V, tdt_ticket_slots{&n});
+    return n;
 }
 
 #endif /* TDT_GPU_COMMON_CUH */

@@ -27,24 +27,14 @@ struct ordered_arcs {
         return tdt_with_dtype(dtype, a.V, grad_in_order<KD>{a, blocks, stream});
     }
 };
-struct no_arcs {
-    template <int KD> cudaError_t go() const { return cudaSuccess; }
-};
 
 } /* namespace */
 
 cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                             cudaStream_t stream) {
-    if (a.nodes == 0 || (!a.tok_g && !(a.dur_g && a.D > 0))) return cudaSuccess;
     bool done;
     const cudaError_t e = tdt_with_arcs(a.arcs.count, plain_arcs{a, dtype, num_sms, stream}, &done);
     return done ? e : tdt_launch_grad_generic(a, dtype, num_sms, stream);
-}
-
-int tdt_grad_ordered_arcs(int count) {
-    bool done;
-    (void)tdt_with_arcs(count, no_arcs{}, &done);
-    return done;
 }
 
 cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
@@ -52,10 +42,4 @@ cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, 
     bool done;
     const cudaError_t e = tdt_with_arcs(a.arcs.count, ordered_arcs{a, dtype, blocks, stream}, &done);
     return done ? e : cudaErrorInvalidValue;
-}
-
-int tdt_grad_ticket_nodes(int64_t V, tdt_dtype_t dtype) {
-    int n = 1;
-    (void)tdt_with_dtype(dtype, V, grad_ticket{&n});
-    return n;
 }

@@ -368,13 +368,6 @@ template <int KD> struct grad_in_order {
     cudaStream_t stream;
     template <int DT, int G> cudaError_t go() const { return grad_ordered_launch_g<DT, G, KD>(a, blocks, stream); }
 };
-struct grad_ticket {
-    int *n;
-    template <int DT, int G> cudaError_t go() const {
-        *n = 32 / G;
-        return cudaSuccess;
-    }
-};
 
 /* Enqueues the gradient kernel for arc count KD (0: any count), any dtype. */
 template <int KD>

@@ -396,25 +396,12 @@ struct ordered_fitting {
     int *fit;
     template <int DT, int G> cudaError_t go() const { return ordered_fit<DT, G>(cl, fit); }
 };
-struct ticket_nodes {
-    int *n;
-    template <int DT, int G> cudaError_t go() const {
-        *n = 32 / G;
-        return cudaSuccess;
-    }
-};
 
 } /* namespace */
 
 /* ================================================================================================
  * launcher
  * ============================================================================================== */
-
-int tdt_normalize_ticket_nodes(int64_t V, tdt_dtype_t dtype) {
-    int n = 1;
-    (void)tdt_with_dtype(dtype, V, ticket_nodes{&n});
-    return n;
-}
 
 cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit) {
     return tdt_with_dtype(dtype, V, ordered_fitting{cl, fit});

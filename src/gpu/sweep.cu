@@ -34,19 +34,15 @@ cudaError_t env_of(tdt_dtype_t dtype, int num_sms, tdt_gpu_schedule_t schedule, 
     return cudaSuccess;
 }
 
-struct forward_arcs {
+/* The forward's (sweep_launch) or the backward's (backward_launch) launches for arc count KD. */
+template <bool BACKWARD> struct launch_arcs {
     const tdt_gpu_args_t &a;
     int span;
     const tdt_fwd_env_t &env;
     cudaStream_t stream;
-    template <int KD> cudaError_t go() const { return sweep_launch<KD>(a, span, env, stream); }
-};
-struct backward_arcs {
-    const tdt_gpu_args_t &a;
-    int span;
-    const tdt_fwd_env_t &env;
-    cudaStream_t stream;
-    template <int KD> cudaError_t go() const { return backward_launch<KD>(a, span, env, stream); }
+    template <int KD> cudaError_t go() const {
+        return BACKWARD ? backward_launch<KD>(a, span, env, stream) : sweep_launch<KD>(a, span, env, stream);
+    }
 };
 
 } /* namespace */
@@ -63,7 +59,7 @@ cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int n
     const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
     if (e != cudaSuccess) return e;
     bool done;
-    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, forward_arcs{a, span, env, stream}, &done);
+    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, launch_arcs<false>{a, span, env, stream}, &done);
     return done ? e2 : tdt_launch_sweep_generic(a, span, env, stream);
 }
 
@@ -74,7 +70,7 @@ cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int 
     tdt_fwd_env_t env;
     const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
     if (e != cudaSuccess) return e;
-    bool done; /* the counts of tdt_grad_ordered_arcs; the others never split */
-    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, backward_arcs{a, span, env, stream}, &done);
+    bool done; /* the counts with an ordered gradient kernel; the others never split */
+    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, launch_arcs<true>{a, span, env, stream}, &done);
     return done ? e2 : tdt_launch_grad(a, dtype, num_sms, stream);
 }

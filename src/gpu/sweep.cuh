@@ -968,7 +968,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
     const int64_t diagonals = tdt_ws_layers(a->maxT, a->maxU);
     const int64_t layers = ends == 2 ? (diagonals + 1) / 2 : diagonals;
     const int64_t dlen = a->maxT < a->row ? a->maxT : a->row;
-    const int64_t per = tdt_normalize_ticket_nodes(a->V, env.dtype);
+    const int64_t per = tdt_ticket_nodes(a->V, env.dtype);
     const int64_t tickets = (ends * a->B * dlen + per - 1) / per;
     if (tickets > ((int64_t)1 << 30) / (layers > 0 ? layers : 1)) return cudaSuccess;
     a->fwd_ends = ends;
@@ -1101,10 +1101,15 @@ template <int KD> sweep_cfg sweep_choose(const tdt_gpu_args_t &a, int span, cons
     return c;
 }
 
-/* The one-block kernel of a choice (c.cl == 1, or the cluster split's last fallback). */
-template <int KD>
-void sweep_one_block(const tdt_gpu_args_t &a, const sweep_cfg &c, sweep_fn_t *kernel, int *threads,
-                     int *ring_diags, size_t *smem) {
+/* The one-block kernel of a choice (c.cl == 1, or the cluster split's last fallback), and its
+ * launch: threads, ring diagonals, dynamic shared memory. */
+struct one_block {
+    sweep_fn_t kernel;
+    int threads, ring;
+    size_t smem;
+};
+template <int KD> one_block sweep_one_block(const tdt_gpu_args_t &a, const sweep_cfg &c) {
+    one_block ob;
     const int64_t diag = a.maxT < a.row ? a.maxT : a.row;
     int G = c.G;
     if (KD == 0) G = 4;
@@ -1113,17 +1118,18 @@ void sweep_one_block(const tdt_gpu_args_t &a, const sweep_cfg &c, sweep_fn_t *ke
     int64_t th = (diag * G + 31) / 32 * 32;
     if (th < 32) th = 32; /* maxT == 0: nothing to sweep, still a valid launch */
     if (th > kMaxThreads) th = kMaxThreads;
-    *threads = (int)th;
+    ob.threads = (int)th;
     switch (c.mode) {
     case SWEEP_STAGED:
-        *kernel = sweep_kernel_of<KD, SWEEP_STAGED>(G), *ring_diags = c.staged_ring, *smem = c.staged_smem;
+        ob.kernel = sweep_kernel_of<KD, SWEEP_STAGED>(G), ob.ring = c.staged_ring, ob.smem = c.staged_smem;
         break;
     case SWEEP_RING:
-        *kernel = sweep_kernel_of<KD, SWEEP_RING>(G), *ring_diags = c.ring;
-        *smem = (size_t)c.ring * a.row * sizeof(double);
+        ob.kernel = sweep_kernel_of<KD, SWEEP_RING>(G), ob.ring = c.ring;
+        ob.smem = (size_t)c.ring * a.row * sizeof(double);
         break;
-    default: *kernel = sweep_kernel_of<KD, SWEEP_ARRAY>(G), *ring_diags = 0, *smem = 0; break;
+    default: ob.kernel = sweep_kernel_of<KD, SWEEP_ARRAY>(G), ob.ring = 0, ob.smem = 0; break;
     }
+    return ob;
 }
 
 /* Bytes of logits a diagonal (over the batch) from which AUTO takes the split schedule. Its
@@ -1142,27 +1148,29 @@ inline bool split_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
     return bytes >= kSplitBytesPerDiagonal * (double)tdt_ws_layers(a.maxT, a.maxU);
 }
 
-/* Whether the split schedule runs for this call (the same answer for its forward and its
- * backward: it depends on the problem, the options and the device only): the one-block staged
- * sweep (c.cl == 1 as chosen, whatever a cluster launch would fall back to), an ordered
- * gradient kernel for the arc count, asked for or (AUTO) worth it with the alpha sweep's B
- * blocks on at most a quarter of the SMs, and an overlap plan for the forward (one diagonal a
- * layer). Then *a carries it: fwd_* for the ordered normaliser and the gradient pass's layers,
- * bwd_tickets. */
+/* The one-block sweep of choice c (*ob), and whether the split schedule runs for this call:
+ * the forward and the backward both call this, so they agree (it depends on the problem, the
+ * options and the device only). Split: the one-block staged sweep (c.cl == 1 as chosen,
+ * whatever a cluster launch would fall back to) of an arc count with its own instantiation
+ * (KD > 0: each has an ordered gradient kernel too), asked for or (AUTO) worth it with the alpha
+ * sweep's B blocks on at most a quarter of the SMs, and an overlap plan for the forward (one
+ * diagonal a layer). Then *a carries it: fwd_* for the ordered normaliser and the gradient
+ * pass's layers, bwd_tickets. */
 template <int KD>
 cudaError_t split_plan(tdt_gpu_args_t *a, const sweep_cfg &c, const tdt_fwd_env_t &env,
-                       sweep_fn_t kernel, bool *split) {
+                       one_block *ob, bool *split) {
+    *ob = sweep_one_block<KD>(*a, c);
     *split = false;
-    if (KD == 0 || c.mode != SWEEP_STAGED || c.cl != 1 || !tdt_grad_ordered_arcs(KD)) return cudaSuccess;
+    if (KD == 0 || c.mode != SWEEP_STAGED || c.cl != 1) return cudaSuccess;
     if (env.schedule == TDT_GPU_SCHEDULE_AUTO) {
         if (a->B > env.num_sms / 4 || !split_pays(*a, env.dtype)) return cudaSuccess;
     } else if (env.schedule != TDT_GPU_SCHEDULE_SPLIT) {
         return cudaSuccess;
     }
     tdt_gpu_args_t p = *a;
-    const cudaError_t e = overlap_plan(&p, env, kernel, a->B, 1, 0, 1);
+    const cudaError_t e = overlap_plan(&p, env, ob->kernel, a->B, 1, 0, 1);
     if (e != cudaSuccess || p.fwd_tickets == 0) return e;
-    const int64_t per = tdt_grad_ticket_nodes(a->V, env.dtype);
+    const int64_t per = tdt_ticket_nodes(a->V, env.dtype);
     const int64_t tickets = (a->B * p.fwd_dlen + per - 1) / per;
     if (tickets > ((int64_t)1 << 30) / (p.fwd_layers > 0 ? p.fwd_layers : 1)) return cudaSuccess;
     p.bwd_tickets = (int)tickets;
@@ -1212,21 +1220,18 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
             cl = cl > 8 ? 8 : 1;
         }
     }
-    sweep_fn_t kernel;
-    int th, rd;
-    size_t smem;
-    sweep_one_block<KD>(a, c, &kernel, &th, &rd, &smem);
-    bool split = false;
-    cudaError_t e = split_plan<KD>(&a, c, env, kernel, &split);
+    one_block ob;
+    bool split;
+    cudaError_t e = split_plan<KD>(&a, c, env, &ob, &split);
     if (e != cudaSuccess) return e;
     if (split) {
         a.sweep_only = 1; /* beta runs in the backward */
     } else if (KD > 0 && c.mode == SWEEP_STAGED && env.sm90 && overlap_wanted(env, 2 * a.B)) {
-        e = overlap_plan(&a, env, kernel, 2 * a.B, 1, 0, 2);
+        e = overlap_plan(&a, env, ob.kernel, 2 * a.B, 1, 0, 2);
         if (e != cudaSuccess) return e;
     }
     return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
-        return sweep_launch_k(kernel, x, th, rd, smem, stream, pdl);
+        return sweep_launch_k(ob.kernel, x, ob.threads, ob.ring, ob.smem, stream, pdl);
     });
 }
 
@@ -1237,13 +1242,9 @@ template <int KD>
 cudaError_t backward_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env_t &env,
                             cudaStream_t stream) {
     tdt_gpu_args_t a = a_in;
-    const sweep_cfg c = sweep_choose<KD>(a, span, env);
-    sweep_fn_t kernel;
-    int th, rd;
-    size_t smem;
-    sweep_one_block<KD>(a, c, &kernel, &th, &rd, &smem);
-    bool split = false;
-    cudaError_t e = split_plan<KD>(&a, c, env, kernel, &split);
+    one_block ob;
+    bool split;
+    cudaError_t e = split_plan<KD>(&a, sweep_choose<KD>(a, span, env), env, &ob, &split);
     if (e != cudaSuccess) return e;
     if (!split) return tdt_launch_grad(a_in, env.dtype, env.num_sms, stream);
     const int64_t K = tdt_ws_layers(a.maxT, a.maxU);
@@ -1252,7 +1253,7 @@ cudaError_t backward_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_
     a.sweep_only = 2;
     a.fwd_tickets = 0; /* the normaliser's values are all there: the sweep waits for none */
     a.bwd_progress = a.ws.order + 1 + K;
-    e = sweep_launch_k(kernel, a, th, rd, smem, stream, false);
+    e = sweep_launch_k(ob.kernel, a, ob.threads, ob.ring, ob.smem, stream, false);
     if (e != cudaSuccess) return e;
     return tdt_launch_grad_ordered(a, env.dtype, (int)(env.num_sms - a.B), stream);
 }
