@@ -8,28 +8,58 @@ second pass over the gradient happens in Python.
 
 Used on every torch version in eager mode (it costs far less per call than a dispatcher custom
 op); _ops.py holds the torch.compile custom ops for torch >= 2.4.
+
+No torch.amp.custom_fwd / custom_bwd: neither pass runs an op that autocast would cast (the
+library reads the logits in their own dtype, and the costs are float32 under any autocast), so
+the decorators would only add an autocast context to every backward (measured on the H200's
+host: see benchmark/NOTES.md, v8).
 """
 
 import torch
 
 from . import _core
 
-try:  # torch >= 2.4
-    _custom_fwd = torch.amp.custom_fwd(device_type="cuda")
-    _custom_bwd = torch.amp.custom_bwd(device_type="cuda")
-except (AttributeError, TypeError):  # older torch
-    _custom_fwd = torch.cuda.amp.custom_fwd
-    _custom_bwd = torch.cuda.amp.custom_bwd
+
+def reduce(costs, label_lengths, reduction):
+    """The reduction of the (B,) costs, as tdt_loss defines it, and what its backward needs:
+    (value, scale). scale None: the upstream gradient reaches the library as it is (one value
+    a sample for "none", one value for all for "sum"); else the upstream value is divided by it
+    (a number or a (B,) tensor) first. The divisions are the ones autograd would run for the
+    same torch expression, in the same order, so the gradient is the same to the bit."""
+    if reduction == "none":
+        return costs, None
+    if reduction == "sum":
+        return costs.sum(), None
+    if reduction == "mean_batch":  # costs.mean()
+        return costs.mean(), (int(costs.shape[0]),)
+    if reduction == "mean":  # (costs / U_b).mean(), NeMo / transformers
+        per = label_lengths.to(costs.dtype)
+        return (costs / per).mean(), (int(costs.shape[0]), per)
+    total = label_lengths.sum().to(costs.dtype)  # mean_volume: costs.sum() / sum(U_b)
+    return costs.sum() / total, (total,)
+
+
+def _upstream(grad, scale):
+    """The upstream gradient of the costs for an upstream gradient `grad` of reduce()'s value:
+    0-d for every sample alike, else (B,)."""
+    if scale is None:
+        return grad
+    out = grad
+    for s in scale:
+        out = out / s
+    return out
 
 
 class LossFunction(torch.autograd.Function):
-    """costs = LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
-    spec, as_rnnt, in_place). ``logits`` is the token tensor, or the joint tensor when
-    spec.mode == "joint" (then ``duration`` is None)."""
+    """loss = LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
+    spec, as_rnnt, in_place, reduction). ``logits`` is the token tensor, or the joint tensor when
+    spec.mode == "joint" (then ``duration`` is None). The reduction runs inside (reduce()), so a
+    step's autograd graph holds this one node: on a GPU whose kernels take less time than the
+    host's autograd work, each node and op saved is time saved (benchmark/NOTES.md, v8)."""
 
     @staticmethod
-    @_custom_fwd
-    def forward(ctx, logits, duration, labels, frame_lengths, label_lengths, spec, as_rnnt, in_place):
+    def forward(ctx, logits, duration, labels, frame_lengths, label_lengths, spec, as_rnnt, in_place,
+                reduction="none"):
         built = []
         costs, workspace = _core.forward(spec, logits, duration, labels, frame_lengths,
                                          label_lengths, as_rnnt, built=built)
@@ -39,14 +69,14 @@ class LossFunction(torch.autograd.Function):
         ctx.built = built[0] if built else None  # the C structs, reused by backward
         ctx.spec, ctx.as_rnnt, ctx.in_place = spec, as_rnnt, in_place
         ctx.spent = False
-        return costs
+        out, ctx.scale = reduce(costs, label_lengths, reduction)
+        return out
 
     @staticmethod
-    @_custom_bwd
-    def backward(ctx, grad_costs):
+    def backward(ctx, grad_out):
         logits, duration = ctx.saved_tensors
         need_logits, need_duration = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        nones = (None,) * 6
+        nones = (None,) * 7
         if not (need_logits or need_duration):
             return (None, None) + nones
         if ctx.in_place:
@@ -57,9 +87,10 @@ class LossFunction(torch.autograd.Function):
                     "computed; use in_place=False with retain_graph=True")
             ctx.spent = True
         g_logits, g_duration = _core.backward(
-            ctx.spec, grad_costs, logits, duration, ctx.labels, ctx.frame_lengths,
-            ctx.label_lengths, ctx.workspace, ctx.as_rnnt, need_logits=need_logits,
-            need_duration=need_duration, in_place=ctx.in_place, built=ctx.built)
+            ctx.spec, _upstream(grad_out, ctx.scale), logits, duration, ctx.labels,
+            ctx.frame_lengths, ctx.label_lengths, ctx.workspace, ctx.as_rnnt,
+            need_logits=need_logits, need_duration=need_duration, in_place=ctx.in_place,
+            built=ctx.built)
         if ctx.in_place:
             ctx.workspace = None  # nothing can use it again; free it now
         return (g_logits if need_logits else None, g_duration) + nones

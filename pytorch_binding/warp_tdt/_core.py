@@ -16,6 +16,7 @@ without sigma, and gives the duration logits a zero gradient.
 
 import ctypes
 import os
+import threading
 from typing import NamedTuple, Tuple
 
 import torch
@@ -250,9 +251,10 @@ def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_le
     g = grad_costs
     if g.device != logits.device or g.dtype != acc:
         g = g.to(device=logits.device, dtype=acc)
-    # A sum or batch-mean reduction hands back one value expanded to (B,) (stride 0): the library
-    # reads it as one (options.grad_costs_scalar) instead of a copy made contiguous.
-    scalar = g.dim() == 1 and g.shape[0] > 1 and g.stride(0) == 0
+    # One value for every sample: 0-d (a reduction folded into the autograd node,
+    # _autograd.reduce), or a sum or batch-mean reduction's one value expanded to (B,) (stride
+    # 0): the library reads it as one (options.grad_costs_scalar), with no copy.
+    scalar = g.dim() == 0 or (g.dim() == 1 and g.shape[0] > 1 and g.stride(0) == 0)
     if not scalar and not g.is_contiguous():
         g = g.contiguous()
     separate = spec.mode == "separate"
@@ -328,7 +330,9 @@ def validation_start(labels, frame_lengths, label_lengths, asynchronous=False, p
     device) when given, else of a concatenation: by default a synchronous copy; with
     asynchronous=True into pinned memory on the current stream, with an event recorded after
     the copy, so the caller can enqueue the loss's kernels before validation_finish waits for
-    the copy alone (functional._costs' default on CUDA). Returns what validation_finish takes.
+    the copy alone (functional._loss' default on CUDA); the pinned buffer and the event are the
+    calling thread's, reused from call to call (_pinned_slot). Returns what validation_finish
+    takes.
     """
     B, U = int(labels.shape[0]), int(labels.shape[1])
     done = None
@@ -338,13 +342,42 @@ def validation_start(labels, frame_lengths, label_lengths, asynchronous=False, p
         if packed is None:
             packed = torch.cat([frame_lengths, label_lengths, labels.reshape(-1)])
         if asynchronous:
-            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            done = _pinned_slot(labels.device, int(packed.numel()))
+            host = done.buf[: packed.numel()]
             host.copy_(packed, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(torch.cuda.current_stream(labels.device))
+            done.event.record(torch.cuda.current_stream(labels.device))
         else:
             host = packed.cpu()
     return host, None, B, U, done
+
+
+class _PinnedSlot:
+    """A pinned int32 host buffer and an event, reused by one thread's calls on one device: the
+    copy of a call's lengths and labels lands in it, and the event marks the copy's end. `busy`
+    from validation_start until validation_finish has read the buffer: a call that finds it
+    busy (an earlier call that raised in between) gets a fresh slot instead."""
+
+    __slots__ = ("buf", "event", "busy")
+
+    def __init__(self, n):
+        self.buf = torch.empty(n, dtype=torch.int32, pin_memory=True)
+        self.event = torch.cuda.Event()
+        self.busy = False
+
+
+_tls = threading.local()
+
+
+def _pinned_slot(device, n):
+    slots = getattr(_tls, "slots", None)
+    if slots is None:
+        slots = _tls.slots = {}
+    slot = slots.get(device.index)
+    if slot is None or slot.busy or slot.buf.numel() < n:
+        size = n if slot is None else max(n, 2 * slot.buf.numel())
+        slot = slots[device.index] = _PinnedSlot(size)
+    slot.busy = True
+    return slot
 
 
 def _as_array(x):
@@ -396,7 +429,16 @@ def validation_finish(spec, logits, pending, names):
     """
     host, parts, B, U, done = pending
     if done is not None:
-        done.synchronize()
+        done.event.synchronize()
+        try:
+            _finish_checks(spec, logits, host, parts, B, U, names)
+        finally:
+            done.busy = False
+    elif B > 0:
+        _finish_checks(spec, logits, host, parts, B, U, names)
+
+
+def _finish_checks(spec, logits, host, parts, B, U, names):
     if B == 0:
         return
     T = int(logits.shape[1])

@@ -3,9 +3,9 @@
 Each function checks its arguments (raising ValueError that names the argument and the value),
 converts targets and lengths to small int32 tensors on the logits' device, picks the layout
 (separate token/duration tensors, or one joint tensor when the two are slices of it), runs the
-library through autograd and applies the reduction to the (B,) costs. Reductions are plain torch
-ops on the (B,) costs, so autograd hands the library its per-sample weights (1/(B*U_b) for
-"mean", ...) as the upstream gradient, folded into the one pass that writes each gradient element.
+library through autograd, one node that also applies the reduction to the (B,) costs: its
+backward hands the library the per-sample weights (1/(B*U_b) for "mean", ...) as the upstream
+gradient, folded into the one pass that writes each gradient element.
 """
 
 import operator
@@ -190,8 +190,8 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device):
         lab[:, :cols] = x
     else:
         lab = x
-    parts = [fl.to(where), ll.to(where), lab.to(where).reshape(-1)]
-    packed = torch.cat(parts)
+    parts = [t if t.device == where else t.to(where) for t in (fl, ll, lab)]
+    packed = torch.cat([parts[0], parts[1], parts[2].reshape(-1)])
     if packed.dtype != torch.int32:
         packed = packed.to(torch.int32)
     host = None
@@ -282,12 +282,14 @@ def _joint_of(token, duration):
 # ---- running ----------------------------------------------------------------------------------
 
 
-def _costs(spec, logits, duration, idx, omega, in_place, validate, names):
+def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reduction):
+    """The reduced loss (_autograd.reduce: "none", "sum", "mean_batch", "mean", "mean_volume")."""
     labels, frame_lengths, label_lengths = idx.labels, idx.frame_lengths, idx.label_lengths
     use_ops = _ops.AVAILABLE and not in_place and (_FORCE_CUSTOM_OPS or _is_compiling())
     if use_ops:
-        return _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
-                          validate)
+        costs = _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
+                           validate)
+        return _autograd.reduce(costs, label_lengths, reduction)[0]
     validate = validate and not _capturing(logits)
     # On CUDA the checks of lengths and labels run after the loss's kernels are enqueued: the
     # copy to the host (none when they were on the host already) goes ahead of the kernels, into
@@ -303,23 +305,11 @@ def _costs(spec, logits, duration, idx, omega, in_place, validate, names):
         _core.validation_finish(spec, logits, _core.validation_start(
             labels, frame_lengths, label_lengths, packed=idx.packed, host=idx.host), names)
     as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
-    costs = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
-                                         spec, as_rnnt, in_place)
+    loss = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
+                                        spec, as_rnnt, in_place, reduction)
     if pending is not None:
         _core.validation_finish(spec, logits, pending, names)
-    return costs
-
-
-def _tdt_reduce(costs, label_lengths, reduction):
-    if reduction == "none":
-        return costs
-    if reduction == "sum":
-        return costs.sum()
-    if reduction == "mean":  # NeMo / transformers: mean over the batch of loss_b / U_b
-        return (costs / label_lengths.to(costs.dtype)).mean()
-    if reduction == "mean_batch":
-        return costs.mean()
-    return costs.sum() / label_lengths.sum().to(costs.dtype)  # mean_volume
+    return loss
 
 
 def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
@@ -381,7 +371,7 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         joint = _readable(joint)
         _check_in_place(joint, names["logits"] if token_logits is None else "the joint tensor of "
                         "token_logits and duration_logits", in_place)
-        costs = _costs(spec, joint, None, idx, omega, in_place, validate, names)
+        loss = _loss(spec, joint, None, idx, omega, in_place, validate, names, reduction)
     else:
         tok, dur = token_logits, duration_logits
         if tok.dtype != dur.dtype:
@@ -392,8 +382,8 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         tok, dur = _readable(tok), _readable(dur)
         _check_in_place(tok, "token_logits", in_place)
         _check_in_place(dur, "duration_logits", in_place)
-        costs = _costs(spec, tok, dur, idx, omega, in_place, validate, names)
-    return _tdt_reduce(costs, idx.label_lengths, reduction)
+        loss = _loss(spec, tok, dur, idx, omega, in_place, validate, names, reduction)
+    return loss
 
 
 def tdt_loss(token_logits, duration_logits, targets, logit_lengths, target_lengths, blank_token_id,
@@ -496,9 +486,6 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     spec = _core.Spec("rnnt", V, (), b, 0.0, fastemit_lambda, clamp, not fused_log_softmax)
     x = _readable(logits)
     _check_in_place(x, "logits", in_place)
-    costs = _costs(spec, x, None, idx, 0.0, in_place, validate, _RNNT_NAMES)
-    if reduction == "mean":
-        costs = costs.mean()
-    elif reduction == "sum":
-        costs = costs.sum()
-    return costs.to(logits.dtype)
+    loss = _loss(spec, x, None, idx, 0.0, in_place, validate, _RNNT_NAMES,
+                 "mean_batch" if reduction == "mean" else reduction)
+    return loss.to(logits.dtype)

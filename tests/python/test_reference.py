@@ -134,3 +134,56 @@ def test_empty_batch_and_no_frames(device):
         assert loss.shape == (B,) and bool(torch.isinf(loss).all())
         loss.sum().backward()
         assert tok.grad.shape == tok.shape and (tok.grad == 0).all() and (dur.grad == 0).all()
+
+
+_TORCH_REDUCTIONS = {
+    "sum": lambda c, ll: c.sum(),
+    "mean": lambda c, ll: (c / ll.to(c.dtype)).mean(),
+    "mean_batch": lambda c, ll: c.mean(),
+    "mean_volume": lambda c, ll: c.sum() / ll.sum().to(c.dtype),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", sorted(_TORCH_REDUCTIONS))
+def test_reduction_inside_the_node_is_the_torch_expression_bitwise(device, reduction, dtype):
+    """The reduction runs inside the loss's one autograd node (_autograd.reduce): its value and
+    the gradient it sends back are those of the documented torch expression applied to
+    reduction="none", to the bit (a U_b = 0 sample included: its mean term is inf)."""
+    case = R.random_case(B=4, T=7, U=3, V=6, seed=23)
+    case["target_lengths"][2] = 0 if reduction != "mean" else case["target_lengths"][2]
+    args = (case["targets"], case["logit_lengths"], case["target_lengths"],
+            case["blank_token_id"], case["durations"])
+    grads = []
+    for folded in (True, False):
+        tok = case["token_logits"].to(device, dtype).requires_grad_(True)
+        dur = case["duration_logits"].to(device, dtype).requires_grad_(True)
+        if folded:
+            loss = warp_tdt.tdt_loss(tok, dur, *args, reduction=reduction)
+        else:
+            costs = warp_tdt.tdt_loss(tok, dur, *args, reduction="none")
+            loss = _TORCH_REDUCTIONS[reduction](costs, case["target_lengths"].to(device))
+        (loss * 1.7).backward()  # an upstream gradient other than 1
+        grads.append((loss.detach().cpu(), tok.grad.cpu(), dur.grad.cpu()))
+    for what, a, b in zip(("loss", "token gradient", "duration gradient"), *grads):
+        assert torch.equal(a, b), "%s with reduction=%r differs from the torch expression: %s vs %s" \
+            % (what, reduction, a.flatten()[:4].tolist(), b.flatten()[:4].tolist())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_rnnt_reduction_inside_the_node_is_torchaudios_bitwise(device, reduction):
+    case = R.random_case(B=3, T=5, U=2, V=5, seed=29)
+    z = case["token_logits"]
+    args = (case["targets"], case["logit_lengths"], case["target_lengths"])
+    out = []
+    for folded in (True, False):
+        x = z.to(device).clone().requires_grad_(True)
+        if folded:
+            loss = warp_tdt.rnnt_loss(x, *args, blank=-1, reduction=reduction)
+        else:
+            c = warp_tdt.rnnt_loss(x, *args, blank=-1, reduction="none")
+            loss = c.mean() if reduction == "mean" else c.sum()
+        (loss * 0.3).backward()
+        out.append((loss.detach().cpu(), x.grad.cpu()))
+    assert torch.equal(out[0][0], out[1][0]), "rnnt loss (%s): %s vs %s" % (reduction, out[0][0], out[1][0])
+    assert torch.equal(out[0][1], out[1][1]), "rnnt gradient (%s) differs" % reduction
