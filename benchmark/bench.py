@@ -13,7 +13,10 @@ For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
      and transformers' PyTorch TDT loss (when installed);
   4. prints ms, effective GB/s, the floor (3 x logits bytes over a device copy measured in the same
      run), the ratio to it, and the speed-up over the pure-PyTorch loss; --plot writes a PNG (time
-     per shape: ours, the floor, the baselines).
+     per shape: ours, the floor, the baselines);
+  5. with --graph (CUDA), also the same step captured once in a CUDA graph and replayed: forward
+     and backward through the binding and autograd with no host work a step, so the GPU's own
+     time; the replayed gradient must equal the eager one to the bit, or no time is printed.
 
 On the CPU, --threads sets torch.set_num_threads() (default: every core this process may use);
 the binding runs the library with torch.get_num_threads() threads.
@@ -120,6 +123,36 @@ def time_step(step, device, iters, warmup=2):
     return statistics.median(times)
 
 
+def graph_time(x, targets, T_b, U_b, V, device, iters):
+    """(median ms of a replay, verdict) of one step captured in a CUDA graph, as a training loop
+    under torch.cuda.graph runs it (the binding skips its host-side check while capturing); the
+    time is None when the replay's gradient differs from the eager step's."""
+    x.grad = None
+    ours(x, targets, T_b, U_b, V).backward()
+    want = x.grad
+    side = torch.cuda.Stream(device)  # warm-up off the default stream, as torch's docs ask
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            x.grad = None
+            ours(x, targets, T_b, U_b, V).backward()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        ours(x, targets, T_b, U_b, V).backward()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    same = torch.equal(x.grad, want)
+    del want
+    if not same:
+        return None, "graph FAILED (its gradient differs from the eager step's)"
+    ms = time_step(graph.replay, device, iters)
+    x.grad = None
+    del graph
+    return ms, "graph bitwise"
+
+
 def copy_bandwidth(device):
     """Bytes read + written per second of a large device copy (the floor's denominator)."""
     n = (1 << 30) if device.type == "cuda" else (1 << 28)
@@ -192,6 +225,13 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
         torch.cuda.synchronize(device)
         row["peak_x"] = (torch.cuda.max_memory_allocated(device) - before) / logits_bytes
     row["gbs"] = 3 * logits_bytes / (row["ms"] * 1e-3) * 1e-9
+    if args.graph and device.type == "cuda":
+        try:
+            row["graph_ms"], gverdict = graph_time(x, targets, T_b, U_b, V, device, args.iters)
+        except RuntimeError as e:  # a capture torch or the driver refused: say so, time the rest
+            row["graph_ms"], gverdict = None, "graph FAILED (%s)" % str(e).splitlines()[0][:80]
+            x.grad = None
+        row["verdict"] += "; " + gverdict
     if not with_baselines:
         return row
     for bname, fn, f32_rel in bases:
@@ -226,6 +266,8 @@ def main():
                    help="CPU: torch.set_num_threads(N), which the binding passes on to the "
                         "library (default 0: every core this process may use)")
     p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--graph", action="store_true",
+                   help="CUDA: also time the step captured in a CUDA graph (no host work a step)")
     p.add_argument("--no-validate", action="store_true",
                    help="time tdt_loss(..., validate=False): no host synchronisation at all")
     p.add_argument("--sync-validation", action="store_true",
@@ -257,8 +299,10 @@ def main():
         ", transformers = transformers.loss.loss_tdt.tdt_loss" if len(bases) > 1
         else " (transformers not installed)"))
     names = [b[0] for b in bases]
+    graphs = args.graph and device.type == "cuda"
     head = "%-9s %-9s %9s %8s %9s %7s %7s" % ("shape", "dtype", "ms", "GB/s", "floor ms", "x floor",
                                              "peak")
+    head += " %9s" % "graph ms" if graphs else ""
     head += "".join(" %12s" % (n[:9] + " ms") for n in names) + " %8s" % "x torch"
     print(head + "  check")
     rows = []
@@ -275,6 +319,9 @@ def main():
                 line = "%-9s %-9s %9.3f %8.0f %9.3f %7.2f %7s" % (
                     name, row["dtype"], row["ms"], row["gbs"], row["floor_ms"],
                     row["ms"] / row["floor_ms"], "%.2fx" % row["peak_x"] if "peak_x" in row else "-")
+                if graphs:
+                    g = row.get("graph_ms")
+                    line += " %9s" % ("%.3f" % g if g is not None else "FAILED")
                 for n in names:
                     v = row["base"].get(n, "-")
                     line += " %12s" % ("%.1f" % v if isinstance(v, float) else v)
@@ -283,6 +330,7 @@ def main():
             else:
                 line = "%-9s %-9s %9s %8s %9.3f %7s %7s" % (name, row["dtype"], "-", "-",
                                                            row["floor_ms"], "-", "-")
+                line += " %9s" % "-" if graphs else ""
                 line += "".join(" %12s" % "-" for _ in names) + " %8s" % "-"
             print(line + "  " + row["verdict"])
             sys.stdout.flush()
@@ -306,8 +354,10 @@ def plot(rows, path, device):
     labels = ["%s\n%s" % (r["shape"], r["dtype"]) for r in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4.5))
-    series = [("warp_tdt", [r["ms"] for r in rows]),
-              ("floor (3 x logits / copy BW)", [r["floor_ms"] for r in rows])]
+    series = [("warp_tdt", [r["ms"] for r in rows])]
+    if any(r.get("graph_ms") for r in rows):
+        series.append(("warp_tdt in a CUDA graph", [r.get("graph_ms") or 0 for r in rows]))
+    series.append(("floor (3 x logits / copy BW)", [r["floor_ms"] for r in rows]))
     for n, label in (("torch", "pure-PyTorch vectorised loss"),
                      ("transformers", "transformers PyTorch loss")):
         vals = [r["base"].get(n) for r in rows]
