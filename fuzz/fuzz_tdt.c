@@ -1213,6 +1213,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(memcmp(g_tok1, W.g_tok.mem, gt_bytes) == 0, "token gradients differ with %d threads", alt.o.num_threads);
         REQUIRE(memcmp(g_dur1, W.g_dur.mem, gd_bytes) == 0, "duration gradients differ with %d threads", alt.o.num_threads);
 
+        /* a costs-only call (alpha alone on the CPU) leaves a workspace tdt_backward refuses
+         * (INVALID_WORKSPACE, or an earlier status for this case's gradient layout, which a
+         * costs-only call never checks); never a backward from a stale beta */
+        if (kind == K_COSTS && B > 0 && (alt.g.token_grads || (c->tdt && alt.g.duration_grads))) {
+            s = tdt_backward(&alt.p, &alt.o, NULL, &alt.g, alt.ws, alt.wsb);
+            REQUIRE(known_status(s) && s != TDT_STATUS_SUCCESS,
+                    "tdt_backward after a costs-only call: status %d", (int)s);
+        }
+
         /* 2. the other call shape: forward + backward vs one-shot */
         alt.o.num_threads = c->threads;
         memcpy(W.g_tok.mem, g_tok0, gt_bytes);

@@ -30,6 +30,9 @@ typedef struct tdt_call {
     void *workspace;          /* the caller's pointer (carve with tdt_workspace_carve) */
     int do_forward;           /* fill the workspace and write costs */
     int do_backward;          /* write the gradients from a filled workspace */
+    int costs_only;           /* forward with no backward to follow (compute_tdt_loss without
+                                 gradients): the CPU skips beta and leaves the workspace unfit
+                                 for tdt_backward; the GPU computes as tdt_forward does */
     void *costs;              /* (B) accumulate type; forward output */
     const void *grad_costs;   /* (B) accumulate type, or NULL for ones; backward input */
     tdt_gradients_t g;        /* gradients to write (NULL pointers skipped) */

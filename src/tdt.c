@@ -261,13 +261,15 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     return TDT_STATUS_SUCCESS;
 }
 
+/* keep: a later tdt_backward() may use the forward's workspace (tdt_forward) */
 static tdt_status_t run(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
                         const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
-                        size_t workspace_bytes, int do_forward, int do_backward) {
+                        size_t workspace_bytes, int do_forward, int do_backward, int keep) {
     tdt_call_t c;
     tdt_status_t s = prepare(&c, problem, options, costs, grad_costs, grads, workspace,
                              workspace_bytes, do_forward, do_backward);
     if (s != TDT_STATUS_SUCCESS) return s;
+    c.costs_only = c.do_forward && !c.do_backward && !keep;
     tdt_clear_error();
     if (!c.do_forward && !c.do_backward) return TDT_STATUS_SUCCESS;
     return c.o.location == TDT_LOCATION_GPU ? tdt_gpu_run(&c) : tdt_cpu_run(&c);
@@ -298,18 +300,18 @@ TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem,
 TDT_API tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t *options,
                                       void *costs, const tdt_gradients_t *grads, void *workspace,
                                       size_t workspace_bytes) {
-    return run(problem, options, costs, NULL, grads, workspace, workspace_bytes, 1, 1);
+    return run(problem, options, costs, NULL, grads, workspace, workspace_bytes, 1, 1, 0);
 }
 
 TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options,
                                  void *costs, void *workspace, size_t workspace_bytes) {
-    return run(problem, options, costs, NULL, NULL, workspace, workspace_bytes, 1, 0);
+    return run(problem, options, costs, NULL, NULL, workspace, workspace_bytes, 1, 0, 1);
 }
 
 TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
                                   const void *grad_costs, const tdt_gradients_t *grads,
                                   void *workspace, size_t workspace_bytes) {
-    return run(problem, options, NULL, grad_costs, grads, workspace, workspace_bytes, 0, 1);
+    return run(problem, options, NULL, grad_costs, grads, workspace, workspace_bytes, 0, 1, 0);
 }
 
 TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_options_t *options) {

@@ -514,6 +514,23 @@ TEST_F(ErrorsTest, BackwardAfterForwardSucceeds) {
     EXPECT_EQ(tdt_backward(&prob, &opt, nullptr, &grads, ws.data(), ws_bytes), TDT_STATUS_SUCCESS) << tdt_last_error();
 }
 
+// A costs-only compute_tdt_loss sweeps alpha alone on the CPU: the same costs, to the bit, as
+// tdt_forward's, and a workspace that tdt_backward refuses even where a forward pass had filled
+// it before (beta is stale).
+TEST_F(ErrorsTest, CostsOnlyCallLeavesNoBackwardableWorkspace) {
+    std::vector<float> fwd(B), only(B);
+    ASSERT_EQ(tdt_forward(&prob, &opt, fwd.data(), ws.data(), ws_bytes), TDT_STATUS_SUCCESS) << tdt_last_error();
+    ASSERT_EQ(compute_tdt_loss(&prob, &opt, only.data(), nullptr, ws.data(), ws_bytes), TDT_STATUS_SUCCESS)
+        << tdt_last_error();
+    for (int64_t b = 0; b < B; ++b)
+        EXPECT_EQ(std::memcmp(&fwd[b], &only[b], sizeof(float)), 0)
+            << "sample " << b << ": costs-only " << only[b] << " vs tdt_forward " << fwd[b];
+    reset_outputs();
+    const tdt_status_t st = tdt_backward(&prob, &opt, nullptr, &grads, ws.data(), ws_bytes);
+    EXPECT_EQ(st, TDT_STATUS_INVALID_WORKSPACE) << tdt_status_string(st) << " (" << tdt_last_error() << ")";
+    expect_untouched("backward after a costs-only call");
+}
+
 // ---- the last-error text ------------------------------------------------------------------------
 
 TEST_F(ErrorsTest, LastErrorClearedBySuccess) {

@@ -9,7 +9,8 @@
  *      lp_blank, lp_label, and the duration log-softmax, into the workspace;
  *   2. lattice pass (forward), over 2B tasks: alpha of sample b, beta of sample b, each a
  *      sequential float64 sweep, anti-diagonal by anti-diagonal, with the shared recurrences of
- *      src/common/lattice.h (the same functions the CUDA sweep calls); then costs;
+ *      src/common/lattice.h (the same functions the CUDA sweep calls); then costs (B tasks,
+ *      alpha alone, for a costs-only compute_tdt_loss);
  *   3. gradient pass (backward), over rows (b, t) of the padded extent: node occupancies from
  *      alpha and beta, then one read of the token row and one write of its gradient (scaled by
  *      the upstream gradient there), and the duration gradient; zeros outside each lattice.
@@ -249,9 +250,11 @@ static tdt_lattice_t sample_lattice(const tdt_call_t *c, const tdt_ws_t *ws, int
 
 static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const int64_t B = c->p.batch, row = c->p.max_labels + 1;
+    /* alpha gives the cost; beta is for a backward, which a costs-only call never has */
+    const int64_t tasks = c->costs_only ? B : 2 * B;
     /* the lattice's lp_dur is indexed n * arcs.count + k, which matches dur_stride for TDT */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t task = 0; task < 2 * B; ++task) {
+    for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task % B;
         tdt_lattice_t L = sample_lattice(c, ws, b);
         const int64_t off = tdt_sample_offset(b, c->p.max_frames, row);
@@ -356,7 +359,7 @@ tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
     if (c->do_forward) {
         node_pass(c, &ws, nthreads);
         lattice_pass(c, &ws, nthreads);
-        ws.header->magic = TDT_WS_MAGIC;
+        ws.header->magic = c->costs_only ? 0u : TDT_WS_MAGIC; /* no beta: no tdt_backward */
         ws.header->batch = c->p.batch;
         ws.header->max_frames = c->p.max_frames;
         ws.header->max_labels = c->p.max_labels;
