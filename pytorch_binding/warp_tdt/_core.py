@@ -197,8 +197,11 @@ def _call(fn_name, logits, o, *args):
 
 
 def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
-            workspace_bytes=None, zero_workspace=False, built=None):
+            workspace_bytes=None, zero_workspace=False, built=None, costs_only=False):
     """Costs (B,) in the accumulate type, and the workspace that backward() needs.
+
+    costs_only: no backward() will follow; the call is compute_tdt_loss() without gradients,
+    which on the CPU skips beta (and leaves a workspace backward() cannot use).
 
     workspace_bytes: the size to allocate (the custom op passes workspace_bound() so that its
     fake and real outputs agree); None allocates exactly what the library asks for.
@@ -232,8 +235,12 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     if logits.numel() == 0:  # T == 0: every sample infeasible, nothing to read
         costs.fill_(float("inf"))
         return costs, workspace
-    _call("tdt_forward", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
-          workspace.data_ptr(), size)
+    if costs_only:
+        _call("compute_tdt_loss", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
+              None, workspace.data_ptr(), size)
+    else:
+        _call("tdt_forward", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
+              workspace.data_ptr(), size)
     return costs, workspace
 
 

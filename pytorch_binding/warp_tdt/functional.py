@@ -282,6 +282,16 @@ def _joint_of(token, duration):
 # ---- running ----------------------------------------------------------------------------------
 
 
+def _costs_only(logits, duration):
+    """Whether a call on the CPU can be costs-only: no gradient of it can be asked. (On CUDA the
+    autograd path serves every call: the GPU computes beta either way.)"""
+    if logits.is_cuda:
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    return not logits.requires_grad and (duration is None or not duration.requires_grad)
+
+
 def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reduction):
     """The reduced loss (_autograd.reduce: "none", "sum", "mean_batch", "mean", "mean_volume")."""
     labels, frame_lengths, label_lengths = idx.labels, idx.frame_lengths, idx.label_lengths
@@ -305,8 +315,16 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
         _core.validation_finish(spec, logits, _core.validation_start(
             labels, frame_lengths, label_lengths, packed=idx.packed, host=idx.host), names)
     as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
-    loss = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
-                                        spec, as_rnnt, in_place, reduction)
+    if _costs_only(logits, duration):
+        # no gradient can be asked of this call (an evaluation under torch.no_grad(), or
+        # logits without requires_grad): one costs-only library call, no autograd node; on
+        # the CPU it sweeps alpha alone
+        costs, _ws = _core.forward(spec, logits, duration, labels, frame_lengths, label_lengths,
+                                   as_rnnt, costs_only=True)
+        loss = _autograd.reduce(costs, label_lengths, reduction)[0]
+    else:
+        loss = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths,
+                                            label_lengths, spec, as_rnnt, in_place, reduction)
     if pending is not None:
         _core.validation_finish(spec, logits, pending, names)
     return loss

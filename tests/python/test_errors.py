@@ -132,7 +132,12 @@ def test_c_status_becomes_an_exception_with_the_library_detail():
     assert e.status == 12 and e.status_name == "TDT_STATUS_INVALID_LABEL"
     assert "TDT_STATUS_INVALID_LABEL" in str(e) and e.detail and e.detail in str(e)
     assert "labels[0][1] = 5" in e.detail, e.detail
-    assert e.function == "tdt_forward"
+    # these logits do not require grad: the CPU call is the costs-only one
+    assert e.function == "compute_tdt_loss"
+    kw["token_logits"].requires_grad_(True)
+    with pytest.raises(warp_tdt.WarpTDTError) as info:
+        warp_tdt.tdt_loss(**kw, validate=False)
+    assert info.value.function == "tdt_forward"
 
 
 def test_workspace_refusal_is_a_runtime_error():

@@ -8,6 +8,7 @@ import torch
 
 import reference as R
 import warp_tdt
+from warp_tdt import _core
 from helpers import REDUCTIONS, assert_close, lib_tdt, ref_tdt, reduction_weights
 
 
@@ -187,3 +188,38 @@ def test_rnnt_reduction_inside_the_node_is_torchaudios_bitwise(device, reduction
         out.append((loss.detach().cpu(), x.grad.cpu()))
     assert torch.equal(out[0][0], out[1][0]), "rnnt loss (%s): %s vs %s" % (reduction, out[0][0], out[1][0])
     assert torch.equal(out[0][1], out[1][1]), "rnnt gradient (%s) differs" % reduction
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_costs_only_call_without_gradients(device, reduction, monkeypatch):
+    """Under torch.no_grad() (or with logits that need no gradient) a CPU call is the library's
+    costs-only one (alpha alone), and its loss is the autograd call's to the bit; on CUDA the
+    autograd path serves it."""
+    calls = []
+    real = _core._call
+
+    def spy(fn_name, *args):
+        calls.append(fn_name)
+        return real(fn_name, *args)
+
+    monkeypatch.setattr(_core, "_call", spy)
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=41)
+    case["target_lengths"].clamp_(min=1)  # "mean" divides by U_b
+    case["targets"][case["targets"] < 0] = 0
+    args = (case["targets"], case["logit_lengths"], case["target_lengths"],
+            case["blank_token_id"], case["durations"])
+    tok = case["token_logits"].to(device).requires_grad_(True)
+    dur = case["duration_logits"].to(device).requires_grad_(True)
+    want = warp_tdt.tdt_loss(tok, dur, *args, reduction=reduction)
+    assert calls == ["tdt_forward"]
+    expected = "tdt_forward" if device == "cuda" else "compute_tdt_loss"
+    for how in ("no_grad", "detached"):
+        calls.clear()
+        if how == "no_grad":
+            with torch.no_grad():
+                got = warp_tdt.tdt_loss(tok, dur, *args, reduction=reduction)
+        else:
+            got = warp_tdt.tdt_loss(tok.detach(), dur.detach(), *args, reduction=reduction)
+        assert calls == [expected], "%s: %s" % (how, calls)
+        assert not got.requires_grad
+        assert torch.equal(got, want.detach()), "%s (%s): %s vs %s" % (how, reduction, got, want)
