@@ -20,23 +20,25 @@ import torch
 from . import _core
 
 
-def reduce(costs, label_lengths, reduction):
+def reduce(costs, label_lengths, reduction, with_scale=True):
     """The reduction of the (B,) costs, as tdt_loss defines it, and what its backward needs:
     (value, scale). scale None: the upstream gradient reaches the library as it is (one value
-    a sample for "none", one value for all for "sum"); else the upstream value is divided by it
-    (a number or a (B,) tensor) first. The divisions are the ones autograd would run for the
-    same torch expression, in the same order, so the gradient is the same to the bit."""
+    a sample for "none", one value for all for "sum"); else the upstream value is divided by
+    each of its items (a number or a (B,) tensor) in turn. The divisions are the ones autograd
+    would run for the same torch expression, in the same order, so the gradient is the same to
+    the bit. with_scale=False (the torch.compile path, where autograd differentiates the
+    expression itself): the value alone, nothing read off the (possibly symbolic) shape."""
     if reduction == "none":
         return costs, None
     if reduction == "sum":
         return costs.sum(), None
     if reduction == "mean_batch":  # costs.mean()
-        return costs.mean(), (int(costs.shape[0]),)
+        return costs.mean(), ((costs.shape[0],) if with_scale else None)
     if reduction == "mean":  # (costs / U_b).mean(), NeMo / transformers
         per = label_lengths.to(costs.dtype)
-        return (costs / per).mean(), (int(costs.shape[0]), per)
+        return (costs / per).mean(), ((costs.shape[0], per) if with_scale else None)
     total = label_lengths.sum().to(costs.dtype)  # mean_volume: costs.sum() / sum(U_b)
-    return costs.sum() / total, (total,)
+    return costs.sum() / total, ((total,) if with_scale else None)
 
 
 def _upstream(grad, scale):

@@ -299,7 +299,7 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
     if use_ops:
         costs = _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
                            validate)
-        return _autograd.reduce(costs, label_lengths, reduction)[0]
+        return _autograd.reduce(costs, label_lengths, reduction, with_scale=False)[0]
     validate = validate and not _capturing(logits)
     # On CUDA the checks of lengths and labels run after the loss's kernels are enqueued: the
     # copy to the host (none when they were on the host already) goes ahead of the kernels, into
@@ -321,7 +321,7 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
         # the CPU it sweeps alpha alone
         costs, _ws = _core.forward(spec, logits, duration, labels, frame_lengths, label_lengths,
                                    as_rnnt, costs_only=True)
-        loss = _autograd.reduce(costs, label_lengths, reduction)[0]
+        loss = _autograd.reduce(costs, label_lengths, reduction, with_scale=False)[0]
     else:
         loss = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths,
                                             label_lengths, spec, as_rnnt, in_place, reduction)
