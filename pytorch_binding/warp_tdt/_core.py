@@ -435,14 +435,14 @@ def validation_finish(spec, logits, pending, names):
     first bad element to name, in the caller's argument names.
     """
     host, parts, B, U, done = pending
-    if done is not None:
-        done.event.synchronize()
-        try:
-            _finish_checks(spec, logits, host, parts, B, U, names)
-        finally:
-            done.busy = False
-    elif B > 0:
+    if done is None:
         _finish_checks(spec, logits, host, parts, B, U, names)
+        return
+    done.event.synchronize()
+    try:
+        _finish_checks(spec, logits, host, parts, B, U, names)
+    finally:
+        done.busy = False  # the buffer read: the thread's next call may reuse it
 
 
 def _finish_checks(spec, logits, host, parts, B, U, names):
