@@ -917,8 +917,7 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
     *active = 0;
     int64_t clusters = 2 * a.B;
     if (clusters > 0x7fffffff / cl) clusters = 0x7fffffff / cl;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem_bytes);
+    cudaError_t e = sweep_smem_attr(kernel, smem_bytes);
     if (e != cudaSuccess) return e;
     if (tdt_allow_cluster(kernel, cl) != cudaSuccess) { /* beyond the portable size */
         (void)cudaGetLastError();
@@ -1175,10 +1174,9 @@ cudaError_t split_plan(tdt_gpu_args_t *a, const sweep_cfg &c, const tdt_fwd_env_
     tdt_gpu_args_t p = *a;
     const cudaError_t e = overlap_plan(&p, env, ob->kernel, a->B, 1, 0, 1);
     if (e != cudaSuccess || p.fwd_tickets == 0) return e;
-    const int64_t per = tdt_ticket_nodes(a->V, env.dtype);
-    const int64_t tickets = (a->B * p.fwd_dlen + per - 1) / per;
-    if (tickets > ((int64_t)1 << 30) / (p.fwd_layers > 0 ? p.fwd_layers : 1)) return cudaSuccess;
-    p.bwd_tickets = (int)tickets;
+    /* the gradient pass's layers are the normaliser's (one diagonal each), taken from the other
+     * end, in tickets of the same size: so as many a layer */
+    p.bwd_tickets = p.fwd_tickets;
     *a = p;
     *split = true;
     return cudaSuccess;
@@ -1231,7 +1229,7 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
     if (e != cudaSuccess) return e;
     if (split) {
         a.sweep_only = 1; /* beta runs in the backward */
-    } else if (KD > 0 && c.mode == SWEEP_STAGED && env.sm90 && overlap_wanted(env, 2 * a.B)) {
+    } else if (KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, 2 * a.B)) {
         e = overlap_plan(&a, env, ob.kernel, 2 * a.B, 1, 0, 2);
         if (e != cudaSuccess) return e;
     }
