@@ -30,6 +30,9 @@ typedef struct shape {
     int gpu_only; /* too large for a 2-core CPU in a benchmark run */
 } shape_t;
 
+/* --schedule's names, in tdt_gpu_schedule_t's order */
+static const char *const schedule_names[] = {"auto", "serial", "overlap", "split"};
+
 static const shape_t named_shapes[] = {
     {"base", 8, 100, 20, 1025, 0, 0},     {"parakeet", 4, 200, 40, 8193, 0, 0},
     {"large", 16, 400, 100, 1025, 0, 1},  {"long", 1, 1500, 400, 1025, 0, 0},
@@ -402,10 +405,9 @@ int main(int argc, char **argv) {
             a.custom.name = "custom"; a.custom.B = B; a.custom.T = T; a.custom.U = U; a.custom.V = V;
             a.have_custom = 1;
         } else if (!strcmp(o, "--schedule")) {
-            static const char *names[] = {"auto", "serial", "overlap", "split"};
             int found = -1;
             for (int k = 0; k < 4; ++k)
-                if (!strcmp(v, names[k])) found = k;
+                if (!strcmp(v, schedule_names[k])) found = k;
             if (found < 0) {
                 fprintf(stderr, "tdt_bench: --schedule wants auto, serial, overlap or split, got %s\n", v);
                 return 2;
@@ -455,8 +457,7 @@ int main(int argc, char **argv) {
         char line[256];
         if (smi && fgets(line, sizeof line, smi)) printf("gpu clocks (sm, max sm, mem, driver): %s", line);
         if (smi) pclose(smi);
-        static const char *sched[] = {"auto", "serial", "overlap", "split"};
-        printf("gpu schedule %s, %s stream\n", sched[a.schedule],
+        printf("gpu schedule %s, %s stream\n", schedule_names[a.schedule],
                a.own_stream ? "a non-blocking" : "the legacy default");
     }
 #endif
