@@ -228,8 +228,9 @@ TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem, const 
  * and has a non-NULL gradient pointer, that gradient of sum_b costs[b] (upstream gradient 1).
  *
  * costs:     (B) of float / double (see above), overwritten; in the location's memory.
- * grads:     NULL for costs only (then the CPU sweeps alpha alone, since no backward follows;
- *            its workspace is then refused by tdt_backward(); the GPU computes as tdt_forward()).
+ * grads:     NULL for costs only: then alpha alone is swept, since no backward follows, and
+ *            the workspace does not hold what tdt_backward() needs (the CPU refuses it there;
+ *            the GPU cannot check it: do not pass it to tdt_backward()).
  * workspace: workspace_bytes of scratch in the location's memory, owned by the caller.
  * CPU: returns when done. GPU: returns once the work is enqueued on options->stream; no host
  * synchronisation, no allocation, capturable in a CUDA graph.

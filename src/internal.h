@@ -31,8 +31,8 @@ typedef struct tdt_call {
     int do_forward;           /* fill the workspace and write costs */
     int do_backward;          /* write the gradients from a filled workspace */
     int costs_only;           /* forward with no backward to follow (compute_tdt_loss without
-                                 gradients): the CPU skips beta and leaves the workspace unfit
-                                 for tdt_backward; the GPU computes as tdt_forward does */
+                                 gradients): both backends skip beta; the CPU also leaves the
+                                 workspace unfit for tdt_backward (the GPU cannot mark it) */
     void *costs;              /* (B) accumulate type; forward output */
     const void *grad_costs;   /* (B) accumulate type, or NULL for ones; backward input */
     tdt_gradients_t g;        /* gradients to write (NULL pointers skipped) */

@@ -274,7 +274,8 @@ struct Out {
     std::vector<int32_t> order;  // RunOpts::keep_order: the workspace's int32 counters after the call
 };
 
-enum class Mode { OneShot, FwdBwd, FwdOnly };
+// CostsOnly: compute_tdt_loss() without gradients (alpha alone is swept); FwdOnly: tdt_forward().
+enum class Mode { OneShot, FwdBwd, FwdOnly, CostsOnly };
 
 struct RunOpts {
     Mode mode = Mode::OneShot;
@@ -507,6 +508,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
 
     auto enqueue = [&]() -> tdt_status_t {
         if (ro.mode == Mode::OneShot) return compute_tdt_loss(&pr, &o, costs.p, &g, work.p, ws);
+        if (ro.mode == Mode::CostsOnly) return compute_tdt_loss(&pr, &o, costs.p, nullptr, work.p, ws);
         tdt_status_t st = tdt_forward(&pr, &o, costs.p, work.p, ws);
         if (st != TDT_STATUS_SUCCESS || ro.mode == Mode::FwdOnly) return st;
         st = tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.p, &g, work.p, ws);
@@ -545,7 +547,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     out.raw_costs = costs.download();
     out.raw_costs.resize((size_t)s.B * acc_size(s.dt));
     unpack_costs(h, &out);
-    if (ro.mode == Mode::FwdOnly) return out;
+    if (ro.mode == Mode::FwdOnly || ro.mode == Mode::CostsOnly) return out;
     const DevBuf &gt = s.grads == Grads::InPlace ? tok : gtok;
     const DevBuf &gd = s.grads == Grads::InPlace ? (s.joint ? tok : dur)
                        : (s.grads == Grads::Joint && s.joint ? gtok : gdur);
@@ -621,12 +623,18 @@ void expect_padding_untouched(const Host &h, const Out &gpu) {
                     << "padding element " << i << " of row " << n << " was written";
 }
 
+// Also, for a call with gradients: the costs-only call (alpha alone) gives the same costs, bit
+// for bit.
 void check_vs_cpu(const Spec &s, const RunOpts &ro = RunOpts()) {
     Host h = make_host(s);
     Out c = run_cpu(h, ro);
     Out g = run_gpu(h, ro);
     expect_match(g, c, s, ro.mode != Mode::FwdOnly);
-    if (ro.mode != Mode::FwdOnly) expect_padding_untouched(h, g);
+    if (ro.mode == Mode::FwdOnly) return;
+    expect_padding_untouched(h, g);
+    RunOpts co = ro;
+    co.mode = Mode::CostsOnly;
+    EXPECT_EQ(run_gpu(h, co).raw_costs, g.raw_costs) << s.str() << ": costs-only call's costs";
 }
 
 // ---- GPU against CPU over the configurations -----------------------------------------------------
@@ -1008,7 +1016,7 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
         for (int32_t v : ref.order) EXPECT_EQ(v, -1) << s.str() << ": SERIAL touched a counter";
         EXPECT_TRUE(std::isnan(ref.costs[1])) << s.str() << ": bad sample 1 cost " << ref.costs[1];
         for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_OVERLAP, TDT_GPU_SCHEDULE_SPLIT, TDT_GPU_SCHEDULE_AUTO}) {
-            for (Mode m : {Mode::FwdBwd, Mode::OneShot}) {
+            for (Mode m : {Mode::FwdBwd, Mode::OneShot, Mode::CostsOnly}) {
                 RunOpts ro;
                 ro.mode = m;
                 ro.schedule = sch;
@@ -1016,13 +1024,25 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
                 ro.keep_order = true;
                 const Out o = run_gpu(h, ro);
                 const std::string what = s.str() + ", schedule " + std::to_string((int)sch) +
-                                         (m == Mode::OneShot ? ", one-shot" : ", backward twice");
+                                         (m == Mode::OneShot ? ", one-shot"
+                                          : m == Mode::CostsOnly ? ", costs only" : ", backward twice");
                 EXPECT_EQ(o.raw_costs, ref.raw_costs) << what << ": costs";
-                EXPECT_EQ(o.raw_gtok, ref.raw_gtok) << what << ": token gradient";
-                EXPECT_EQ(o.raw_gdur, ref.raw_gdur) << what << ": duration gradient";
+                if (m != Mode::CostsOnly) {
+                    EXPECT_EQ(o.raw_gtok, ref.raw_gtok) << what << ": token gradient";
+                    EXPECT_EQ(o.raw_gdur, ref.raw_gdur) << what << ": duration gradient";
+                }
                 if (major < 9) continue;  // the overlapped schedules need sm_90: SERIAL ran
                 const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
-                if (sch == TDT_GPU_SCHEDULE_SPLIT) {
+                if (m == Mode::CostsOnly) {
+                    // alpha alone: under OVERLAP and SPLIT it trails the ordered normaliser
+                    // (one diagonal a layer); no beta, so no beta progress count
+                    if (sch != TDT_GPU_SCHEDULE_AUTO) {
+                        EXPECT_GT(o.order[1], 0) << what << ": layer 0 of the ordered normaliser";
+                    }
+                    for (int64_t b = 0; b < s.B; ++b)
+                        EXPECT_EQ(o.order[1 + K + (size_t)b], -1)
+                            << what << ": sample " << b << "'s beta progress was written";
+                } else if (sch == TDT_GPU_SCHEDULE_SPLIT) {
                     for (int64_t b = 0; b < s.B; ++b)
                         EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX)
                             << what << ": sample " << b << "'s beta progress";

@@ -201,7 +201,7 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     """Costs (B,) in the accumulate type, and the workspace that backward() needs.
 
     costs_only: no backward() will follow; the call is compute_tdt_loss() without gradients,
-    which on the CPU skips beta (and leaves a workspace backward() cannot use).
+    which skips beta (and leaves a workspace backward() cannot use).
 
     workspace_bytes: the size to allocate (the custom op passes workspace_bound() so that its
     fake and real outputs agree); None allocates exactly what the library asks for.

@@ -283,10 +283,7 @@ def _joint_of(token, duration):
 
 
 def _costs_only(logits, duration):
-    """Whether a call on the CPU can be costs-only: no gradient of it can be asked. (On CUDA the
-    autograd path serves every call: the GPU computes beta either way.)"""
-    if logits.is_cuda:
-        return False
+    """Whether a call can be costs-only: no gradient of it can be asked."""
     if not torch.is_grad_enabled():
         return True
     return not logits.requires_grad and (duration is None or not duration.requires_grad)
@@ -317,8 +314,8 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
     as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
     if _costs_only(logits, duration):
         # no gradient can be asked of this call (an evaluation under torch.no_grad(), or
-        # logits without requires_grad): one costs-only library call, no autograd node; on
-        # the CPU it sweeps alpha alone
+        # logits without requires_grad): one costs-only library call, which sweeps alpha
+        # alone, and no autograd node
         costs, _ws = _core.forward(spec, logits, duration, labels, frame_lengths, label_lengths,
                                    as_rnnt, costs_only=True)
         loss = _autograd.reduce(costs, label_lengths, reduction, with_scale=False)[0]

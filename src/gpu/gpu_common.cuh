@@ -53,7 +53,8 @@ typedef struct tdt_gpu_args {
     tdt_arcs_t arcs;
     tdt_ws_t ws;
     /* Which (sample, direction) jobs the sweep kernels run: 0 alpha and beta, 1 alpha only
-     * (the split schedule's forward), 2 beta only (its backward). */
+     * (the split schedule's forward, and a costs-only call: build_args), 2 beta only (the
+     * split schedule's backward). */
     int sweep_only;
     /* The overlapped schedules (sweep.cuh, "The overlapped schedules"); fwd_tickets 0: the
      * normaliser runs first, alone. */
@@ -62,6 +63,7 @@ typedef struct tdt_gpu_args {
     int64_t fwd_layers; /* layers it produces */
     int64_t fwd_dlen;   /* node slots of a diagonal: min(maxT, row) */
     int fwd_tickets;    /* its tickets a layer */
+    int fwd_block_tickets; /* 1: a ticket is the normaliser's whole block, 0: one warp */
     int fwd_blocks, fwd_cluster; /* launcher only: the ordered normaliser's grid and cluster */
     /* The split schedule's backward: the beta sweep publishes each sample's finished steps in
      * bwd_progress[b] (NULL: it does not); the gradient pass takes bwd_tickets tickets a layer,
@@ -466,18 +468,27 @@ template <typename F> cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F
     return cudaErrorInvalidValue;
 }
 
-/* Node slots a ticket of the ordered V-wide kernels covers (tdt_ticket_loop: one warp, 32 / G
- * groups), for the normaliser and the gradient pass alike. */
+/* Threads of a block of normalize_ordered_kernel: one block fills an SM's registers (float32 64
+ * registers a thread, 16-bit types 80, float64 112), so each block has an SM to itself and the
+ * SMs the grid leaves out are free for the sweep. */
+template <int DT> struct tdt_norm_ordered {
+    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : DT == TDT_DTYPE_FLOAT32 ? 1024 : 768 };
+};
+
+/* Node slots a ticket of the ordered V-wide kernels covers: a warp's 32 / G groups
+ * (tdt_ticket_loop: the gradient pass, and the normaliser of the split schedule), or with
+ * block tickets the normaliser's whole block (its other overlapped forwards: normalize.cu). */
 struct tdt_ticket_slots {
     int *n;
+    bool block;
     template <int DT, int G> cudaError_t go() const {
-        *n = 32 / G;
+        *n = (block ? (int)tdt_norm_ordered<DT>::THREADS : 32) / G;
         return cudaSuccess;
     }
 };
-static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype) {
+static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype, bool block) {
     int n = 1;
-    (void)tdt_with_dtype(dtype, V, tdt_ticket_slots{&n});
+    (void)tdt_with_dtype(dtype, V, tdt_ticket_slots{&n, block});
     return n;
 }
 

@@ -282,24 +282,44 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
     }
 }
 
-/* Threads of a block of normalize_ordered_kernel: one block fills an SM's registers (float32 64
- * registers a thread, 16-bit types 80, float64 112), so each block has an SM to itself and the
- * SMs the grid leaves out are free for the sweep. */
-template <int DT> struct norm_ordered {
-    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : DT == TDT_DTYPE_FLOAT32 ? 1024 : 768 };
-};
+/* Block-wide (every thread; the loop is block-uniform): tdt_ticket_loop with tickets of the
+ * whole block, PER = THREADS / G consecutive slots (q: this thread's group's), and done(k) on
+ * thread 0 after the barrier that ends the ticket. Thread 0 takes the next ticket while the
+ * block works on the current one; it reaches the others through ticket[], double-buffered (a
+ * slot is rewritten two barriers after it was read). Fewer, larger tickets finish a layer in
+ * fewer pieces than the warp loop's, each layer sooner after its start (v9, benchmark/NOTES.md);
+ * the warps of a block wait for its slowest group at every ticket. */
+template <int G, int PER, typename Body, typename Done>
+__device__ __forceinline__ void block_ticket_loop(int32_t *next, int total, int tpl, Body body,
+                                                  Done done) {
+    __shared__ int ticket[2];
+    if (threadIdx.x == 0) ticket[0] = atomicAdd(next, 1);
+    __syncthreads();
+    int tk = ticket[0];
+    for (int it = 1; tk < total; ++it) {
+        int nxt = 0;
+        if (threadIdx.x == 0) nxt = atomicAdd(next, 1); /* in flight during this ticket */
+        const int k = tk / tpl;
+        body(k, (int64_t)(tk - k * tpl) * PER + threadIdx.x / G);
+        if (threadIdx.x == 0) ticket[it & 1] = nxt;
+        __syncthreads(); /* the ticket's values all written; the next ticket published */
+        if (threadIdx.x == 0) done(k);
+        tk = ticket[it & 1];
+    }
+}
 
 /* The same work in the order the sweeps consume it, for a forward whose sweep runs concurrently
  * (sweep.cuh, "The overlapped schedules"): layer k is diagonal k of every sample b (a.fwd_ends
  * 1: the alpha sweep alone trails it) or diagonals k and S_b - 1 - k (2: alpha and beta), the
  * ones the sweeps reach at their step k (tdt_layer_node). Work comes in tickets, taken in order
- * from a counter (order[0]) a warp at a time (tdt_ticket_loop): ticket i is chunk i mod tpl of
- * layer i / tpl, 32 / G node slots; a slot without a node does nothing. Once a ticket's nodes
- * are written, the warp's lane 0 adds it to its layer's count (order[1 + k]), after a fence:
- * the sweep reads a layer once its count reaches tpl. The warps wait on nothing, and each
- * block starts by letting its programmatic dependent (the sweep) launch. */
+ * from a counter (order[0]), a warp at a time (tdt_ticket_loop: 32 / G node slots) or, with
+ * a.fwd_block_tickets, a block at a time (block_ticket_loop: THREADS / G slots): ticket i is
+ * chunk i mod tpl of layer i / tpl; a slot without a node does nothing. Once a ticket's nodes
+ * are written, one thread adds it to its layer's count (order[1 + k]), after a fence: the sweep
+ * reads a layer once its count reaches tpl. The blocks wait on nothing but their own barriers,
+ * and each starts by letting its programmatic dependent (the sweep) launch. */
 template <int DT, int G>
-__global__ void __launch_bounds__(norm_ordered<DT>::THREADS, 1)
+__global__ void __launch_bounds__(tdt_norm_ordered<DT>::THREADS, 1)
     normalize_ordered_kernel(const tdt_gpu_args_t a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -309,17 +329,21 @@ __global__ void __launch_bounds__(norm_ordered<DT>::THREADS, 1)
     const int ends = a.fwd_ends;
     const int64_t slots = ends * a.B * a.fwd_dlen; /* a layer's */
     int32_t *done = a.ws.order + 1;
-    tdt_ticket_loop<G>(
-        a.ws.order, (int)a.fwd_layers * a.fwd_tickets /* fits: overlap_plan */, a.fwd_tickets,
-        [&](int64_t k, int64_t q) {
-            int64_t b, t, u, Ub;
-            if (q < slots && tdt_layer_node(a, k, q, ends, 0, &b, &t, &u, &Ub)) /* group-uniform */
-                normalize_node<DT, G>(a, b, t, u, Ub, lane, mask);
-        },
-        [&](int k) {
-            __threadfence(); /* with __syncwarp: the warp's values before the count */
-            atomicAdd(done + k, 1);
-        });
+    const int total = (int)a.fwd_layers * a.fwd_tickets; /* fits: overlap_plan */
+    const auto body = [&](int64_t k, int64_t q) {
+        int64_t b, t, u, Ub;
+        if (q < slots && tdt_layer_node(a, k, q, ends, 0, &b, &t, &u, &Ub)) /* group-uniform */
+            normalize_node<DT, G>(a, b, t, u, Ub, lane, mask);
+    };
+    const auto count = [&](int k) {
+        __threadfence(); /* with the barrier (__syncwarp): the values before the count */
+        atomicAdd(done + k, 1);
+    };
+    if (a.fwd_block_tickets)
+        block_ticket_loop<G, tdt_norm_ordered<DT>::THREADS / G>(a.ws.order, total, a.fwd_tickets,
+                                                                body, count);
+    else
+        tdt_ticket_loop<G>(a.ws.order, total, a.fwd_tickets, body, count);
 }
 
 template <int DT, int G>
@@ -341,7 +365,7 @@ cudaError_t launch_ordered(const tdt_gpu_args_t &a, int blocks, int cl, cudaStre
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)blocks, 1, 1);
-    cfg.blockDim = dim3(norm_ordered<DT>::THREADS, 1, 1);
+    cfg.blockDim = dim3(tdt_norm_ordered<DT>::THREADS, 1, 1);
     cfg.stream = stream;
     cudaLaunchAttribute attr = tdt_cluster_attr(cl);
     if (cl > 1) {
@@ -360,7 +384,7 @@ cudaError_t launch_ordered(const tdt_gpu_args_t &a, int blocks, int cl, cudaStre
 template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
     void (*kernel)(const tdt_gpu_args_t) = normalize_ordered_kernel<DT, G>;
     *fit = 0;
-    if (cl <= 1) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(fit, kernel, norm_ordered<DT>::THREADS, 0);
+    if (cl <= 1) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(fit, kernel, tdt_norm_ordered<DT>::THREADS, 0);
     if (tdt_allow_cluster(kernel, cl) != cudaSuccess) {
         (void)cudaGetLastError();
         return cudaSuccess;
@@ -368,7 +392,7 @@ template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)cl, 1, 1);
-    cfg.blockDim = dim3(norm_ordered<DT>::THREADS, 1, 1);
+    cfg.blockDim = dim3(tdt_norm_ordered<DT>::THREADS, 1, 1);
     cudaLaunchAttribute attr = tdt_cluster_attr(cl);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;

@@ -357,10 +357,7 @@ __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t 
             /* the split backward: sample b's betas all written (the body's last barrier, or
              * bad data, which the gradient pass does not wait for anyway): its last count */
             __syncthreads();
-            if (threadIdx.x == 0) {
-                __threadfence();
-                tdt_st_release(a.bwd_progress + b, INT_MAX);
-            }
+            if (threadIdx.x == 0) tdt_st_release(a.bwd_progress + b, INT_MAX); /* fences itself */
         }
     }
 }
@@ -854,7 +851,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
         g.T = (int)L.T;
         g.U = (int)L.U;
         if (!is_beta) {
-            staged_sweep<false, KD, SPL, G, true>(L, g, sl, ring, glob, right);
+            if (a.fwd_ends == 1) /* a costs-only call: alpha alone trails diagonal k a layer */
+                staged_sweep<false, KD, SPL, G, true, false, 1>(L, g, sl, ring, glob, right);
+            else
+                staged_sweep<false, KD, SPL, G, true>(L, g, sl, ring, glob, right);
             if (rank == 0 && tid == 0) tdt_sweep_finish(a, b, L, A, glob);
         } else {
             staged_sweep<true, KD, SPL, G, true>(L, g, sl, ring, glob, left);
@@ -906,7 +906,8 @@ template <int KD, int G> struct sweep_g {
 
 typedef void (*sweep_fn_t)(const tdt_gpu_args_t, int);
 
-/* The cluster split's launch configuration: 2 B clusters of `cl` blocks (attr: the caller's
+/* The cluster split's launch configuration: 2 B clusters of `cl` blocks (B with a.sweep_only;
+ * attr: the caller's
  * storage for the cluster attribute). *active: how many such clusters can be resident at once,
  * 0 where none can (or before sm_90); the caller then tries 8 blocks, then one. */
 template <int KD>
@@ -915,7 +916,7 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
                            int *active) {
     const sweep_fn_t kernel = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
     *active = 0;
-    int64_t clusters = 2 * a.B;
+    int64_t clusters = (a.sweep_only ? 1 : 2) * a.B;
     if (clusters > 0x7fffffff / cl) clusters = 0x7fffffff / cl;
     cudaError_t e = sweep_smem_attr(kernel, smem_bytes);
     if (e != cudaSuccess) return e;
@@ -943,9 +944,11 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
  * block an SM, on the SMs the sweep's `blocks` blocks (in clusters of cl, one an SM) leave it;
  * for the cluster split, the device holds cluster_fit of the sweep's clusters at once; the
  * normaliser's tickets within an int. ends: the layer form (2 when both sweeps trail the
- * normaliser, 1 for alpha alone). Sets a's fwd_* when it may. */
+ * normaliser, 1 for alpha alone). block: the normaliser's tickets a block each, else a warp
+ * (the split schedule's, whose gradient pass takes tickets of the same size).
+ * Sets a's fwd_* when it may. */
 inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
-                                int64_t blocks, int cl, int cluster_fit, int ends) {
+                                int64_t blocks, int cl, int cluster_fit, int ends, bool block) {
     if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms) return cudaSuccess;
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
@@ -972,16 +975,30 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
     const int64_t diagonals = tdt_ws_layers(a->maxT, a->maxU);
     const int64_t layers = ends == 2 ? (diagonals + 1) / 2 : diagonals;
     const int64_t dlen = a->maxT < a->row ? a->maxT : a->row;
-    const int64_t per = tdt_ticket_nodes(a->V, env.dtype);
+    const int64_t per = tdt_ticket_nodes(a->V, env.dtype, block);
     const int64_t tickets = (ends * a->B * dlen + per - 1) / per;
     if (tickets > ((int64_t)1 << 30) / (layers > 0 ? layers : 1)) return cudaSuccess;
     a->fwd_ends = ends;
     a->fwd_layers = layers;
     a->fwd_dlen = dlen;
     a->fwd_tickets = (int)tickets;
+    a->fwd_block_tickets = block;
     a->fwd_blocks = (int)norm_blocks;
     a->fwd_cluster = cl;
     return cudaSuccess;
+}
+
+/* Whether the normaliser of an overlapped forward other than the split's takes a block a
+ * ticket (see normalize.cu), not a warp: where a warp ticket holds several nodes (G < 32), or
+ * alpha alone trails it (a costs-only call: ends 1). H200, ms (benchmark/NOTES.md, v9), block
+ * against warp: base f32 f+b 0.193-0.196 / 0.205-0.206, long f32 4.081-4.086 / 4.124-4.141;
+ * parakeet bf16 (G = 32) costs only 0.254-0.255 / 0.263-0.266, but f+b (ends 2) 0.660 /
+ * 0.646-0.649. */
+inline bool norm_block_tickets(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int ends) {
+#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_NORM_TICKETS=warp or block */
+    if (const char *env_s = getenv("TDT_NORM_TICKETS")) return strcmp(env_s, "warp") != 0;
+#endif
+    return ends == 1 || tdt_ticket_nodes(a.V, dtype, false) > 1;
 }
 
 /* Whether the overlap of both sweeps with the normaliser is wanted for a sweep of `blocks`
@@ -1172,7 +1189,7 @@ cudaError_t split_plan(tdt_gpu_args_t *a, const sweep_cfg &c, const tdt_fwd_env_
         return cudaSuccess;
     }
     tdt_gpu_args_t p = *a;
-    const cudaError_t e = overlap_plan(&p, env, ob->kernel, a->B, 1, 0, 1);
+    const cudaError_t e = overlap_plan(&p, env, ob->kernel, a->B, 1, 0, 1, false);
     if (e != cudaSuccess || p.fwd_tickets == 0) return e;
     /* the gradient pass's layers are the normaliser's (one diagonal each), taken from the other
      * end, in tickets of the same size: so as many a layer */
@@ -1190,6 +1207,9 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
                          cudaStream_t stream) {
     tdt_gpu_args_t a = a_in; /* fwd_* set by overlap_plan */
     const sweep_cfg c = sweep_choose<KD>(a, span, env);
+    /* a costs-only call (a.sweep_only 1 from the start) sweeps alpha alone: B jobs, and where it
+     * trails the normaliser, a layer is one diagonal */
+    const int jobs = a.sweep_only ? 1 : 2;
     if constexpr (KD > 0) {
         int cl = c.cl;
         while (cl > 1) {
@@ -1205,8 +1225,9 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
             if (e != cudaSuccess) return e;
             if (active > 0) {
                 const sweep_fn_t kernel = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
-                if (overlap_wanted(env, 2 * a.B * cl)) {
-                    e = overlap_plan(&a, env, kernel, 2 * a.B * cl, cl, active, 2);
+                if (overlap_wanted(env, jobs * a.B * cl)) {
+                    e = overlap_plan(&a, env, kernel, jobs * a.B * cl, cl, active, jobs,
+                                     norm_block_tickets(a, env.dtype, jobs));
                     if (e != cudaSuccess) return e;
                 }
                 return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
@@ -1228,9 +1249,10 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
     cudaError_t e = split_plan<KD>(&a, c, env, &ob, &split);
     if (e != cudaSuccess) return e;
     if (split) {
-        a.sweep_only = 1; /* beta runs in the backward */
-    } else if (KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, 2 * a.B)) {
-        e = overlap_plan(&a, env, ob.kernel, 2 * a.B, 1, 0, 2);
+        a.sweep_only = 1; /* beta runs in the backward (or not at all: costs only) */
+    } else if (KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, jobs * a.B)) {
+        e = overlap_plan(&a, env, ob.kernel, jobs * a.B, 1, 0, jobs,
+                         norm_block_tickets(a, env.dtype, jobs));
         if (e != cudaSuccess) return e;
     }
     return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {

@@ -192,9 +192,8 @@ def test_rnnt_reduction_inside_the_node_is_torchaudios_bitwise(device, reduction
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_costs_only_call_without_gradients(device, reduction, monkeypatch):
-    """Under torch.no_grad() (or with logits that need no gradient) a CPU call is the library's
-    costs-only one (alpha alone), and its loss is the autograd call's to the bit; on CUDA the
-    autograd path serves it."""
+    """Under torch.no_grad() (or with logits that need no gradient) a call is the library's
+    costs-only one (alpha alone), and its loss is the autograd call's to the bit."""
     calls = []
     real = _core._call
 
@@ -212,7 +211,7 @@ def test_costs_only_call_without_gradients(device, reduction, monkeypatch):
     dur = case["duration_logits"].to(device).requires_grad_(True)
     want = warp_tdt.tdt_loss(tok, dur, *args, reduction=reduction)
     assert calls == ["tdt_forward"]
-    expected = "tdt_forward" if device == "cuda" else "compute_tdt_loss"
+    expected = "compute_tdt_loss"
     for how in ("no_grad", "detached"):
         calls.clear()
         if how == "no_grad":
