@@ -468,11 +468,11 @@ template <typename F> cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F
     return cudaErrorInvalidValue;
 }
 
-/* Threads of a block of normalize_ordered_kernel: one block fills an SM's registers (float32 64
- * registers a thread, 16-bit types 80, float64 112), so each block has an SM to itself and the
- * SMs the grid leaves out are free for the sweep. */
+/* Threads of a block of normalize_ordered_kernel: one block fills an SM's registers (80 a
+ * thread for float32 and the 16-bit types, 112 for float64), so each block has an SM to itself
+ * and the SMs the grid leaves out are free for the sweep. */
 template <int DT> struct tdt_norm_ordered {
-    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : DT == TDT_DTYPE_FLOAT32 ? 1024 : 768 };
+    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : 768 };
 };
 
 /* Node slots a ticket of the ordered V-wide kernels covers: a warp's 32 / G groups
