@@ -907,9 +907,9 @@ template <int KD, int G> struct sweep_g {
 typedef void (*sweep_fn_t)(const tdt_gpu_args_t, int);
 
 /* The cluster split's launch configuration: 2 B clusters of `cl` blocks (B with a.sweep_only;
- * attr: the caller's
- * storage for the cluster attribute). *active: how many such clusters can be resident at once,
- * 0 where none can (or before sm_90); the caller then tries 8 blocks, then one. */
+ * attr: the caller's storage for the cluster attribute). *active: how many such clusters can be
+ * resident at once, 0 where none can (or before sm_90); the caller then tries 8 blocks, then
+ * one. */
 template <int KD>
 cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_bytes, int cl,
                            cudaStream_t stream, cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr,
