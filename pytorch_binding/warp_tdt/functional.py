@@ -149,10 +149,12 @@ def _int_tensor(x, name, device, dim):
 class _Indices(NamedTuple):
     """Labels (B, U) and lengths (B,), int32 and contiguous on the logits' device, for the library.
 
-    When they had to be converted, all three are views of one int32 tensor [frame lengths, label
-    lengths, labels] made by one concatenation (at most one conversion kernel a call); ``packed``
-    is that tensor (None when the inputs were used as they were), and ``host`` its CPU twin when
-    it was built on the host (inputs on the CPU), which validation then reads with no copy back.
+    When they had to be converted for CUDA logits (or zero-padded), all three are views of one
+    int32 tensor [frame lengths, label lengths, labels] made by one concatenation (at most one
+    conversion kernel a call, and one copy to the host for validation); ``packed`` is that tensor
+    (None when the inputs were used as they were, or cast one by one for CPU logits), and
+    ``host`` its CPU twin when it was built on the host (inputs on the CPU), which validation
+    then reads with no copy back.
     """
 
     labels: torch.Tensor
@@ -165,6 +167,10 @@ class _Indices(NamedTuple):
 
 def _ready(t, device):
     return t.dtype == torch.int32 and t.device == device and t.is_contiguous()
+
+
+def _int32(t):
+    return t.to(torch.int32).contiguous()
 
 
 def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device):
@@ -184,6 +190,10 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device):
         x = x[:, :max_labels]
     if cols >= max_labels and _ready(x, device) and _ready(fl, device) and _ready(ll, device):
         return _Indices(x, fl, ll, cols, None, None)
+    if device.type == "cpu" and cols >= max_labels:
+        # on the host each is cast on its own: three casts cost a quarter of the concatenation
+        # and its views (~5 against ~20 us), and there is no device copy to save
+        return _Indices(_int32(x), _int32(fl), _int32(ll), cols, None, None)
     where = x.device if x.device == fl.device == ll.device else device
     if cols < max_labels:  # zero-padded to U (only the first label_lengths[b] are read)
         lab = torch.zeros(batch, max_labels, dtype=torch.int32, device=where)
