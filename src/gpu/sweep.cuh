@@ -754,6 +754,20 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     }
 }
 
+/* The alpha sweep of both staged kernels, in the layer form of the normaliser it trails: a
+ * template argument, so the loop loads none (v8: long's sweep ran 2.7 % slower while it read
+ * the form). fwd_ends 1 (one diagonal a layer): the split forward and a costs-only call, where
+ * alpha alone trails the normaliser; else both sweeps do (or none, fwd_tickets 0). */
+template <int KD, int SPL, int G, bool CLUSTER>
+__device__ __forceinline__ void staged_alpha(const tdt_gpu_args_t &a, const tdt_lattice_t &L,
+                                             const staged_geo &g, const staged_slots<SPL> &sl,
+                                             double *ring, double *glob, double *nb) {
+    if (a.fwd_ends == 1)
+        staged_sweep<false, KD, SPL, G, CLUSTER, false, 1>(L, g, sl, ring, glob, nb);
+    else
+        staged_sweep<false, KD, SPL, G, CLUSTER>(L, g, sl, ring, glob, nb);
+}
+
 /* The ring geometry of a launch (the sample's T and U are set per job, a cluster block's
  * columns by sweep_cluster_kernel), and this thread's slots with their ring offsets: both
  * staged kernels start with these two. */
@@ -801,12 +815,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
         g.U = (int)L.U;
         g.progress = is_beta && a.bwd_progress ? a.bwd_progress + b : NULL;
         if (!is_beta) {
-            /* the layer form a template argument: no load of it in the loop (v8: long's
-             * sweep ran 2.7 % slower while the loop read it) */
-            if (a.fwd_ends == 1) /* the split forward: diagonal k a layer */
-                staged_sweep<false, KD, SPL, G, false, false, 1>(L, g, sl, ring, glob, NULL);
-            else
-                staged_sweep<false, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
+            staged_alpha<KD, SPL, G, false>(a, L, g, sl, ring, glob, NULL);
             if (tid == 0) tdt_sweep_finish(a, b, L, A, glob);
         } else {
             /* the split backward's: its own copy, so the release stores and prefetches (whose
@@ -851,10 +860,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
         g.T = (int)L.T;
         g.U = (int)L.U;
         if (!is_beta) {
-            if (a.fwd_ends == 1) /* a costs-only call: alpha alone trails diagonal k a layer */
-                staged_sweep<false, KD, SPL, G, true, false, 1>(L, g, sl, ring, glob, right);
-            else
-                staged_sweep<false, KD, SPL, G, true>(L, g, sl, ring, glob, right);
+            staged_alpha<KD, SPL, G, true>(a, L, g, sl, ring, glob, right);
             if (rank == 0 && tid == 0) tdt_sweep_finish(a, b, L, A, glob);
         } else {
             staged_sweep<true, KD, SPL, G, true>(L, g, sl, ring, glob, left);
