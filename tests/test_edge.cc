@@ -193,6 +193,39 @@ TEST(Edge, EmptyBatch) {
     EXPECT_TRUE(got.costs.empty());
 }
 
+// bfloat16 gradients in float32's subnormal range are rounded, not flushed to zero (the CPU
+// backend narrows with VCVTNE2PS2BF16 where it can, which flushes them; cpu.c takes the portable
+// rounding for any block that holds one). An upstream gradient of 1e-36 pushes most of a row
+// there; each element must match the float32 run's to bfloat16 precision, or within two of the
+// smallest bfloat16 subnormals (9.2e-41), and every one the float32 run puts clearly inside the
+// range must be non-zero. Rows of 300 (several 32-element blocks) and a tail.
+TEST(Edge, Bfloat16GradientSubnormalsKept) {
+    Problem p = random_problem(58, 2, 5, 3, 300, {0, 1, 2}, 299, 4.0);
+    quantize_inputs(p, TDT_DTYPE_BFLOAT16);
+    const std::vector<double> g = {1e-36, -3e-37};
+    RunOptions ro;
+    ro.two_phase = true;
+    ro.grad_costs = &g;
+    ro.dtype = TDT_DTYPE_FLOAT32;
+    const Output f32 = run_lib(p, ro);
+    ro.dtype = TDT_DTYPE_BFLOAT16;
+    const Output bf = run_lib(p, ro);
+    ASSERT_EQ(f32.status, TDT_STATUS_SUCCESS) << f32.error;
+    ASSERT_EQ(bf.status, TDT_STATUS_SUCCESS) << bf.error;
+    const double tiny = 9.183549615799121e-41;  // 2^-133, the smallest bfloat16 subnormal
+    int64_t subnormal = 0, bad = 0;
+    for (size_t i = 0; i < f32.gtok.size(); ++i) {
+        const double want = f32.gtok[i], got = bf.gtok[i];
+        if (std::fabs(want) > 4 * tiny && std::fabs(want) < 1.1754943508222875e-38) {
+            ++subnormal;
+            if (got == 0.0 && bad++ < 5) ADD_FAILURE() << "token grad " << i << ": " << got << " (float32 run: " << want << ")";
+        }
+        if (std::fabs(got - want) > std::max(std::fabs(want) / 128, 2 * tiny) && bad++ < 5)
+            ADD_FAILURE() << "token grad " << i << ": " << got << " against the float32 run's " << want;
+    }
+    EXPECT_GT(subnormal, 100) << "the problem no longer reaches the subnormal range";
+}
+
 // ---- padding: garbage in label padding (random_problem always puts it there) and in the logits
 // of every node outside each lattice --------------------------------------------------------------
 
