@@ -406,7 +406,7 @@ int main(int argc, char **argv) {
             a.have_custom = 1;
         } else if (!strcmp(o, "--schedule")) {
             int found = -1;
-            for (int k = 0; k < 4; ++k)
+            for (int k = 0; k < (int)(sizeof schedule_names / sizeof *schedule_names); ++k)
                 if (!strcmp(v, schedule_names[k])) found = k;
             if (found < 0) {
                 fprintf(stderr, "tdt_bench: --schedule wants auto, serial, overlap or split, got %s\n", v);
