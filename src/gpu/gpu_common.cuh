@@ -16,6 +16,7 @@
 #define TDT_GPU_COMMON_CUH
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_bf16.h>
@@ -447,16 +448,38 @@ template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) 
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
 }
 
-/* Lanes per node for the V-wide kernels. Each node costs a fixed latency (lengths, workspace
- * values, a reduction or the occupancies) besides its row, so rows of up to a few thousand
- * elements go 8 lanes a node (4 nodes a warp in flight, one 128-byte line per group load);
- * only long rows (Parakeet's V = 8193) take a whole warp. */
-static inline int tdt_gpu_group_size(int64_t V, int vec) { return V / vec >= 512 ? 32 : 8; }
+/* Lanes per node (G) for the V-wide kernels over rows of V elements, vec to a 16-byte load.
+ * Each node costs a fixed latency (lengths, workspace values, a reduction or the occupancies)
+ * besides its row, so short rows go several nodes a warp, and only long rows (Parakeet's
+ * V = 8193) take a whole warp. Rows of at most 64 vectors go 4 lanes a node (8 nodes a warp in
+ * flight): H200, f+b ms against 8 lanes (benchmark/NOTES.md, v11), ragged (V = 257) float32
+ * 0.587-0.591 -> 0.519-0.521, bfloat16 0.560-0.562 -> 0.452-0.453. Rows of 65 to 511 vectors
+ * stay at 8: with 4, base's forward went 0.128 -> 0.137 and long's gradient pass lost 0.2 ms
+ * (large's normaliser gained 0.1 ms). The normaliser and the gradient pass take the same G, so
+ * the schedules give the same bits (the lse's lane split is G's) and the split schedule's two
+ * ordered kernels the same tickets. */
+static inline int tdt_gpu_group_size(int64_t V, int vec) {
+#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_VWIDE_LANES=2, 4, 8, 16 or 32 */
+    if (const char *env_s = getenv("TDT_VWIDE_LANES")) {
+        const int g = atoi(env_s);
+        if (g == 2 || g == 4 || g == 8 || g == 16 || g == 32) return g;
+    }
+#endif
+    const int64_t n = V / vec;
+    return n >= 512 ? 32 : n > 64 ? 8 : 4;
+}
 
 /* f.template go<DT, G>() for the dtype, with the V-wide kernels' G for this V. */
 template <int DT, typename F> cudaError_t tdt_with_g(int64_t V, F f) {
-    if (tdt_gpu_group_size(V, tdt_elem<DT>::VEC) == 32) return f.template go<DT, 32>();
-    return f.template go<DT, 8>();
+    switch (tdt_gpu_group_size(V, tdt_elem<DT>::VEC)) {
+#ifdef TDT_SWEEP_TUNING
+    case 2: return f.template go<DT, 2>();
+    case 16: return f.template go<DT, 16>();
+#endif
+    case 4: return f.template go<DT, 4>();
+    case 32: return f.template go<DT, 32>();
+    default: return f.template go<DT, 8>();
+    }
 }
 template <typename F> cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F f) {
     switch (dtype) {

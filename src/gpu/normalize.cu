@@ -11,15 +11,15 @@
  * The logits are read exactly once and never copied; only these per-node values (O(nodes))
  * are written, into the caller's workspace (float64).
  *
- * Parallel mapping: a group of G lanes (G = 32, or 8 for short rows) owns one node at a time,
- * grid-striding over all B * maxT * (maxU + 1) nodes. Each lane keeps an online (reference,
- * sum) over its share of the row, read as 16-byte vectors in batches (a scalar head up to the
- * row's first 16-byte boundary and a scalar tail; rows of a joint tensor are not all 16-byte
- * aligned), then the group merges the G states with a fixed xor-shuffle tree. Lane 0 writes
- * the node's values. The hot loop is one FFMA, one MUFU.EX2 and one add an element (plus the
- * conversion of a 16-bit element): the reference starts at the blank's logit and moves only in
- * the rare batch whose terms would pass 2^64 or are not finite (lse_slow), so there is no
- * running max and no branch per element.
+ * Parallel mapping: a group of G lanes (32, 8 or 4 by row length: tdt_gpu_group_size) owns one
+ * node at a time, grid-striding over all B * maxT * (maxU + 1) nodes. Each lane keeps an
+ * online (reference, sum) over its share of the row, read as 16-byte vectors in batches (a
+ * scalar head up to the row's first 16-byte boundary and a scalar tail; rows of a joint tensor
+ * are not all 16-byte aligned), then the group merges the G states with a fixed xor-shuffle
+ * tree. Lane 0 writes the node's values. The hot loop is one FFMA, one MUFU.EX2 and one add an
+ * element (plus the conversion of a 16-bit element): the reference starts at the blank's logit
+ * and moves only in the rare batch whose terms would pass 2^64 or are not finite (lse_slow),
+ * so there is no running max and no branch per element.
  * Two kernels share that per-node work (normalize_node): normalize_kernel takes the nodes in
  * memory order, before the sweep; normalize_ordered_kernel takes them in the order the sweeps
  * read them, counting what is done, for the forward that overlaps the two (sweep.cuh, "The
