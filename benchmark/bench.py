@@ -6,7 +6,10 @@ For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
      joint gradient), CPU results against a float64 run; a wrong answer prints FAILED, no time;
   2. times forward+backward (CUDA events on a GPU, wall clock on the CPU; median over --iters,
      after warm-up), and on a GPU the peak extra memory from torch's allocator in multiples of the
-     logits' bytes;
+     logits' bytes. On a GPU two times: "ms", each step between its own two events and waited
+     for (so the host's latency to the step's first kernel counts), and "loop ms", --iters steps
+     enqueued back to back between two events (median of 3 such loops), as a training loop whose
+     host runs ahead of the GPU sees them;
   3. times the baselines on the same inputs, each first checked against warp_tdt (costs and joint
      gradient; FAILED in its column instead of a time otherwise, which does not change the exit
      status): the vectorised pure-PyTorch TDT loss of torch_tdt.py (this folder; always there)
@@ -123,6 +126,25 @@ def time_step(step, device, iters, warmup=2):
     return statistics.median(times)
 
 
+def loop_time(step, device, iters, reps=3):
+    """Median over reps of the milliseconds a step takes when iters steps are enqueued back to
+    back between two CUDA events, the host never waiting on the GPU in between (except where
+    the step itself waits): what a training loop whose host runs ahead sees. time_step instead
+    waits for each step, so its time includes the host's latency to the step's first kernel."""
+    step()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(iters):
+            step()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / iters)
+    return statistics.median(times)
+
+
 def graph_time(x, targets, T_b, U_b, V, device, iters):
     """(median ms of a replay, verdict) of one step captured in a CUDA graph, as a training loop
     under torch.cuda.graph runs it (the binding skips its host-side check while capturing); the
@@ -217,6 +239,7 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
 
     row["ms"] = time_step(step, device, args.iters)
     if device.type == "cuda":
+        row["loop_ms"] = loop_time(step, device, args.iters)
         x.grad = None
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -300,8 +323,10 @@ def main():
         else " (transformers not installed)"))
     names = [b[0] for b in bases]
     graphs = args.graph and device.type == "cuda"
+    loops = device.type == "cuda"
     head = "%-9s %-9s %9s %8s %9s %7s %7s" % ("shape", "dtype", "ms", "GB/s", "floor ms", "x floor",
                                              "peak")
+    head += " %9s" % "loop ms" if loops else ""
     head += " %9s" % "graph ms" if graphs else ""
     head += "".join(" %12s" % (n[:9] + " ms") for n in names) + " %8s" % "x torch"
     print(head + "  check")
@@ -319,6 +344,8 @@ def main():
                 line = "%-9s %-9s %9.3f %8.0f %9.3f %7.2f %7s" % (
                     name, row["dtype"], row["ms"], row["gbs"], row["floor_ms"],
                     row["ms"] / row["floor_ms"], "%.2fx" % row["peak_x"] if "peak_x" in row else "-")
+                if loops:
+                    line += " %9.3f" % row["loop_ms"]
                 if graphs:
                     g = row.get("graph_ms")
                     line += " %9s" % ("%.3f" % g if g is not None else "FAILED")
@@ -330,6 +357,7 @@ def main():
             else:
                 line = "%-9s %-9s %9s %8s %9.3f %7s %7s" % (name, row["dtype"], "-", "-",
                                                            row["floor_ms"], "-", "-")
+                line += " %9s" % "-" if loops else ""
                 line += " %9s" % "-" if graphs else ""
                 line += "".join(" %12s" % "-" for _ in names) + " %8s" % "-"
             print(line + "  " + row["verdict"])
@@ -354,7 +382,9 @@ def plot(rows, path, device):
     labels = ["%s\n%s" % (r["shape"], r["dtype"]) for r in rows]
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4.5))
-    series = [("warp_tdt", [r["ms"] for r in rows])]
+    series = [("warp_tdt, a step waited for", [r["ms"] for r in rows])]
+    if any(r.get("loop_ms") for r in rows):
+        series.append(("warp_tdt, steps back to back", [r.get("loop_ms") or 0 for r in rows]))
     if any(r.get("graph_ms") for r in rows):
         series.append(("warp_tdt in a CUDA graph", [r.get("graph_ms") or 0 for r in rows]))
     series.append(("floor (3 x logits / copy BW)", [r["floor_ms"] for r in rows]))
