@@ -2,12 +2,14 @@
 // tdt_sweep_chunk) against the per-node recurrence it reorganises, bit for bit.
 //
 // The CPU backend computes alpha and beta with tdt_sweep_chunk: slot geometry once per sample,
-// other ends' rows once per diagonal, up to TDT_SWEEP_CHUNK nodes at a time, and no exp for a
-// -inf term. Each node must still come out with exactly the value of the plain loop over its
-// slots (node_value below: lattice.h's slot functions and tdt_lse_terms, one node at a time). Random lattices cover TDT
-// duration sets with and without 0, RNN-T, diagonals longer than a chunk, max_frames > T (rows
-// that wrap: the per-node arrays hold diagonal s in row s mod max_frames), U > T (wrapping more
-// than once), and weights that are -inf (unreachable nodes) or NaN.
+// other ends' rows once per diagonal, up to TDT_SWEEP_CHUNK nodes at a time, its exps
+// (tdt_exp_le0) vectorised across the nodes, and no -inf term in a sum. Each node must still
+// come out with exactly the value of the plain loop over its slots (node_value below: lattice.h's
+// slot functions and a two-pass log-sum-exp with the same exp, one node at a time). Random
+// lattices cover TDT duration sets with and without 0, RNN-T, diagonals longer than a chunk,
+// max_frames > T (rows that wrap: the per-node arrays hold diagonal s in row s mod max_frames),
+// U > T (wrapping more than once), and weights that are -inf (unreachable nodes) or NaN.
+// tdt_exp_le0 itself is checked against the C library's exp.
 
 #include <gtest/gtest.h>
 
@@ -45,7 +47,11 @@ double node_value(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *v, 
             x[j] = tdt_alpha_slot_term(L, &X, &q, t, u, lp, dur);
         }
     }
-    const double r = tdt_lse_terms(x, n);
+    double m = -TDT_INF, sum = 0.0;
+    for (int j = 0; j < n; ++j) m = tdt_lse_max(m, x[j]);
+    for (int j = 0; j < n; ++j)
+        if (x[j] != -TDT_INF) sum += tdt_exp_le0(x[j] - m);
+    const double r = tdt_lse_finish(m, sum);
     return is_beta ? r : tdt_alpha_start(t, u, r);
 }
 
@@ -138,6 +144,34 @@ TEST(LatticeChunks, MatchPerNodeSweepBitForBit) {
     // diagonals of several chunks: 150 nodes on the longest one
     Case wide{200, 149, 200, {0, 1, 2, 3, 4}, 0.0, 0.0};
     check_case(wide, 99);
+}
+
+// tdt_exp_le0 (the sweeps' exp: the CPU's vectorised chunks, the GPU's staged sweeps) against
+// the C library's exp over [-746, 0]: within 2 ulp where e^x is normal, within 2^-1074 of it in
+// the subnormal range, and exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN).
+TEST(LatticeExp, Le0WithinTwoUlpOfLibm) {
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<double> wide(-746.0, 0.0), narrow(-1.0, 0.0);
+    double worst_ulp = 0.0, worst_x = 0.0;
+    for (int i = 0; i < 2000000; ++i) {
+        const double x = i % 2 ? wide(rng) : narrow(rng);
+        const double want = std::exp(x), got = tdt_exp_le0(x);
+        if (want < 2.2250738585072014e-308) {  // subnormal or 0: an absolute bound
+            ASSERT_LE(std::fabs(got - want), 4.9406564584124654e-324) << "x " << x;
+            continue;
+        }
+        const double ulp = std::nextafter(want, INFINITY) - want;
+        const double e = std::fabs(got - want) / ulp;
+        if (e > worst_ulp) {
+            worst_ulp = e;
+            worst_x = x;
+        }
+    }
+    EXPECT_LE(worst_ulp, 2.0) << "worst at x = " << worst_x;
+    EXPECT_EQ(tdt_exp_le0(0.0), 1.0);
+    EXPECT_EQ(tdt_exp_le0(-TDT_INF), 0.0);
+    EXPECT_EQ(tdt_exp_le0(-800.0), 0.0);
+    EXPECT_TRUE(std::isnan(tdt_exp_le0(NAN)));
 }
 
 }  // namespace

@@ -31,6 +31,13 @@
 #define TDT_FOR_ARCS(k, A) for (int k = 0; k < (A)->count; ++k)
 #endif
 
+/* TDT_UNROLL for (...): a loop of constant trip count, unrolled by either compiler. */
+#if defined(__CUDACC__)
+#define TDT_UNROLL _Pragma("unroll")
+#else
+#define TDT_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 /* +infinity as a double; INFINITY works in host and device code alike. */
 #define TDT_INF ((double)INFINITY)
 

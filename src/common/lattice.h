@@ -30,6 +30,9 @@
  * max, then independent exps and one log, with no branch between them), so the exps of one
  * node do not wait on each other. NaN in any term gives NaN; a node whose terms are all -inf
  * (or that has no arc) gets -inf; an absent arc is a -inf term and contributes exactly 0.
+ * The sweeps themselves, on both backends, take their exps from tdt_exp_le0 (branch-free: a
+ * CPU chunk vectorises it over its nodes, a GPU warp runs one path); the log-likelihood, the
+ * occupancies and the duration softmax use the math library's exp.
  *
  * Sweeps by arc slot (tdt_slot_t: the 2 * count arcs of a node as data): per slot, the weights
  * of its arc (tdt_alpha_slot_weight / tdt_beta_slot_weight: the normaliser's output, known
@@ -244,6 +247,68 @@ TDT_HD double tdt_beta_slot_term(const tdt_lattice_t *L, const tdt_diag_view_t *
  * value, so a reduction over lanes in any tree gives every lane the same max. */
 TDT_HD double tdt_lse_max(double m, double x) { return (x > m || x != x) ? x : m; }
 
+/* exp's Taylor coefficients 1/13!, 1/12!, ..., 1/2!, 1, 1, highest first (tdt_exp_le0): a
+ * local array on the host, and on a GPU an array in the constant bank, where a float64 FMA
+ * reads a coefficient as an operand (literal ones cost two uniform-register moves each, re-made
+ * every diagonal of a sweep). */
+#define TDT_EXP_TAYLOR                                                                           \
+    {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,  \
+     1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,      \
+     1.0 / 6.0,          0.5,               1.0,              1.0}
+#if defined(__CUDACC__)
+static __constant__ double tdt_exp_taylor_c[14] = TDT_EXP_TAYLOR;
+#endif
+
+/* 2^k for -1022 <= k <= 1023, from its exponent bits. */
+TDT_HD double tdt_pow2i(int k) {
+#if defined(__CUDA_ARCH__)
+    return __hiloint2double((k + 1023) << 20, 0);
+#else
+    union {
+        uint64_t u;
+        double d;
+    } v;
+    v.u = (uint64_t)(k + 1023) << 52;
+    return v.d;
+#endif
+}
+
+/* exp(x) in float64 for a log-sum-exp's x - max <= 0, with no branch, so it vectorises (the
+ * CPU's tdt_sweep_chunk: eight nodes a 512-bit vector) and a GPU warp whose lanes mix absent
+ * arcs and present ones runs one path (a GPU sweep's exp_le0): x = -inf gives exactly 0, NaN
+ * gives NaN. Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the Taylor polynomial of
+ * degree 13 (TDT_EXP_TAYLOR; truncation error below 5e-18 relative, so the result is within
+ * about 2 ulp of e^x), and 2^n applied as two factors 2^n1 2^n2 so that results down to the
+ * subnormal range come out right. The host spells two steps its own way, for the vectoriser:
+ * the clamp as a select (fmax's value; GCC calls fmax), and FMAs only where the CPU has them
+ * (a compiler targeting x86-64 without FMA would call a software fma; a multiply and an add
+ * keep the result within the same few ulp). */
+#if defined(__CUDA_ARCH__) || defined(__FMA__)
+#define TDT_EXP_FMA(a, b, c) fma(a, b, c)
+#else
+#define TDT_EXP_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+TDT_HD double tdt_exp_le0(double x) {
+#if defined(__CUDA_ARCH__)
+#define TDT_EXP_C(i) tdt_exp_taylor_c[i]
+    const double xc = fmax(x, -745.5); /* e^-745.5 rounds to 0; NaN becomes -745.5 here */
+#else
+    const double c[14] = TDT_EXP_TAYLOR;
+#define TDT_EXP_C(i) c[i]
+    const double xc = x > -745.5 ? x : -745.5;
+#endif
+    const double n = rint(xc * 1.4426950408889634);
+    double r = TDT_EXP_FMA(n, -6.93147180369123816490e-01, xc); /* ln2 high part: n * it is exact */
+    r = TDT_EXP_FMA(n, -1.90821492927058770002e-10, r);         /* ln2 low part */
+    double p = TDT_EXP_C(0);
+    TDT_UNROLL for (int i = 1; i < 14; ++i) p = TDT_EXP_FMA(p, r, TDT_EXP_C(i));
+#undef TDT_EXP_C
+    const int ni = (int)n, n1 = ni >> 1, n2 = ni - n1; /* both in [-538, 0]: normal powers */
+    const double s1 = tdt_pow2i(n1), s2 = tdt_pow2i(n2);
+    const double e = (p * s1) * s2;
+    return x != x ? x : (x < -745.5 ? 0.0 : e);
+}
+
 /* log-sum-exp from the terms' max m and sum of exp(term - m) (or its log): -inf when every term
  * is -inf (the sum is then NaN and ignored), NaN when m is NaN. */
 TDT_HD double tdt_lse_finish_log(double m, double log_sum) {
@@ -437,9 +502,11 @@ TDT_HD void tdt_sweep_geo_diag(tdt_sweep_geo_t *G, const tdt_lattice_t *L, int64
  * slots of their terms. Organised across the nodes: the terms slot by slot, then the
  * log-sum-exp's max (tdt_lse_max), its sum and tdt_lse_finish node by node within each step,
  * so the exps and logs of different nodes are independent work and the max needs no branch.
- * Each node still sees its slots in order, with tdt_lse_terms's arithmetic, except that a
- * -inf term (an arc that does not exist, or an unreachable end) is not passed to exp: it would
- * add exp(-inf - m) == 0 to the sum and never be its max, so the value is the same to the bit. */
+ * Each node still sees its slots in order, with tdt_lse_terms's arithmetic but for the exp,
+ * tdt_exp_le0 (branch-free, so each step's loop over the nodes vectorises), whose sum leaves
+ * out a -inf term (an arc that does not exist, or an unreachable end): it would add
+ * exp(-inf - m) == 0 and never be the max, except where every term is -inf (then m - m is
+ * NaN, and tdt_lse_finish gives -inf whatever the sum). */
 TDT_HD void tdt_sweep_chunk(const tdt_sweep_geo_t *G, const tdt_lattice_t *L, const tdt_arcs_t *A,
                             int64_t s, int64_t lo, int64_t hi, double *out) {
     double x[2 * TDT_MAX_DURATIONS][TDT_SWEEP_CHUNK], m[TDT_SWEEP_CHUNK], sum[TDT_SWEEP_CHUNK];
@@ -467,8 +534,10 @@ TDT_HD void tdt_sweep_chunk(const tdt_sweep_geo_t *G, const tdt_lattice_t *L, co
     for (int j = 0; j < G->n; ++j)
         for (int i = 0; i < nn; ++i) m[i] = tdt_lse_max(m[i], x[j][i]);
     for (int j = 0; j < G->n; ++j)
-        for (int i = 0; i < nn; ++i)
-            if (x[j][i] != -TDT_INF) sum[i] += exp(x[j][i] - m[i]);
+        for (int i = 0; i < nn; ++i) {
+            const double e = tdt_exp_le0(x[j][i] - m[i]);
+            sum[i] += x[j][i] != -TDT_INF ? e : 0.0;
+        }
     for (int i = 0; i < nn; ++i) {
         const double r = tdt_lse_finish(m[i], sum[i]);
         out[i] = G->is_beta ? r : tdt_alpha_start(s - lo - i, lo + i, r);

@@ -112,36 +112,17 @@ template <int G> __device__ __forceinline__ double group_sum(double x) {
     return x;
 }
 
-/* Polynomial coefficients in the constant bank: a float64 FMA reads them as an operand, where
- * literal coefficients cost two uniform-register moves each, re-made every diagonal. */
-__constant__ double c_exp_taylor[14] = {
-    1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
-    1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
-    1.0 / 6.0,          0.5,               1.0,              1.0};
-/* 2 / (2k + 1), k = 11 .. 1: log(m) = 2 atanh(z), z = (m - 1) / (m + 1). */
+/* The log's polynomial coefficients in the constant bank, as exp's (lattice.h,
+ * tdt_exp_taylor_c): a float64 FMA reads them as an operand, where literal coefficients cost
+ * two uniform-register moves each, re-made every diagonal. 2 / (2k + 1), k = 11 .. 1:
+ * log(m) = 2 atanh(z), z = (m - 1) / (m + 1). */
 __constant__ double c_log_atanh[11] = {2.0 / 23, 2.0 / 21, 2.0 / 19, 2.0 / 17, 2.0 / 15, 2.0 / 13,
                                        2.0 / 11, 2.0 / 9,  2.0 / 7,  2.0 / 5,  2.0 / 3};
 
-/* exp(x) in float64 for the log-sum-exp's x - max <= 0, with no branch: x = -inf (an absent
- * arc) gives exactly 0, NaN gives NaN. Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the
- * Taylor polynomial of degree 13 (truncation error below 5e-18 relative, so the result is
- * within about 2 ulp of e^x), and 2^n applied as two factors 2^n1 2^n2 so results down to the
- * subnormal range come out right. CUDA's exp() branches on |x| > ~708, which absent arcs
+/* exp(x) for the log-sum-exp's x - max <= 0: lattice.h's branch-free tdt_exp_le0 with its
+ * coefficients in the constant bank. CUDA's exp() branches on |x| > ~708, which absent arcs
  * (-inf) take, so a warp with both kinds of lanes ran both paths. */
-__device__ __forceinline__ double exp_le0(double x) {
-    const double xc = fmax(x, -745.5); /* e^-745.5 rounds to 0; NaN becomes -745.5 here */
-    const double n = rint(xc * 1.4426950408889634);
-    double r = fma(n, -6.93147180369123816490e-01, xc); /* ln2 high part: n * it is exact */
-    r = fma(n, -1.90821492927058770002e-10, r);         /* ln2 low part */
-    double p = c_exp_taylor[0];
-#pragma unroll
-    for (int i = 1; i < 14; ++i) p = fma(p, r, c_exp_taylor[i]);
-    const int ni = (int)n, n1 = ni >> 1, n2 = ni - n1; /* both in [-538, 0]: normal powers */
-    const double s1 = __hiloint2double((n1 + 1023) << 20, 0);
-    const double s2 = __hiloint2double((n2 + 1023) << 20, 0);
-    const double e = (p * s1) * s2;
-    return x != x ? x : (x < -745.5 ? 0.0 : e);
-}
+__device__ __forceinline__ double exp_le0(double x) { return tdt_exp_le0(x); }
 
 /* log(x) in float64 for a log-sum-exp's sum of exps, x >= 1 (the max term contributes exactly
  * 1) and finite, or NaN (kept). No branch, no special cases: x = 2^e m with m in [sqrt(1/2),
