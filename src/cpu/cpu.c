@@ -38,7 +38,16 @@ static inline float cpu_expf(float x) {
      * conversion below is always defined) and comes back through the last line. */
     float xc = x > -87.0f ? x : -87.0f;
     xc = xc < 88.0f ? xc : 88.0f;
-    const float n = floorf(xc * 1.44269504088896341f + 0.5f);
+    const float y0 = xc * 1.44269504088896341f + 0.5f;
+#if defined(__SSE4_1__) || !defined(__x86_64__)
+    const float n = floorf(y0);
+#else
+    /* x86-64 without SSE4.1 (a portable build) has no roundps: floorf would be a libm call an
+     * element, and the loop scalar. Truncation and a fix-up give floorf's value here (|y0| <
+     * 2^31) in SSE2 vectors: base f+b 242 -> 90 ms at one thread (benchmark/NOTES.md, v11). */
+    const int32_t i0 = (int32_t)y0;
+    const float n = (float)(i0 - (y0 < (float)i0));
+#endif
     float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
