@@ -308,6 +308,7 @@ TDT_HD double tdt_exp_le0(double x) {
     const double e = (p * s1) * s2;
     return x != x ? x : (x < -745.5 ? 0.0 : e);
 }
+#undef TDT_EXP_FMA
 
 /* log-sum-exp from the terms' max m and sum of exp(term - m) (or its log): -inf when every term
  * is -inf (the sum is then NaN and ignored), NaN when m is NaN. */
