@@ -9,7 +9,8 @@
 // lattices cover TDT duration sets with and without 0, RNN-T, diagonals longer than a chunk,
 // max_frames > T (rows that wrap: the per-node arrays hold diagonal s in row s mod max_frames),
 // U > T (wrapping more than once), and weights that are -inf (unreachable nodes) or NaN.
-// tdt_exp_le0 itself is checked against the C library's exp.
+// tdt_exp_le0 itself is checked against the C library's exp, and the log-likelihood at every cut
+// of the lattice (tdt_cut_slot_term: the GPU's fused schedule) against alpha's.
 
 #include <gtest/gtest.h>
 
@@ -144,6 +145,98 @@ TEST(LatticeChunks, MatchPerNodeSweepBitForBit) {
     // diagonals of several chunks: 150 nodes on the longest one
     Case wide{200, 149, 200, {0, 1, 2, 3, 4}, 0.0, 0.0};
     check_case(wide, 99);
+}
+
+// log p(y|x) at a cut (lattice.h, tdt_cut_slot_term; the GPU's fused schedule takes its
+// gradients' log-likelihood at tdt_mid_cut): for every cut c = 1 .. S of random lattices, the
+// log-sum-exp of the cut terms of all nodes below c equals alpha's tdt_log_likelihood (and
+// beta(0, 0)) to float64 rounding, and only the tdt_arcs_span(A) diagonals below c have terms.
+// Infeasible lattices (-inf weights cutting every path, or T without a landing duration) give
+// -inf at every cut.
+TEST(LatticeCut, EveryCutGivesTheLogLikelihood) {
+    const std::vector<std::vector<int>> duration_sets = {
+        {0, 1, 2, 3, 4}, {1, 2}, {0, 4}, {0, 2, 5, 7, 8, 6}, {2, 3}, {}};
+    std::mt19937 rng(11);
+    std::normal_distribution<double> normal(-2.0, 1.5);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    int checked = 0, infeasible = 0;
+    for (const auto &durs : duration_sets) {
+        for (int k = 0; k < 10; ++k) {
+            tdt_arcs_t A;
+            if (durs.empty())
+                tdt_arcs_rnnt(&A);
+            else
+                tdt_arcs_tdt(&A, durs.data(), (int)durs.size());
+            const int64_t T = 1 + (int64_t)(rng() % 40), U = (int64_t)(rng() % 30);
+            const int64_t frames = T + (int64_t)(rng() % 3), row = U + 1, nodes = frames * row;
+            const double p_neg_inf = k % 3 == 0 ? 0.1 : 0.0;
+            auto weight = [&]() { return unit(rng) < p_neg_inf ? -TDT_INF : normal(rng); };
+            std::vector<double> lp_blank(nodes), lp_label(nodes), lp_dur(nodes * A.count);
+            for (auto &x : lp_blank) x = weight();
+            for (auto &x : lp_label) x = weight();
+            for (auto &x : lp_dur) x = weight();
+            tdt_lattice_t L;
+            L.lp_blank = lp_blank.data();
+            L.lp_label = lp_label.data();
+            L.lp_dur = lp_dur.data();
+            L.row = row;
+            L.frames = frames;
+            L.T = T;
+            L.U = U;
+            const int64_t S = tdt_num_diagonals(&L), span = tdt_arcs_span(&A);
+            std::vector<double> alpha(nodes, 0.0), beta(nodes, 0.0);
+            for (int64_t i = 0; i < S; ++i) {
+                int64_t lo, hi;
+                tdt_diagonal_range(&L, i, &lo, &hi);
+                for (int64_t u = lo; u <= hi; ++u)
+                    alpha[tdt_node_index(frames, row, i - u, u)] = node_value(&L, &A, alpha.data(), i - u, u, 0);
+                const int64_t sb = S - 1 - i;
+                tdt_diagonal_range(&L, sb, &lo, &hi);
+                for (int64_t u = lo; u <= hi; ++u)
+                    beta[tdt_node_index(frames, row, sb - u, u)] = node_value(&L, &A, beta.data(), sb - u, u, 1);
+            }
+            const double ll = tdt_log_likelihood(&L, &A, alpha.data());
+            const std::string what = "T " + std::to_string(T) + ", U " + std::to_string(U) + ", " +
+                                     std::to_string(durs.size()) + " durations, case " + std::to_string(k);
+            if (ll == -TDT_INF) {
+                ++infeasible;
+                EXPECT_EQ(beta[0], -TDT_INF) << what << ": beta(0, 0) of an infeasible lattice";
+            } else {
+                ASSERT_TRUE(std::isfinite(ll)) << what << ": log-likelihood " << ll;
+                EXPECT_NEAR(beta[0], ll, 1e-12 * std::max(1.0, std::fabs(ll))) << what << ": beta(0, 0)";
+            }
+            for (int64_t c = 1; c <= S; ++c) {
+                std::vector<double> x;
+                for (int64_t s = 0; s < c; ++s) {
+                    int64_t lo, hi;
+                    tdt_diagonal_range(&L, s, &lo, &hi);
+                    for (int64_t u = lo; u <= hi; ++u)
+                        for (int j = 0; j < tdt_num_slots(&A); ++j) {
+                            const tdt_slot_t q = tdt_slot_of(&A, j);
+                            const double v = tdt_cut_slot_term(&L, &A, alpha.data(), beta.data(), &q, s - u, u, c);
+                            if (s < c - span) {
+                                ASSERT_EQ(v, -TDT_INF) << what << ", cut " << c << ": a term from diagonal "
+                                                       << s << ", more than the span " << span << " below";
+                            } else {
+                                x.push_back(v);
+                            }
+                        }
+                }
+                double m = -TDT_INF, sum = 0.0;
+                for (double v : x) m = std::max(m, v);
+                for (double v : x) sum += v == -TDT_INF ? 0.0 : std::exp(v - m);
+                const double cut = m == -TDT_INF ? -TDT_INF : m + std::log(sum);
+                if (ll == -TDT_INF)
+                    ASSERT_EQ(cut, -TDT_INF) << what << ", cut " << c;
+                else
+                    ASSERT_NEAR(cut, ll, 1e-12 * std::max(1.0, std::fabs(ll)))
+                        << what << ", cut " << c << " of " << S << " (the middle: " << tdt_mid_cut(S) << ")";
+                ++checked;
+            }
+        }
+    }
+    EXPECT_GT(checked, 1000);
+    EXPECT_GT(infeasible, 0) << "no infeasible lattice drawn: the -inf case went untested";
 }
 
 // tdt_exp_le0 (the sweeps' exp: the CPU's vectorised chunks, the GPU's staged sweeps) against

@@ -363,6 +363,42 @@ TDT_HD void tdt_diagonal_range(const tdt_lattice_t *L, int64_t s, int64_t *u_lo,
  * +inf for an infeasible sample (ll = -inf), NaN for NaN. */
 TDT_HD double tdt_cost(double ll, double fastemit_lambda) { return -(1.0 + fastemit_lambda) * ll; }
 
+/* ---- log p(y|x) at a cut ------------------------------------------------------------------ */
+
+/* The most diagonals one arc spans: the largest dt + du of the arc set (at least 1). */
+TDT_HD int64_t tdt_arcs_span(const tdt_arcs_t *A) {
+    int64_t span = 1;
+    for (int k = 0; k < A->count; ++k) {
+        if (A->blank_dur[k] > span) span = A->blank_dur[k];
+        if (A->label_dur[k] >= 0 && (int64_t)A->label_dur[k] + 1 > span) span = (int64_t)A->label_dur[k] + 1;
+    }
+    return span;
+}
+
+/* Every path of the lattice crosses the cut between diagonals c - 1 and c (0 < c <= S, S the
+ * sample's diagonals) on exactly one arc, since every arc raises the diagonal (a terminal arc
+ * lands on diagonal S). So
+ *     log p(y|x) = logsumexp over the arcs from diagonals s < c to diagonals >= c of
+ *                  alpha(source) + weight + beta(destination)   (beta 0 past a terminal arc),
+ * and these arcs leave the tdt_arcs_span(A) diagonals below c. c = S gives the terminal arcs of
+ * tdt_log_likelihood; the middle cut tdt_mid_cut(S) needs only alpha up to diagonal c - 1 and
+ * beta from diagonal c on, which both sweeps have once they have crossed the middle: the GPU's
+ * fused schedule takes its gradients' log p(y|x) there (docs/math.md, section 5). */
+TDT_HD int64_t tdt_mid_cut(int64_t S) { return S - S / 2; }
+
+/* The term of arc slot q out of node (t, u) (diagonal s = t + u < c) at the cut before diagonal
+ * c: alpha(t, u) plus beta's term of the slot (tdt_beta_slot_term), or -inf for an arc that does
+ * not exist or stays below c. */
+TDT_HD double tdt_cut_slot_term(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha,
+                                const double *beta, const tdt_slot_t *q, int64_t t, int64_t u,
+                                int64_t c) {
+    if (q->dt < 0 || t + u + q->dt + q->du < c) return -TDT_INF;
+    double lp, dur;
+    tdt_beta_slot_weight(L, A, q, t, u, &lp, &dur);
+    const tdt_diag_view_t X = {beta, -1};
+    return alpha[tdt_node_index(L->frames, L->row, t, u)] + tdt_beta_slot_term(L, &X, q, t, u, lp, dur);
+}
+
 /* ---- gradients ---------------------------------------------------------------------------- */
 
 /* The upstream gradient of sample b (tdt_backward()'s grad_costs): 1 without one; else element
