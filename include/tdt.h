@@ -112,10 +112,15 @@ typedef enum tdt_input_kind {
                                the derivative with respect to those log-probabilities */
 } tdt_input_kind_t;
 
-/* How the GPU backend orders its kernels (tdt_options_t.gpu_schedule). Every schedule gives the
- * same costs and gradients, bit for bit; they differ only in speed. A schedule the device or
- * the problem cannot take runs as TDT_GPU_SCHEDULE_SERIAL. tdt_forward() and tdt_backward() of
- * one pair must be given the same schedule (as they must be given the same options). */
+/* How the GPU backend orders its kernels (tdt_options_t.gpu_schedule). SERIAL, OVERLAP and
+ * SPLIT give the same costs and gradients, bit for bit; they differ only in speed. FUSED gives
+ * their costs bit for bit, and gradients that agree with theirs to float64 rounding (its
+ * gradients take log p(y|x) from the middle of the lattice: docs/math.md, section 5), so at most
+ * a last-bit difference in an element of the dtype. A schedule the device or the problem cannot
+ * take runs as TDT_GPU_SCHEDULE_SERIAL (FUSED: as OVERLAP, in a call that is not a one-shot call
+ * with gradients). tdt_forward() and tdt_backward() of one pair must be given the same schedule
+ * (as they must be given the same options). Any schedule is deterministic: the same call gives
+ * the same bits. */
 typedef enum tdt_gpu_schedule {
     TDT_GPU_SCHEDULE_AUTO = 0,    /* the library picks one from the shapes and the device
                                      (docs/math.md, section 5) */
@@ -123,8 +128,13 @@ typedef enum tdt_gpu_schedule {
                                      backward: the gradient pass */
     TDT_GPU_SCHEDULE_OVERLAP = 2, /* forward: the alpha and beta sweeps trail the per-node pass
                                      as it runs (sm_90); backward: the gradient pass */
-    TDT_GPU_SCHEDULE_SPLIT = 3    /* forward: the alpha sweep trails the per-node pass; backward:
+    TDT_GPU_SCHEDULE_SPLIT = 3,   /* forward: the alpha sweep trails the per-node pass; backward:
                                      the beta sweep, the gradient pass trailing it (sm_90) */
+    TDT_GPU_SCHEDULE_FUSED = 4    /* compute_tdt_loss() with gradients: OVERLAP's forward, with
+                                     the gradient pass trailing both sweeps from the lattice's
+                                     middle out, while they run (sm_90); AUTO takes it for such
+                                     calls where it takes OVERLAP for long rows (sweeps split
+                                     over thread-block clusters) */
 } tdt_gpu_schedule_t;
 
 /* ---------------------------------------------------------------------------------------------

@@ -541,7 +541,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
         EXPECT_TRUE(tdt_workspace_layout(s.B, s.T, s.U, s.D(), &l));
         EXPECT_EQ((uintptr_t)work.p % TDT_WS_ALIGN, 0u);  // cudaMalloc: the layout starts at p
         const std::vector<uint8_t> raw = work.download();
-        out.order.resize((size_t)(1 + tdt_ws_layers(s.T, s.U) + s.B));
+        out.order.resize((size_t)tdt_ws_counters(s.B, s.T, s.U));
         std::memcpy(out.order.data(), raw.data() + l.order, out.order.size() * 4);
     }
     out.raw_costs = costs.download();
@@ -599,6 +599,39 @@ void expect_close_vec(const char *what, const std::vector<double> &gpu,
                       << ", t" << t << ", u" << u << ", " << k << "): gpu " << gpu[first] << " cpu "
                       << cpu[first] << "; max |diff| " << worst << " [" << s.str() << "]";
     }
+}
+
+// Two gradient buffers (the same layout, dtype dt, as the bytes were written) that agree to the
+// rounding of log p(y|x): the fused schedule takes it from the lattice's middle cut, the others
+// from its end (tdt.h, tdt_gpu_schedule_t), which moves a float64 gradient by ~1e-14 and can move
+// an element of the narrower dtypes to its neighbour. So each element the same bits, both NaN,
+// within 1e-12, or one step of the dtype apart (neighbouring bit patterns of one sign).
+void expect_within_rounding(const std::vector<uint8_t> &a, const std::vector<uint8_t> &b,
+                            tdt_dtype_t dt, const std::string &what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    const size_t es = esize(dt);
+    auto ordered = [&](const std::vector<uint8_t> &v, size_t i) {
+        uint64_t bits = 0;
+        std::memcpy(&bits, v.data() + i, es);  // little-endian: the element's own bits
+        const uint64_t sign = (uint64_t)1 << (8 * es - 1);
+        return (bits & sign) ? -(int64_t)(bits & (sign - 1)) : (int64_t)bits;
+    };
+    size_t bad = 0, steps = 0, first = 0;
+    for (size_t i = 0; i + es <= a.size(); i += es) {
+        if (std::memcmp(a.data() + i, b.data() + i, es) == 0) continue;
+        const double x = load_el(a.data(), (int64_t)(i / es), dt), y = load_el(b.data(), (int64_t)(i / es), dt);
+        if ((std::isnan(x) && std::isnan(y)) || std::fabs(x - y) <= 1e-12) continue;
+        const int64_t d = ordered(a, i) - ordered(b, i);
+        if (d == 1 || d == -1) {
+            ++steps;
+            continue;
+        }
+        if (!bad) first = i / es;
+        ++bad;
+    }
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements beyond rounding, the first element " << first
+                       << ": " << load_el(a.data(), (int64_t)first, dt) << " against "
+                       << load_el(b.data(), (int64_t)first, dt) << " (" << steps << " one step apart)";
 }
 
 void expect_match(const Out &gpu, const Out &cpu, const Spec &s, bool grads = true) {
@@ -802,15 +835,26 @@ Spec medium(tdt_dtype_t dt) {
     return s;
 }
 
+// The one-shot call and the forward/backward pair: the same bits under AUTO and OVERLAP; under
+// FUSED (sm_90: the gradient pass beside the sweeps, log p(y|x) from the lattice's middle), the
+// same costs and gradients to rounding.
 TEST(GpuCalls, ForwardBackwardEqualsOneShotBitwise) {
     REQUIRE_GPU();
     for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16, TDT_DTYPE_FLOAT64}) {
         Host h = make_host(medium(dt));
         RunOpts one, pair;
         pair.mode = Mode::FwdBwd;
-        Out a = run_gpu(h, one), b = run_gpu(h, pair);
-        EXPECT_EQ(a.raw_costs, b.raw_costs) << dt_name(dt);
-        EXPECT_EQ(a.raw_gtok, b.raw_gtok) << dt_name(dt);
+        Out b = run_gpu(h, pair);
+        for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_AUTO, TDT_GPU_SCHEDULE_OVERLAP}) {
+            one.schedule = sch;
+            Out a = run_gpu(h, one);
+            EXPECT_EQ(a.raw_costs, b.raw_costs) << dt_name(dt) << ", schedule " << (int)sch;
+            EXPECT_EQ(a.raw_gtok, b.raw_gtok) << dt_name(dt) << ", schedule " << (int)sch;
+        }
+        one.schedule = TDT_GPU_SCHEDULE_FUSED;
+        Out f = run_gpu(h, one);
+        EXPECT_EQ(f.raw_costs, b.raw_costs) << dt_name(dt) << ", FUSED";
+        expect_within_rounding(f.raw_gtok, b.raw_gtok, dt, std::string(dt_name(dt)) + ", FUSED");
     }
 }
 
@@ -974,9 +1018,14 @@ TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
 // gradients must be the same bits under each, against SERIAL, in the one-shot call and the
 // forward/backward pair (backward run twice over one workspace: the split schedule recomputes
 // beta there), with samples the split backward must not wait for: bad data (NaN cost), an
-// infeasible sample (durations without 1, T_b = 1), T_b = 0, U_b = 0. The workspace's counters
-// show which schedule ran: untouched (NaN poison) after SERIAL, the forward's layer counts after
-// OVERLAP, every sample's final beta count (INT_MAX) after SPLIT.
+// infeasible sample (durations without 1, T_b = 1), T_b = 0, U_b = 0. The one exception is the
+// fused schedule's one-shot call (FUSED; AUTO takes it for long rows only, not these), whose
+// gradients take log p(y|x) from the lattice's middle: the same costs, gradients the same to
+// rounding. The
+// workspace's counters show which schedule ran: untouched (NaN poison) after SERIAL, the
+// forward's layer counts after OVERLAP, every sample's final beta count (INT_MAX) after SPLIT,
+// and after the fused one-shot call every sample's final alpha and beta counts and each lattice's
+// cut done.
 TEST(GpuCalls, SchedulesMatchSerialBitwise) {
     REQUIRE_GPU();
     int dev = 0, major = 0;
@@ -1015,7 +1064,8 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
         const Out ref = run_gpu(h, serial);
         for (int32_t v : ref.order) EXPECT_EQ(v, -1) << s.str() << ": SERIAL touched a counter";
         EXPECT_TRUE(std::isnan(ref.costs[1])) << s.str() << ": bad sample 1 cost " << ref.costs[1];
-        for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_OVERLAP, TDT_GPU_SCHEDULE_SPLIT, TDT_GPU_SCHEDULE_AUTO}) {
+        for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_OVERLAP, TDT_GPU_SCHEDULE_SPLIT, TDT_GPU_SCHEDULE_FUSED,
+                                       TDT_GPU_SCHEDULE_AUTO}) {
             for (Mode m : {Mode::FwdBwd, Mode::OneShot, Mode::CostsOnly}) {
                 RunOpts ro;
                 ro.mode = m;
@@ -1027,12 +1077,28 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
                                          (m == Mode::OneShot ? ", one-shot"
                                           : m == Mode::CostsOnly ? ", costs only" : ", backward twice");
                 EXPECT_EQ(o.raw_costs, ref.raw_costs) << what << ": costs";
-                if (m != Mode::CostsOnly) {
+                const bool fused = m == Mode::OneShot && sch == TDT_GPU_SCHEDULE_FUSED;
+                if (fused) {
+                    expect_within_rounding(o.raw_gtok, ref.raw_gtok, cs.dt, what + ": token gradient");
+                    expect_within_rounding(o.raw_gdur, ref.raw_gdur, cs.dt, what + ": duration gradient");
+                } else if (m != Mode::CostsOnly) {
                     EXPECT_EQ(o.raw_gtok, ref.raw_gtok) << what << ": token gradient";
                     EXPECT_EQ(o.raw_gdur, ref.raw_gdur) << what << ": duration gradient";
                 }
                 if (major < 9) continue;  // the overlapped schedules need sm_90: SERIAL ran
                 const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
+                if (fused) {
+                    for (int64_t b = 0; b < s.B; ++b) {
+                        const std::string sb = what + ": sample " + std::to_string(b);
+                        EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX) << sb << "'s beta progress";
+                        EXPECT_EQ(o.order[1 + K + (size_t)(s.B + b)], INT32_MAX) << sb << "'s alpha progress";
+                        // every chunk of a lattice's cut counted, and the cut done (kCutDone);
+                        // a sample without a lattice (T_b = 0) has none
+                        EXPECT_EQ(o.order[1 + K + (size_t)(2 * s.B + b)], h.T[b] > 0 ? 2 * TDT_WS_CUT_CHUNKS : 0)
+                            << sb << "'s cut";
+                    }
+                    continue;
+                }
                 if (m == Mode::CostsOnly) {
                     // alpha alone: under OVERLAP and SPLIT it trails the ordered normaliser
                     // (one diagonal a layer); no beta, so no beta progress count
@@ -1046,7 +1112,8 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
                     for (int64_t b = 0; b < s.B; ++b)
                         EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX)
                             << what << ": sample " << b << "'s beta progress";
-                } else if (sch == TDT_GPU_SCHEDULE_OVERLAP) {
+                } else if (sch == TDT_GPU_SCHEDULE_OVERLAP || sch == TDT_GPU_SCHEDULE_FUSED) {
+                    // FUSED's pair runs as OVERLAP
                     EXPECT_GT(o.order[1], 0) << what << ": layer 0 of the ordered normaliser";
                     EXPECT_EQ(o.order[1 + K], -1) << what << ": a beta progress count was written";
                 }
@@ -1173,6 +1240,46 @@ TEST(GpuLong, RingSweepBeyondTheStagedRing) {
         s.T = which ? 100 : 300; s.U = which ? 500 : 460;
         s.Tb = {(int)s.T, (int)s.T - 17}; s.Ub = {(int)s.U, (int)s.U - 29};
         check_vs_cpu(s);
+    }
+}
+
+// The fused schedule over the cluster split (rows of 301 nodes, one sample: where AUTO takes it
+// for a one-shot call with gradients): against the CPU backend, against SERIAL (the same costs,
+// gradients to rounding: log p(y|x) from the lattice's middle), the same bits again under AUTO
+// and on a second run, and (sm_90) the workspace's counters show it ran: the sample's final
+// alpha and beta counts, its cut done. A sample shorter than the padded extent, TDT with
+// durations 0..4 and {1, 2, 4} (bfloat16), and RNN-T.
+TEST(GpuLong, FusedScheduleOverClusters) {
+    REQUIRE_GPU();
+    int dev = 0, major = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    for (int which = 0; which < 3; ++which) {
+        Spec s; s.B = 1; s.T = 160; s.U = 300; s.V = 24; s.scale = 0.5; s.seed = 60 + which;
+        s.Tb = {150}; s.Ub = {280};
+        if (which == 1) { s.durs = {1, 2, 4}; s.dt = TDT_DTYPE_BFLOAT16; }
+        if (which == 2) s.durs = {};
+        Host h = make_host(s);
+        RunOpts fused;
+        fused.schedule = TDT_GPU_SCHEDULE_FUSED;
+        fused.keep_order = true;
+        const Out f = run_gpu(h, fused);
+        expect_match(f, run_cpu(h, RunOpts()), s);
+        RunOpts serial;
+        serial.schedule = TDT_GPU_SCHEDULE_SERIAL;
+        const Out r = run_gpu(h, serial);
+        EXPECT_EQ(f.raw_costs, r.raw_costs) << s.str() << ": costs";
+        expect_within_rounding(f.raw_gtok, r.raw_gtok, s.dt, s.str() + ": token gradient");
+        expect_within_rounding(f.raw_gdur, r.raw_gdur, s.dt, s.str() + ": duration gradient");
+        const Out again = run_gpu(h, fused), autos = run_gpu(h, RunOpts());
+        EXPECT_EQ(again.raw_gtok, f.raw_gtok) << s.str() << ": a second run";
+        EXPECT_EQ(again.raw_gdur, f.raw_gdur) << s.str() << ": a second run";
+        if (major < 9) continue;  // SERIAL ran
+        EXPECT_EQ(autos.raw_gtok, f.raw_gtok) << s.str() << ": AUTO";
+        const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
+        EXPECT_EQ(f.order[1 + K], INT32_MAX) << s.str() << ": beta progress";
+        EXPECT_EQ(f.order[2 + K], INT32_MAX) << s.str() << ": alpha progress";
+        EXPECT_EQ(f.order[3 + K], 2 * TDT_WS_CUT_CHUNKS) << s.str() << ": the cut";
     }
 }
 

@@ -61,15 +61,16 @@ def workspace_bound(batch, max_frames, rows, num_durations):
 
     Used where the size must be known from (possibly symbolic) shapes alone: the fake
     implementation of the torch.compile custom op. It mirrors the layout drawn in
-    src/common/workspace.h (five per-node double arrays, Dw per-node duration doubles, two (B)
-    arrays, the GPU's 1 + (T + U) + B int32 counters, a small header, one alignment
-    pad per sub-buffer plus the pointer slack), and every real call checks it against the
-    library's own answer, so a layout change cannot go unnoticed.
+    src/common/workspace.h (five per-node double arrays, Dw per-node duration doubles, the (B)
+    arrays: two doubles, 32 double pairs and an int32 a sample, the GPU's 2 + (T + U) + 3 B int32
+    counters, a small header, one alignment pad per sub-buffer plus the pointer slack), and every
+    real call checks it against the library's own answer, so a layout change cannot go
+    unnoticed.
     """
     nodes = batch * max_frames * rows
     dw = max(int(num_durations), 1)
-    counters = max_frames + rows + batch  # 1 + (T + U) + B, with rows = U + 1
-    return 8 * nodes * (5 + dw) + 12 * batch + 4 * counters + 64 + 12 * 256
+    counters = 1 + max_frames + rows + 3 * batch  # 2 + (T + U) + 3 B, with rows = U + 1
+    return 8 * nodes * (5 + dw) + (16 + 512 + 4) * batch + 4 * counters + 64 + 14 * 256
 
 
 # Data pointers of the last gradient buffers written (token, duration): lets the tests check
@@ -103,12 +104,14 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 _SCHEDULES = {"auto": _lib.GPU_SCHEDULE_AUTO, "serial": _lib.GPU_SCHEDULE_SERIAL,
-              "overlap": _lib.GPU_SCHEDULE_OVERLAP, "split": _lib.GPU_SCHEDULE_SPLIT}
+              "overlap": _lib.GPU_SCHEDULE_OVERLAP, "split": _lib.GPU_SCHEDULE_SPLIT,
+              "fused": _lib.GPU_SCHEDULE_FUSED}
 
 
 def gpu_schedule():
-    """tdt_options_t.gpu_schedule from WARP_TDT_GPU_SCHEDULE (auto, serial, overlap or split;
-    default auto): the GPU's kernel order, for benchmarking. Every schedule gives the same
+    """tdt_options_t.gpu_schedule from WARP_TDT_GPU_SCHEDULE (auto, serial, overlap, split or
+    fused; default auto): the GPU's kernel order, for benchmarking. The binding's forward and
+    backward are separate calls, so fused runs as overlap here, and every schedule gives the same
     results, bit for bit."""
     name = os.environ.get("WARP_TDT_GPU_SCHEDULE", "auto")
     value = _SCHEDULES.get(name.lower())

@@ -12,10 +12,16 @@
  *                     | beta     [N]      | double                                      |
  *                     | lp_dur   [N * Dw] | double, Dw = max(num_durations, 1)          |
  *                     | ll       [B]      | double: log p(y|x) per sample               |
+ *                     | ll_cut   [B]      | double: log p(y|x) at the middle cut (GPU,  |
+ *                     |                   | the fused schedule's gradients)             |
+ *                     | cut_part [B * C]  | double pairs: its chunks' partial sums      |
+ *                     |                   | (C = TDT_WS_CUT_CHUNKS)                     |
  *                     | state    [B]      | int32: per-sample state flags (GPU)         |
- *                     | order [1 + K + B] | int32, the GPU's overlapped schedules: a    |
+ *                     | order [2 + K + 3B]| int32, the GPU's overlapped schedules: a    |
  *                     |                   | work ticket, K = T + U per-layer done       |
- *                     |                   | counts, B per-sample beta progress counts   |
+ *                     |                   | counts, B per-sample beta progress counts,  |
+ *                     |                   | B alpha progress counts, B cut chunk        |
+ *                     |                   | counts, the gradient pass's own ticket      |
  *                     |                   | (nothing when B == 0)                       |
  *
  * The per-node arrays hold sample b's nodes at b * max_frames * (max_labels + 1) +
@@ -30,6 +36,9 @@
 
 #define TDT_WS_ALIGN ((size_t)256)
 #define TDT_WS_MAGIC 0x5444545f46574431ull /* "TDT_FWD1": a forward pass filled this */
+/* Chunks of a sample's middle-cut log-likelihood (the GPU's fused schedule): one warp each,
+ * their partial log-sum-exps kept as (max, sum) pairs. */
+#define TDT_WS_CUT_CHUNKS 32
 
 /* Written by the CPU forward pass, checked by the CPU backward pass. */
 typedef struct tdt_ws_header {
@@ -40,7 +49,7 @@ typedef struct tdt_ws_header {
 
 /* Byte offsets from the aligned base. */
 typedef struct tdt_ws_layout {
-    size_t header, lp_blank, lp_label, lse, alpha, beta, lp_dur, ll, state, order;
+    size_t header, lp_blank, lp_label, lse, alpha, beta, lp_dur, ll, ll_cut, cut_part, state, order;
     size_t total; /* bytes from the aligned base to the end */
     int64_t nodes;       /* N */
     int64_t dur_stride;  /* Dw */
@@ -49,10 +58,13 @@ typedef struct tdt_ws_layout {
 /* Pointers into one carved workspace. */
 typedef struct tdt_ws {
     tdt_ws_header_t *header;
-    double *lp_blank, *lp_label, *lse, *alpha, *beta, *lp_dur, *ll;
+    double *lp_blank, *lp_label, *lse, *alpha, *beta, *lp_dur, *ll, *ll_cut, *cut_part;
     int32_t *state;
     int32_t *order; /* [0]: next work ticket; [1 + k]: finished tickets of layer k (forward);
-                       [1 + K + b]: beta diagonals of sample b published (backward) */
+                       [1 + K + b]: beta diagonals of sample b published (split backward,
+                       fused); [1 + K + B + b]: alpha diagonals of sample b published, and
+                       [1 + K + 2B + b]: sample b's cut chunks done (fused);
+                       [1 + K + 3B]: the fused gradient pass's next ticket */
 } tdt_ws_t;
 
 TDT_HD size_t tdt_align_up(size_t x) { return (x + TDT_WS_ALIGN - 1) & ~(TDT_WS_ALIGN - 1); }
@@ -80,6 +92,11 @@ TDT_HD int tdt_ws_take(size_t *cursor, size_t count, size_t elem, size_t *offset
  * called for B > 0, where max_frames * (max_labels + 1) fits and so does the sum. */
 TDT_HD int64_t tdt_ws_layers(int64_t max_frames, int64_t max_labels) { return max_frames + max_labels; }
 
+/* The int32 counters of the order array (tdt_ws_t.order), for batch > 0. */
+TDT_HD int64_t tdt_ws_counters(int64_t batch, int64_t max_frames, int64_t max_labels) {
+    return 2 + tdt_ws_layers(max_frames, max_labels) + 3 * batch;
+}
+
 /* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T). 0 on overflow. */
 TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_labels,
                                 int64_t num_durations, tdt_ws_layout_t *l) {
@@ -96,11 +113,13 @@ TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_l
              tdt_ws_take(&cursor, nodes, sizeof(double), &l->beta) &&
              tdt_ws_take(&cursor, dur_elems, sizeof(double), &l->lp_dur) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll) &&
+             tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll_cut) &&
+             tdt_ws_take(&cursor, (size_t)batch, 2 * TDT_WS_CUT_CHUNKS * sizeof(double), &l->cut_part) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(int32_t), &l->state);
     if (!ok) return 0;
     /* No lattice, no counters: an empty batch's size does not grow with max_frames. Else the
-     * node arrays fit, so T + U + B (at most 2 B T (U + 1) + U) cannot overflow. */
-    const int64_t counters = batch > 0 ? 1 + tdt_ws_layers(max_frames, max_labels) + batch : 0;
+     * node arrays fit, so T + U + 3 B (at most 4 B T (U + 1) + U) cannot overflow. */
+    const int64_t counters = batch > 0 ? tdt_ws_counters(batch, max_frames, max_labels) : 0;
     if (!tdt_ws_take(&cursor, (size_t)counters, sizeof(int32_t), &l->order)) return 0;
     l->total = cursor;
     l->nodes = (int64_t)nodes;
@@ -119,6 +138,8 @@ TDT_HD void tdt_workspace_carve(const tdt_ws_layout_t *l, void *workspace, tdt_w
     ws->beta = (double *)(base + l->beta);
     ws->lp_dur = (double *)(base + l->lp_dur);
     ws->ll = (double *)(base + l->ll);
+    ws->ll_cut = (double *)(base + l->ll_cut);
+    ws->cut_part = (double *)(base + l->cut_part);
     ws->state = (int32_t *)(base + l->state);
     ws->order = (int32_t *)(base + l->order);
 }

@@ -12,7 +12,7 @@
 
 cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env,
                                      cudaStream_t stream) {
-    return sweep_launch<0>(a, span, env, stream);
+    return sweep_launch<0>(a, span, env, stream, NULL); /* never fused: no ordered gradient kernel */
 }
 
 cudaError_t tdt_launch_grad_generic(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,

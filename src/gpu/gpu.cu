@@ -8,7 +8,9 @@
  *               the order the sweep consumes its values, the sweep as its programmatic
  *               dependent (sweep.cuh, "The overlapped schedules"; the split schedule: alpha alone)
  *     backward: grad (per node); for the split schedule (tdt_gpu_schedule_t) the beta sweep
- *               first, the gradient pass trailing it as its programmatic dependent
+ *               first, the gradient pass trailing it as its programmatic dependent; for the
+ *               fused schedule (a one-shot call), enqueued by the forward, the gradient pass
+ *               trailing both sweeps as they run
  * Nothing else: no allocation (the caller's workspace holds every intermediate), no host
  * synchronisation, no stream or event creation, so the whole call can be captured in a CUDA
  * graph. The only state touched is the calling thread's current device, switched to the
@@ -89,11 +91,13 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
 
     tdt_gpu_args_t a;
     build_args(c, &a);
+    bool bwd_done = false; /* the fused schedule runs a one-shot call's backward in its forward */
     if (c->do_forward) {
-        e = tdt_launch_forward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream);
+        e = tdt_launch_forward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream,
+                               c->do_backward ? &bwd_done : NULL);
         if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
     }
-    if (c->do_backward) {
+    if (c->do_backward && !bwd_done) {
         e = tdt_launch_backward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream);
         if (e != cudaSuccess) return cuda_fail(e, "launching the backward's kernels");
     }

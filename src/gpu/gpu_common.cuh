@@ -71,6 +71,13 @@ typedef struct tdt_gpu_args {
      * layer k = diagonal S_b - 1 - k of every sample, over fwd_layers layers. */
     int32_t *bwd_progress;
     int bwd_tickets;
+    /* The fused schedule (a one-shot call with gradients: sweep.cuh, "The fused schedule";
+     * NULL: not this call): the alpha sweep publishes each sample's finished steps in
+     * fus_alpha[b] (the beta sweep in bwd_progress[b]), the gradient pass counts sample b's
+     * finished cut chunks in fus_cut[b] and takes its tickets from *fus_ticket, the first
+     * fus_cut_layers of its layers being the cut chunks' tickets. */
+    int32_t *fus_alpha, *fus_cut, *fus_ticket;
+    int fus_cut_layers;
 } tdt_gpu_args_t;
 
 /* ---- element types ---------------------------------------------------------------------------
@@ -309,9 +316,10 @@ __device__ __forceinline__ void tdt_st_release(int32_t *p, int v) {
 /* Slot q of layer k, as (sample b, node t, u): layer k holds, of every sample with S_b =
  * T_b + U_b diagonals, diagonal k (ends 1, rev 0), diagonal S_b - 1 - k (ends 1, rev 1), or both
  * (ends 2: diagonal k and, while distinct, S_b - 1 - k; a sample's diagonals are then spread
- * over its first ceil(S_b / 2) layers). A layer has ends * B * a.fwd_dlen slots: sample-major,
- * then end, then position on the diagonal. 0 for a slot with no node (past its diagonal's
- * end, past the sample's last layer, or a sample whose lengths are out of range). */
+ * over its first L_b = ceil(S_b / 2) layers; with rev 1, from the middle out: layer k is then
+ * what layer L_b - 1 - k is in the other order). A layer has ends * B * a.fwd_dlen slots:
+ * sample-major, then end, then position on the diagonal. 0 for a slot with no node (past its
+ * diagonal's end, past the sample's last layer, or a sample whose lengths are out of range). */
 __device__ __forceinline__ int tdt_layer_node(const tdt_gpu_args_t &a, int64_t k, int64_t q,
                                               int ends, int rev, int64_t *b, int64_t *t,
                                               int64_t *u, int64_t *Ub) {
@@ -322,7 +330,12 @@ __device__ __forceinline__ int tdt_layer_node(const tdt_gpu_args_t &a, int64_t k
     const int64_t j = r - (ends == 2 ? end * dlen : 0);
     int64_t Tb;
     if (!tdt_sample_lengths(a, *b, &Tb, Ub) || Tb == 0) return 0;
-    const int64_t S = Tb + *Ub, s = end ? S - 1 - k : k;
+    const int64_t S = Tb + *Ub;
+    if (ends == 2 && rev) {
+        k = (S + 1) / 2 - 1 - k;
+        if (k < 0) return 0;
+    }
+    const int64_t s = end ? S - 1 - k : k;
     /* ends 2: end 0 while k <= S - 1 - k, end 1 while S - 1 - k > k (the middle diagonal once) */
     if (ends == 2 ? !(end ? s > k : k <= S - 1 - k) : !(k < S)) return 0;
     const int64_t lo = s - (Tb - 1) > 0 ? s - (Tb - 1) : 0;
@@ -375,9 +388,10 @@ cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dt
 /* Its blocks a device SM holds (cl <= 1), or its clusters of cl blocks the device holds. */
 cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit);
 /* The forward: the normaliser and the sweep, one after the other or overlapped (sweep.cuh);
- * a.fwd_* are set here, on a copy. */
+ * a.fwd_* are set here, on a copy. bwd_done (NULL: none) for a one-shot call whose backward
+ * follows: set when the fused schedule (sweep.cuh) ran the gradient pass here as well. */
 cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
-                               tdt_gpu_schedule_t schedule, cudaStream_t stream);
+                               tdt_gpu_schedule_t schedule, cudaStream_t stream, bool *bwd_done);
 /* The backward: the gradient pass, or for the split schedule the beta sweep with the ordered
  * gradient pass trailing it (sweep.cuh). */
 cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
@@ -391,6 +405,10 @@ cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_
  * a.bwd_* set. Arc counts with their own instantiation only (tdt_with_arcs). */
 cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                     cudaStream_t stream);
+/* The same kernel for the fused schedule (sweep.cuh), the programmatic dependent of both
+ * sweeps; a.fus_* set as well. */
+cudaError_t tdt_launch_grad_fused(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
+                                  cudaStream_t stream);
 /* What the launchers of the forward and of the split backward know of the device and the call;
  * both derive the same schedule from it. */
 typedef struct tdt_fwd_env {

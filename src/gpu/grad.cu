@@ -1,7 +1,8 @@
 /*
  * grad.cu - the gradient kernel (grad.cuh has its math, mapping and limits), instantiated for
  * the common arc counts, where lattice.h's per-arc loops unroll fully and the node's
- * coefficients stay in registers; other counts go to generic.cu.
+ * coefficients stay in registers; other counts go to generic.cu. The split schedule's ordered
+ * kernel is here too, the fused schedule's in grad_fused.cu.
  */
 #include "grad.cuh"
 
@@ -18,15 +19,6 @@ struct plain_arcs {
     cudaStream_t stream;
     template <int KD> cudaError_t go() const { return grad_launch<KD>(a, dtype, num_sms, stream); }
 };
-struct ordered_arcs {
-    const tdt_gpu_args_t &a;
-    tdt_dtype_t dtype;
-    int blocks;
-    cudaStream_t stream;
-    template <int KD> cudaError_t go() const {
-        return tdt_with_dtype(dtype, a.V, grad_in_order<KD>{a, blocks, stream});
-    }
-};
 
 } /* namespace */
 
@@ -39,7 +31,5 @@ cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_
 
 cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                     cudaStream_t stream) {
-    bool done;
-    const cudaError_t e = tdt_with_arcs(a.arcs.count, ordered_arcs{a, dtype, blocks, stream}, &done);
-    return done ? e : cudaErrorInvalidValue;
+    return grad_ordered_launch<false>(a, dtype, blocks, stream);
 }

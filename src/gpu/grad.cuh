@@ -171,14 +171,127 @@ __device__ __forceinline__ typename tdt_elem<DT>::T special_grad(const tdt_gpu_a
 
 /* The beta sweep of the split schedule publishes sample b's finished steps in p[b]; a node on
  * layer k (diagonal S_b - 1 - k) needs steps 0..k. Every lane of the group polls. */
-__device__ __noinline__ void grad_wait(const int32_t *p, int need) {
+__device__ __noinline__ void grad_wait(const int32_t *p, int64_t need) {
     while (tdt_ld_acquire(p) < need) __nanosleep(128);
+}
+
+/* The fused schedule's wait: its tickets run far ahead of the sweeps (a whole half lattice at
+ * first), so a waiting group backs off up to ~2 us between polls, leaving L2 to the sweeps. */
+__device__ __noinline__ void fused_wait(const int32_t *p, int64_t need) {
+    unsigned ns = 64;
+    while (tdt_ld_acquire(p) < need) {
+        __nanosleep(ns);
+        ns = ns < 2048 ? 2 * ns : ns;
+    }
+}
+
+/* ---- the middle cut's log-likelihood (the fused schedule) -------------------------------------
+ * lattice.h, tdt_mid_cut: the fused schedule's gradients take log p(y|x) from the arcs across
+ * the middle of each lattice, which both sweeps have passed long before the alpha sweep ends.
+ * The cut's terms leave the span diagonals below it: that window, dlen node slots a diagonal,
+ * is dealt to TDT_WS_CUT_CHUNKS chunks (slot w to chunk (w / 32) mod chunks, lane w mod 32),
+ * each a warp's ticket. A lane merges its terms into a (max, sum) pair, the warp merges its
+ * lanes' (xor butterfly), lane 0 keeps the chunk's pair in the workspace and counts it in
+ * fus_cut[b]; the chunk that completes the count merges the sample's pairs in chunk order,
+ * writes ll_cut[b] and releases fus_cut[b] = kCutDone. So the value is one fixed order of
+ * operations whichever warp finishes last: deterministic. The merge spells out its roundings
+ * (no FMA contraction), so a pair merged either way round gives the same bits. A lane adds its
+ * terms one at a time (the online log-sum-exp: one exp a term). */
+const int kCutDone = 2 * TDT_WS_CUT_CHUNKS;
+
+struct lse_pair {
+    double m, s; /* log-sum-exp = m + log(s) */
+};
+
+__device__ __forceinline__ lse_pair lse_merge(const lse_pair &x, const lse_pair &y) {
+    lse_pair r;
+    r.m = tdt_lse_max(x.m, y.m);
+    r.s = r.m == -TDT_INF ? 0.0
+                          : __dadd_rn(__dmul_rn(x.s, exp(x.m - r.m)), __dmul_rn(y.s, exp(y.m - r.m)));
+    return r;
+}
+
+/* Warp-wide: chunk ck of the cut terms of a sample's lattice L (alpha, beta: its arrays),
+ * merged over the warp (every lane the same). Not inlined: one copy serves every kernel. */
+__device__ __noinline__ lse_pair cut_chunk(const tdt_lattice_t L, const tdt_arcs_t A,
+                                           const double *alpha, const double *beta, int ck) {
+    const int64_t S = L.T + L.U, c = tdt_mid_cut(S), span = tdt_arcs_span(&A);
+    const int64_t s0 = c > span ? c - span : 0, dlen = L.T < L.U + 1 ? L.T : L.U + 1;
+    const int64_t n = (c - s0) * dlen;
+    const int nsl = tdt_num_slots(&A);
+    lse_pair p = {-TDT_INF, 0.0};
+    for (int64_t w = (int64_t)ck * 32 + (threadIdx.x & 31); w < n; w += 32 * TDT_WS_CUT_CHUNKS) {
+        const int64_t s = s0 + w / dlen;
+        int64_t lo, hi;
+        tdt_diagonal_range(&L, s, &lo, &hi);
+        const int64_t u = lo + w % dlen;
+        if (u > hi) continue;
+#pragma unroll 1
+        for (int j = 0; j < nsl; ++j) {
+            const tdt_slot_t q = tdt_slot_of(&A, j);
+            const double x = tdt_cut_slot_term(&L, &A, alpha, beta, &q, s - u, u, c);
+            if (x > p.m) { /* online: rescale the sum to the new max */
+                p.s = __dadd_rn(__dmul_rn(p.s, exp(p.m - x)), 1.0);
+                p.m = x;
+            } else if (x != -TDT_INF) { /* NaN included: the sum turns NaN */
+                p.s = __dadd_rn(p.s, exp(x - p.m));
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+        lse_pair y;
+        y.m = __shfl_xor_sync(0xffffffffu, p.m, o);
+        y.s = __shfl_xor_sync(0xffffffffu, p.s, o);
+        p = lse_merge(p, y);
+    }
+    return p;
+}
+
+/* Warp-wide: cut ticket id = chunk id % chunks of sample id / chunks, once both sweeps have
+ * passed the cut. Samples with no lattice (lengths out of range, T_b = 0) have no chunks: no
+ * gradient node of theirs waits for a cut. A sample with bad labels (state BAD_DATA, written
+ * before its alpha count went up) counts its chunks without terms. */
+template <int KD>
+__device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t id) {
+    const int64_t b = id / TDT_WS_CUT_CHUNKS;
+    const int ck = (int)(id - b * TDT_WS_CUT_CHUNKS);
+    int64_t Tb, Ub;
+    if (!tdt_sample_lengths(a, b, &Tb, &Ub) || Tb == 0) return;
+    const int64_t S = Tb + Ub, c = tdt_mid_cut(S);
+    fused_wait(a.fus_alpha + b, c);         /* alpha of diagonals 0 .. c - 1 */
+    fused_wait(a.bwd_progress + b, S - c);  /* beta of diagonals c .. S - 1 */
+    lse_pair p = {-TDT_INF, 0.0};
+    const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
+    if (a.ws.state[b] == TDT_GPU_STATE_OK)
+        p = cut_chunk(tdt_sample_lattice(a, b, Tb, Ub), A, a.ws.alpha + off, a.ws.beta + off, ck);
+    if ((threadIdx.x & 31) == 0) {
+        double *part = a.ws.cut_part + 2 * (b * TDT_WS_CUT_CHUNKS + ck);
+        part[0] = p.m;
+        part[1] = p.s;
+        __threadfence();
+        if (atomicAdd(a.fus_cut + b, 1) == TDT_WS_CUT_CHUNKS - 1) { /* the sample's last chunk */
+            __threadfence();
+            const double *all = a.ws.cut_part + 2 * b * TDT_WS_CUT_CHUNKS;
+            lse_pair r = {-TDT_INF, 0.0};
+            for (int i = 0; i < TDT_WS_CUT_CHUNKS; ++i) {
+                const lse_pair x = {__ldcg(all + 2 * i), __ldcg(all + 2 * i + 1)};
+                r = lse_merge(r, x);
+            }
+            a.ws.ll_cut[b] = tdt_lse_finish_log(r.m, log(r.s));
+            tdt_st_release(a.fus_cut + b, kCutDone); /* fences itself */
+        }
+    }
+    __syncwarp();
 }
 
 /* Node (b, t, u)'s gradient rows (every node of the padded extent, inside a lattice or not),
  * the G lanes of a group together. wait: the split schedule's beta progress (NULL: beta is in
- * the workspace already); only a node whose gradient reads beta waits, for `need` steps. */
-template <int DT, int G, int KD>
+ * the workspace already); only a node whose gradient reads beta waits, for `need` steps.
+ * FUSED (the fused schedule): a node inside its lattice first waits for its sample's cut, whose
+ * log-likelihood (ll_cut) it takes, then for alpha to have passed its diagonal d and beta
+ * d + 1. */
+template <int DT, int G, int KD, bool FUSED = false>
 __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t b,
                                           int64_t t, int64_t u, int lane, const int32_t *wait,
                                           int need) {
@@ -200,8 +313,9 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     /* The per-sample values depend only on b: issue their loads together (one memory
      * round trip, not three dependent ones). b < B, so each read is in bounds. */
     const int lengths_ok = tdt_sample_lengths(a, b, &Tb, &Ub);
+    if (FUSED && lengths_ok && t < Tb && u <= Ub) fused_wait(a.fus_cut + b, kCutDone);
     const int32_t state = a.ws.state[b];
-    const double ll = a.ws.ll[b];
+    const double ll = FUSED ? a.ws.ll_cut[b] : a.ws.ll[b];
     const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b);
     if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
         /* group-uniform: outside the lattice, infeasible, or bad data */
@@ -211,6 +325,10 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
         return;
     }
     if (wait) grad_wait(wait + b, need);
+    if (FUSED) {
+        fused_wait(a.fus_alpha + b, t + u + 1);
+        fused_wait(a.bwd_progress + b, Tb + Ub - 1 - (t + u));
+    }
     const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
@@ -304,8 +422,12 @@ template <int DT> struct grad_ordered {
  * (zeros, waiting on nothing, grid-striding); then layer k = diagonal S_b - 1 - k of every
  * sample, in tickets of a warp from order[0] (tdt_ticket_loop), a.bwd_tickets a layer, each node once
  * beta has reached its diagonal. Ends with griddepcontrol.wait: the beta sweep has ended too
- * when this kernel has. */
-template <int DT, int G, int KD>
+ * when this kernel has.
+ * FUSED (sweep.cuh, "The fused schedule"): the programmatic dependent of both sweeps; its
+ * tickets (from fus_ticket) are first the cut chunks (fus_cut_layers layers' worth, a warp
+ * each), then the layers from the middle of each lattice out: layer k = diagonals L_b - 1 - k
+ * and S_b - L_b + k (tdt_layer_node, ends 2, rev 1), in the order the sweeps finish them. */
+template <int DT, int G, int KD, bool FUSED>
 __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_kernel(const tdt_gpu_args_t a) {
     enum { THREADS = grad_ordered<DT>::THREADS, PER = THREADS / G };
     const int lane = threadIdx.x & (G - 1);
@@ -317,15 +439,34 @@ __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_ker
         if (tdt_sample_lengths(a, b, &Tb, &Ub) && t < Tb && u <= Ub) continue; /* a layer's */
         grad_node<DT, G, KD>(a, A, b, t, u, lane, NULL, 0);
     }
-    const int64_t slots = a.B * a.fwd_dlen; /* a layer's */
-    tdt_ticket_loop<G>(
-        a.ws.order, (int)a.fwd_layers * a.bwd_tickets /* fits: split_plan */, a.bwd_tickets,
-        [&](int64_t k, int64_t q) {
-            int64_t b, t, u, Ub;
-            if (q < slots && tdt_layer_node(a, k, q, 1, 1, &b, &t, &u, &Ub)) /* group-uniform */
-                grad_node<DT, G, KD>(a, A, b, t, u, lane, a.bwd_progress, (int)k + 1);
-        },
-        [](int) {});
+    if (FUSED) {
+        const int64_t slots = 2 * a.B * a.fwd_dlen; /* a layer's */
+        const int L0 = a.fus_cut_layers;
+        tdt_ticket_loop<G>(
+            a.fus_ticket, (L0 + (int)a.fwd_layers) * a.bwd_tickets /* fits: fused_plan */,
+            a.bwd_tickets,
+            [&](int64_t k, int64_t q) {
+                if (k < L0) { /* warp-uniform: a cut chunk */
+                    const int64_t id = k * a.bwd_tickets + q / (32 / G);
+                    if (id < a.B * TDT_WS_CUT_CHUNKS) cut_ticket<KD>(a, A, id);
+                    return;
+                }
+                int64_t b, t, u, Ub;
+                if (q < slots && tdt_layer_node(a, k - L0, q, 2, 1, &b, &t, &u, &Ub))
+                    grad_node<DT, G, KD, true>(a, A, b, t, u, lane, NULL, 0);
+            },
+            [](int) {});
+    } else {
+        const int64_t slots = a.B * a.fwd_dlen; /* a layer's */
+        tdt_ticket_loop<G>(
+            a.ws.order, (int)a.fwd_layers * a.bwd_tickets /* fits: split_plan */, a.bwd_tickets,
+            [&](int64_t k, int64_t q) {
+                int64_t b, t, u, Ub;
+                if (q < slots && tdt_layer_node(a, k, q, 1, 1, &b, &t, &u, &Ub)) /* group-uniform */
+                    grad_node<DT, G, KD>(a, A, b, t, u, lane, a.bwd_progress, (int)k + 1);
+            },
+            [](int) {});
+    }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
@@ -342,7 +483,7 @@ cudaError_t grad_launch_g(const tdt_gpu_args_t &a, int num_sms, cudaStream_t str
     return cudaGetLastError();
 }
 
-template <int DT, int G, int KD>
+template <int DT, int G, int KD, bool FUSED>
 cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStream_t stream) {
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -352,7 +493,7 @@ cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStrea
     cudaLaunchAttribute attr = tdt_pdl_attr();
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, grad_ordered_kernel<DT, G, KD>, a);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, grad_ordered_kernel<DT, G, KD, FUSED>, a);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -362,12 +503,33 @@ template <int KD> struct grad_plain {
     cudaStream_t stream;
     template <int DT, int G> cudaError_t go() const { return grad_launch_g<DT, G, KD>(a, num_sms, stream); }
 };
-template <int KD> struct grad_in_order {
+template <int KD, bool FUSED> struct grad_in_order {
     const tdt_gpu_args_t &a;
     int blocks;
     cudaStream_t stream;
-    template <int DT, int G> cudaError_t go() const { return grad_ordered_launch_g<DT, G, KD>(a, blocks, stream); }
+    template <int DT, int G> cudaError_t go() const {
+        return grad_ordered_launch_g<DT, G, KD, FUSED>(a, blocks, stream);
+    }
 };
+
+/* The ordered kernel of the split schedule (FUSED false: grad.cu) or of the fused one
+ * (grad_fused.cu, a translation unit of its own, so the two sets of kernels compile in
+ * parallel), for the arc counts with their own instantiation. */
+template <bool FUSED> struct ordered_arcs {
+    const tdt_gpu_args_t &a;
+    tdt_dtype_t dtype;
+    int blocks;
+    cudaStream_t stream;
+    template <int KD> cudaError_t go() const {
+        return tdt_with_dtype(dtype, a.V, grad_in_order<KD, FUSED>{a, blocks, stream});
+    }
+};
+template <bool FUSED>
+cudaError_t grad_ordered_launch(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks, cudaStream_t stream) {
+    bool done;
+    const cudaError_t e = tdt_with_arcs(a.arcs.count, ordered_arcs<FUSED>{a, dtype, blocks, stream}, &done);
+    return done ? e : cudaErrorInvalidValue;
+}
 
 /* Enqueues the gradient kernel for arc count KD (0: any count), any dtype. */
 template <int KD>

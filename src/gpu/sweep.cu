@@ -8,14 +8,10 @@
 
 namespace {
 
-/* The most diagonals an arc spans. */
+/* The most diagonals an arc spans (lattice.h), as the launchers' int. */
 int arc_span(const tdt_arcs_t &arcs) {
-    int span = 1;
-    for (int k = 0; k < arcs.count; ++k) {
-        if (arcs.blank_dur[k] > span) span = arcs.blank_dur[k];
-        if (arcs.label_dur[k] >= 0 && arcs.label_dur[k] + 1 > span) span = arcs.label_dur[k] + 1;
-    }
-    return span;
+    const int64_t span = tdt_arcs_span(&arcs);
+    return span > INT_MAX ? INT_MAX : (int)span;
 }
 
 cudaError_t env_of(tdt_dtype_t dtype, int num_sms, tdt_gpu_schedule_t schedule, tdt_fwd_env_t *env) {
@@ -40,8 +36,10 @@ template <bool BACKWARD> struct launch_arcs {
     int span;
     const tdt_fwd_env_t &env;
     cudaStream_t stream;
+    bool *bwd_done;
     template <int KD> cudaError_t go() const {
-        return BACKWARD ? backward_launch<KD>(a, span, env, stream) : sweep_launch<KD>(a, span, env, stream);
+        return BACKWARD ? backward_launch<KD>(a, span, env, stream)
+                        : sweep_launch<KD>(a, span, env, stream, bwd_done);
     }
 };
 
@@ -52,14 +50,16 @@ template <bool BACKWARD> struct launch_arcs {
  * ============================================================================================== */
 
 cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
-                               tdt_gpu_schedule_t schedule, cudaStream_t stream) {
+                               tdt_gpu_schedule_t schedule, cudaStream_t stream, bool *bwd_done) {
+    if (bwd_done) *bwd_done = false;
     if (a.B == 0) return cudaSuccess;
     const int span = arc_span(a.arcs);
     tdt_fwd_env_t env;
     const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
     if (e != cudaSuccess) return e;
     bool done;
-    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, launch_arcs<false>{a, span, env, stream}, &done);
+    const cudaError_t e2 =
+        tdt_with_arcs(a.arcs.count, launch_arcs<false>{a, span, env, stream, bwd_done}, &done);
     return done ? e2 : tdt_launch_sweep_generic(a, span, env, stream);
 }
 
@@ -71,6 +71,6 @@ cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int 
     const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
     if (e != cudaSuccess) return e;
     bool done; /* the counts with an ordered gradient kernel; the others never split */
-    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, launch_arcs<true>{a, span, env, stream}, &done);
+    const cudaError_t e2 = tdt_with_arcs(a.arcs.count, launch_arcs<true>{a, span, env, stream, NULL}, &done);
     return done ? e2 : tdt_launch_grad(a, dtype, num_sms, stream);
 }

@@ -330,15 +330,20 @@ __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t 
         if (tdt_sweep_bad_sample(a, b, &T, &U)) {
             if (!is_beta && threadIdx.x == 0) tdt_sweep_mark_bad(a, b);
         } else {
+            /* the fused schedule's gradient pass reads the state before alpha ends (after an
+             * acquire of alpha's count, whose release follows this store) */
+            if (!is_beta && a.fus_alpha && threadIdx.x == 0) a.ws.state[b] = TDT_GPU_STATE_OK;
             const tdt_lattice_t L = tdt_sample_lattice(a, b, T, U);
             body(b, is_beta, L,
                  (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row));
         }
-        if (is_beta && a.bwd_progress) {
-            /* the split backward: sample b's betas all written (the body's last barrier, or
-             * bad data, which the gradient pass does not wait for anyway): its last count */
+        int32_t *const progress = is_beta ? a.bwd_progress : a.fus_alpha;
+        if (progress) {
+            /* the split backward's beta, the fused schedule's alpha and beta: sample b's values
+             * all written (the body's last barrier; or bad data, state BAD_DATA written first):
+             * its last count */
             __syncthreads();
-            if (threadIdx.x == 0) tdt_st_release(a.bwd_progress + b, INT_MAX); /* fences itself */
+            if (threadIdx.x == 0) tdt_st_release(progress + b, INT_MAX); /* fences itself */
         }
     }
 }
@@ -442,8 +447,9 @@ struct staged_geo {
      * before this kernel), and the count that completes a layer. */
     const int32_t *done;
     int full;
-    /* The split backward's beta sweep: where it publishes its finished steps (NULL: it does
-     * not): every step up to kPublish / 2, then every kPublish steps. */
+    /* Where the sweep publishes its finished steps (NULL: it does not): the split backward's
+     * beta sweep, every step up to kPublish / 2, then every kPublish steps; the fused
+     * schedule's sweeps, every step from the middle of the lattice on. */
     int32_t *progress;
 };
 
@@ -492,10 +498,14 @@ __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const sta
  * are long evicted, and a copy from DRAM under that load takes longer than the kStageAhead
  * steps that hide it. */
 const int kL2Ahead = 8;
-template <int KD>
+template <int KD, bool CLUSTER = false>
 __device__ __forceinline__ void prefetch_diagonal(const tdt_lattice_t &L, const staged_geo &g, int s) {
     int lo, hi;
     staged_range(g, s, &lo, &hi);
+    if (CLUSTER) { /* the columns this block stages (stage_diagonal) */
+        lo = max(lo, g.c0 - 1);
+        hi = min(hi, g.c1);
+    }
     if (hi < lo) return;
     const int n0 = (s % g.frames) * g.row + lo, cnt = hi - lo + 1;
     const double *base[3] = {L.lp_blank + n0, L.lp_label + n0, L.lp_dur + (size_t)n0 * KD};
@@ -601,8 +611,10 @@ __device__ __forceinline__ int layer_of(int s, int S, int ends) { return ends ==
  * has published each of its first kPublish / 2 steps (so the gradient pass can start): a
  * publication is a release store by one thread (a fence, which holds that thread up, and so
  * the block's next barrier); the gradient pass, far behind after its start, needs no finer
- * grain. */
+ * grain. The fused schedule's sweeps publish every kFusedPublish steps from the middle on: the
+ * gradient pass beside them makes each fence wait longer. */
 const int kPublish = 16;
+const int kFusedPublish = 8;
 
 /* barrier.cluster: every thread of every block of the cluster; release / acquire at cluster
  * scope, so shared-memory stores into another block (and global stores) before it are seen
@@ -643,11 +655,14 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * (one cluster barrier a diagonal); the value of its last column (alpha) or first (beta), which
  * the neighbour's label arcs read, is also stored into the neighbour's ring (nb, NULL at the
  * ends of the row), so every read stays in the block's own shared memory. PUBLISH (the split
- * backward's beta sweep, one block): its progress goes to g.progress as it runs, and each
- * diagonal's weights are asked of L2 kL2Ahead steps before they are staged. ENDS: the
- * diagonals a layer of the normaliser it trails holds (a.fwd_ends: 2, diagonals k and
- * S - 1 - k; 1, diagonal k). */
-template <bool BETA, int KD, int SPL, int G, bool CLUSTER, bool PUBLISH = false, int ENDS = 2>
+ * backward's beta sweep, one block, PUBLISH 1): its progress goes to g.progress as it runs, and
+ * each diagonal's weights are asked of L2 kL2Ahead steps before they are staged; PUBLISH 2 (the
+ * fused schedule, both sweeps): its progress goes to g.progress (NULL but in a cluster's block
+ * 0) every kFusedPublish steps from about the middle of the lattice on, one step late in a
+ * cluster (whose values reach the workspace a step late), and from the middle on the weights
+ * are asked of L2 kL2Ahead steps ahead. ENDS: the diagonals a layer of the normaliser it trails
+ * holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). */
+template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, double *ring,
                                              double *glob, double *nb) {
@@ -686,13 +701,21 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
             __syncthreads();
         /* the split backward: steps 0..i-1 written (by the whole block: the barrier); every
          * step at first, so the gradient pass trailing it starts early */
-        if (PUBLISH && threadIdx.x == 0 && i > 0 && (i < kPublish / 2 || i % kPublish == 0))
+        if (PUBLISH == 1 && threadIdx.x == 0 && i > 0 && (i < kPublish / 2 || i % kPublish == 0))
             tdt_st_release(g.progress, i);
+        if (PUBLISH == 2 && g.progress && threadIdx.x == 0 && i % kFusedPublish == 0 &&
+            2 * (i + kFusedPublish) >= S)
+            tdt_st_release(g.progress, CLUSTER ? i - 1 : i);
         if (i + kStageAhead < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
             stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
-            if (PUBLISH && s_st - kL2Ahead >= 0)
+            if (PUBLISH == 1 && s_st - kL2Ahead >= 0)
                 prefetch_diagonal<KD>(L, g, s_st - kL2Ahead);
+            /* the fused schedule's second half: beside the gradient pass, as the split's beta */
+            if (PUBLISH == 2 && 2 * (i + kL2Ahead) >= S) {
+                const int sp = s_st + step * kL2Ahead;
+                if (sp >= 0 && sp < S) prefetch_diagonal<KD, CLUSTER>(L, g, sp);
+            }
         }
         cp_async_commit();
         s_st += step;
@@ -744,7 +767,9 @@ __device__ __forceinline__ void staged_alpha(const tdt_gpu_args_t &a, const tdt_
                                              const staged_geo &g, const staged_slots<SPL> &sl,
                                              double *ring, double *glob, double *nb) {
     if (a.fwd_ends == 1)
-        staged_sweep<false, KD, SPL, G, CLUSTER, false, 1>(L, g, sl, ring, glob, nb);
+        staged_sweep<false, KD, SPL, G, CLUSTER, 0, 1>(L, g, sl, ring, glob, nb);
+    else if (a.fus_alpha) /* the fused schedule: publishing */
+        staged_sweep<false, KD, SPL, G, CLUSTER, 2>(L, g, sl, ring, glob, nb);
     else
         staged_sweep<false, KD, SPL, G, CLUSTER>(L, g, sl, ring, glob, nb);
 }
@@ -782,7 +807,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
     extern __shared__ double ring[];
     enum { SPL = sweep_shape<KD, G>::SPL };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* the split backward: the gradient pass, its programmatic dependent, may start */
+    /* the split backward and the fused schedule: the gradient pass, the programmatic dependent,
+     * may start */
     if (a.bwd_progress) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
@@ -794,15 +820,19 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
     tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
         g.T = (int)L.T;
         g.U = (int)L.U;
-        g.progress = is_beta && a.bwd_progress ? a.bwd_progress + b : NULL;
+        int32_t *const progress = is_beta ? a.bwd_progress : a.fus_alpha;
+        g.progress = progress ? progress + b : NULL;
         if (!is_beta) {
             staged_alpha<KD, SPL, G, false>(a, L, g, sl, ring, glob, NULL);
             if (tid == 0) tdt_sweep_finish(a, b, L, A, glob);
         } else {
-            /* the split backward's: its own copy, so the release stores and prefetches (whose
-             * memory clobbers constrain the compiler) stay out of the forward's loop */
-            if (g.progress)
-                staged_sweep<true, KD, SPL, G, false, true>(L, g, sl, ring, glob, NULL);
+            /* the split backward's and the fused schedule's: their own copies, so the release
+             * stores and prefetches (whose memory clobbers constrain the compiler) stay out of
+             * the forward's loop */
+            if (g.progress && a.fus_alpha)
+                staged_sweep<true, KD, SPL, G, false, 2>(L, g, sl, ring, glob, NULL);
+            else if (g.progress)
+                staged_sweep<true, KD, SPL, G, false, 1>(L, g, sl, ring, glob, NULL);
             else
                 staged_sweep<true, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
         }
@@ -824,6 +854,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
 #else
     extern __shared__ double ring[];
     enum { SPL = sweep_shape<KD, G>::SPL };
+    /* the fused schedule: the gradient pass, the programmatic dependent, may start */
+    if (a.fus_alpha) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const int tid = threadIdx.x;
     const unsigned rank = cluster_rank(), ncta = cluster_size();
@@ -840,9 +872,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
                    [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
         g.T = (int)L.T;
         g.U = (int)L.U;
+        /* the fused schedule: block 0 of the cluster publishes */
+        int32_t *const progress = a.fus_alpha && rank == 0 ? (is_beta ? a.bwd_progress : a.fus_alpha) : NULL;
+        g.progress = progress ? progress + b : NULL;
         if (!is_beta) {
             staged_alpha<KD, SPL, G, true>(a, L, g, sl, ring, glob, right);
             if (rank == 0 && tid == 0) tdt_sweep_finish(a, b, L, A, glob);
+        } else if (a.fus_alpha) {
+            staged_sweep<true, KD, SPL, G, true, 2>(L, g, sl, ring, glob, left);
         } else {
             staged_sweep<true, KD, SPL, G, true>(L, g, sl, ring, glob, left);
         }
@@ -993,27 +1030,82 @@ inline bool norm_block_tickets(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int e
  * (ragged on the H200, 64 blocks on half of them, ran 0.31 -> 0.40 ms forward: the normaliser
  * on the other half came too slowly; benchmark/NOTES.md, v6). */
 inline bool overlap_wanted(const tdt_fwd_env_t &env, int64_t blocks) {
-    if (env.schedule == TDT_GPU_SCHEDULE_OVERLAP) return true;
+    if (env.schedule == TDT_GPU_SCHEDULE_OVERLAP || env.schedule == TDT_GPU_SCHEDULE_FUSED) return true;
     return env.schedule == TDT_GPU_SCHEDULE_AUTO && blocks <= env.num_sms / 4;
+}
+
+/* ================================================================================================
+ * The fused schedule (TDT_GPU_SCHEDULE_FUSED; AUTO takes it for a one-shot call with gradients
+ * where it overlaps both sweeps, split over clusters, with the normaliser: fused_plan)
+ *
+ * With both sweeps trailing the normaliser, what is left in series is the gradient pass after
+ * them. But a node's gradient needs alpha at its own diagonal d, beta at d + 1 .. d + span and
+ * log p(y|x), and the sweeps meet in the middle: from then on every node between their fronts
+ * is ready, but for log p(y|x), which the alpha sweep has only at its end. lattice.h's cut
+ * (tdt_mid_cut) gives log p(y|x) from the arcs across the middle, once both sweeps have passed
+ * it. So the gradient pass runs as the sweep's programmatic dependent (grad_ordered_kernel,
+ * FUSED): its first tickets compute each sample's cut (grad.cuh), the others take the layers
+ * from the middle out, each node once alpha has passed its diagonal and beta the next one. Both
+ * sweeps publish their steps from the middle on (staged_sweep, PUBLISH 2). The gradients then
+ * differ from the other schedules' only through log p(y|x)'s rounding (the costs stay alpha's).
+ *
+ * Safe whatever the scheduling: the normaliser waits on nothing, the sweeps on the normaliser
+ * alone, the cut chunks on the sweeps, the nodes on the sweeps and the cut chunks taken before
+ * theirs (tickets are taken in order, by running warps). The gradient pass's blocks start once
+ * every block of the sweep has started (griddepcontrol.launch_dependents), on the SMs the
+ * normaliser leaves as it ends; it ends with griddepcontrol.wait, so the stream's next work sees
+ * all three kernels done.
+ * ============================================================================================== */
+
+/* Whether this call runs the fused schedule: gradients asked for (with_grads), an overlap plan
+ * of both sweeps on *a, and the schedule FUSED, or AUTO with the sweeps split over clusters
+ * (cluster: long rows). H200, tdt_bench f+b ms, fused against overlap (benchmark/NOTES.md, v12):
+ * long (clusters of 16) float32 3.55-3.57 / 4.06, bfloat16 2.94 / 3.36; but base (one block a
+ * sweep) float32 0.203-0.205 / 0.190, bfloat16 0.182-0.186 / 0.165, parakeet bfloat16
+ * 0.650-0.660 / 0.642-0.644. Then a's fus_* and bwd_* are set. */
+inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_grads, bool cluster) {
+    if (!with_grads || a->fwd_tickets == 0 || a->fwd_ends != 2) return false;
+    if (env.schedule != TDT_GPU_SCHEDULE_FUSED && !(env.schedule == TDT_GPU_SCHEDULE_AUTO && cluster))
+        return false;
+#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_FUSED=0 keeps the overlap schedule */
+    if (const char *env_s = getenv("TDT_FUSED"))
+        if (atoi(env_s) == 0) return false;
+#endif
+    const int64_t per = tdt_ticket_nodes(a->V, env.dtype, false); /* node slots a ticket */
+    const int64_t tpl = (2 * a->B * a->fwd_dlen + per - 1) / per;
+    const int64_t l0 = (a->B * TDT_WS_CUT_CHUNKS + tpl - 1) / tpl;
+    if ((l0 + a->fwd_layers) * tpl > ((int64_t)1 << 30)) return false;
+    int32_t *const o = a->ws.order + 1 + tdt_ws_layers(a->maxT, a->maxU);
+    a->bwd_tickets = (int)tpl;
+    a->fus_cut_layers = (int)l0;
+    a->bwd_progress = o;
+    a->fus_alpha = o + a->B;
+    a->fus_cut = o + 2 * a->B;
+    a->fus_ticket = o + 3 * a->B;
+    return true;
 }
 
 /* Enqueues the forward: the normaliser, then sweep(a, false); or, when a carries an overlap
  * plan, the layer counters zeroed, the ordered normaliser, and sweep(a, true): the sweep as its
- * programmatic dependent. */
+ * programmatic dependent; and with a fused plan (a.fus_alpha), every counter zeroed and the
+ * fused gradient pass on grad_blocks blocks as the sweep's programmatic dependent. */
 template <typename F>
 cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, cudaStream_t stream,
-                            F sweep) {
+                            F sweep, int64_t grad_blocks = 0) {
     cudaError_t e;
     if (a.fwd_tickets == 0) {
         e = tdt_launch_normalize(a, env.dtype, env.num_sms, stream);
         if (e != cudaSuccess) return e;
         return sweep(a, false);
     }
-    e = cudaMemsetAsync(a.ws.order, 0, (size_t)(a.fwd_layers + 1) * sizeof(int32_t), stream);
+    const int64_t counters = a.fus_alpha ? tdt_ws_counters(a.B, a.maxT, a.maxU) : a.fwd_layers + 1;
+    e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
     if (e != cudaSuccess) return e;
     e = tdt_launch_normalize_ordered(a, env.dtype, a.fwd_blocks, a.fwd_cluster, stream);
     if (e != cudaSuccess) return e;
-    return sweep(a, true);
+    e = sweep(a, true);
+    if (e != cudaSuccess || !a.fus_alpha) return e;
+    return tdt_launch_grad_fused(a, env.dtype, (int)(grad_blocks > 0 ? grad_blocks : 1), stream);
 }
 
 /* Which kernel runs a sweep. */
@@ -1191,8 +1283,10 @@ cudaError_t split_plan(tdt_gpu_args_t *a, const sweep_cfg &c, const tdt_fwd_env_
  * neither (the normaliser first). */
 template <int KD>
 cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env_t &env,
-                         cudaStream_t stream) {
-    tdt_gpu_args_t a = a_in; /* fwd_* set by overlap_plan */
+                         cudaStream_t stream, bool *bwd_done) {
+    tdt_gpu_args_t a = a_in; /* fwd_* set by overlap_plan, fus_* by fused_plan */
+    /* bwd_done: a one-shot call's backward follows; set when the fused schedule runs it here */
+    const bool with_grads = bwd_done && a.nodes > 0 && (a.tok_g || (a.dur_g && a.D > 0));
     const sweep_cfg c = sweep_choose<KD>(a, span, env);
     /* a costs-only call (a.sweep_only 1 from the start) sweeps alpha alone: B jobs, and where it
      * trails the normaliser, a layer is one diagonal */
@@ -1212,12 +1306,14 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
             if (e != cudaSuccess) return e;
             if (active > 0) {
                 const sweep_fn_t kernel = sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>;
+                bool fused = false;
                 if (overlap_wanted(env, jobs * a.B * cl)) {
                     e = overlap_plan(&a, env, kernel, jobs * a.B * cl, cl, active, jobs,
                                      norm_block_tickets(a, env.dtype, jobs));
                     if (e != cudaSuccess) return e;
+                    fused = fused_plan(&a, env, with_grads, true);
                 }
-                return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
+                e = forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
                     if (pdl) {
                         attrs[1] = tdt_pdl_attr();
                         cfg.attrs = attrs;
@@ -1225,7 +1321,9 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
                     }
                     const cudaError_t e2 = cudaLaunchKernelEx(&cfg, kernel, x, c.staged_ring);
                     return e2 != cudaSuccess ? e2 : cudaGetLastError();
-                });
+                }, fused ? env.num_sms - jobs * a.B * cl : 0);
+                if (e == cudaSuccess && fused) *bwd_done = true;
+                return e;
             }
             /* not resident here: the portable 8, else the one-block kernel below */
             cl = cl > 8 ? 8 : 1;
@@ -1235,16 +1333,20 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
     bool split;
     cudaError_t e = split_plan<KD>(&a, c, env, &ob, &split);
     if (e != cudaSuccess) return e;
+    bool fused = false;
     if (split) {
         a.sweep_only = 1; /* beta runs in the backward (or not at all: costs only) */
     } else if (KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, jobs * a.B)) {
         e = overlap_plan(&a, env, ob.kernel, jobs * a.B, 1, 0, jobs,
                          norm_block_tickets(a, env.dtype, jobs));
         if (e != cudaSuccess) return e;
+        fused = fused_plan(&a, env, with_grads, false);
     }
-    return forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
+    e = forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
         return sweep_launch_k(ob.kernel, x, ob.threads, ob.ring, ob.smem, stream, pdl);
-    });
+    }, fused ? env.num_sms - jobs * a.B : 0);
+    if (e == cudaSuccess && fused) *bwd_done = true;
+    return e;
 }
 
 /* The backward's launches: the gradient pass; or for the split schedule its counters zeroed,
