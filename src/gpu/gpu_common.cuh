@@ -6,7 +6,8 @@
  * The kernels, in the order a one-shot call runs them on the caller's stream:
  *   normalize.cu  per node: token log-normaliser, lp_blank, lp_label, duration log-softmax
  *   sweep.cu      per sample: alpha and beta over anti-diagonals (separate blocks), LL, cost
- *   grad.cu       per node: token and duration gradients, upstream-scaled
+ *   grad.cu       per node: token and duration gradients, upstream-scaled (grad_fused.cu:
+ *                 the fused schedule's, beside the sweeps: sweep.cuh)
  * gpu.cu holds the backend entry points (tdt_gpu_run / tdt_gpu_count / tdt_gpu_built).
  *
  * The math is docs/math.md and src/common/lattice.h; nothing here restates a recurrence.
