@@ -56,6 +56,26 @@ double node_value(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *v, 
     return is_beta ? r : tdt_alpha_start(t, u, r);
 }
 
+// One sample's random per-node weights (each drawn by weight()) and the lattice over them.
+struct RandomLattice {
+    std::vector<double> lp_blank, lp_label, lp_dur;
+    tdt_lattice_t L;
+    template <typename W>
+    RandomLattice(int64_t T, int64_t U, int64_t frames, int count, W weight)
+        : lp_blank((size_t)(frames * (U + 1))), lp_label(lp_blank.size()), lp_dur(lp_blank.size() * count) {
+        for (auto &x : lp_blank) x = weight();
+        for (auto &x : lp_label) x = weight();
+        for (auto &x : lp_dur) x = weight();
+        L.lp_blank = lp_blank.data();
+        L.lp_label = lp_label.data();
+        L.lp_dur = lp_dur.data();
+        L.row = U + 1;
+        L.frames = frames;
+        L.T = T;
+        L.U = U;
+    }
+};
+
 // Equal bits, or both NaN (a NaN's payload is not part of the contract).
 bool same_bits(double a, double b) {
     return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b));
@@ -79,19 +99,8 @@ void check_case(const Case &c, uint32_t seed) {
         if (r < c.p_nan + c.p_neg_inf) return -TDT_INF;
         return normal(rng);
     };
-    std::vector<double> lp_blank(nodes), lp_label(nodes), lp_dur(nodes * D);
-    for (auto &x : lp_blank) x = weight();
-    for (auto &x : lp_label) x = weight();
-    for (auto &x : lp_dur) x = weight();
-
-    tdt_lattice_t L;
-    L.lp_blank = lp_blank.data();
-    L.lp_label = lp_label.data();
-    L.lp_dur = lp_dur.data();
-    L.row = row;
-    L.frames = c.frames;
-    L.T = c.T;
-    L.U = c.U;
+    const RandomLattice lat(c.T, c.U, c.frames, (int)D, weight);
+    const tdt_lattice_t &L = lat.L;
     const int64_t S = tdt_num_diagonals(&L);
 
     for (int is_beta = 0; is_beta < 2; ++is_beta) {
@@ -171,18 +180,8 @@ TEST(LatticeCut, EveryCutGivesTheLogLikelihood) {
             const int64_t frames = T + (int64_t)(rng() % 3), row = U + 1, nodes = frames * row;
             const double p_neg_inf = k % 3 == 0 ? 0.1 : 0.0;
             auto weight = [&]() { return unit(rng) < p_neg_inf ? -TDT_INF : normal(rng); };
-            std::vector<double> lp_blank(nodes), lp_label(nodes), lp_dur(nodes * A.count);
-            for (auto &x : lp_blank) x = weight();
-            for (auto &x : lp_label) x = weight();
-            for (auto &x : lp_dur) x = weight();
-            tdt_lattice_t L;
-            L.lp_blank = lp_blank.data();
-            L.lp_label = lp_label.data();
-            L.lp_dur = lp_dur.data();
-            L.row = row;
-            L.frames = frames;
-            L.T = T;
-            L.U = U;
+            const RandomLattice lat(T, U, frames, A.count, weight);
+            const tdt_lattice_t &L = lat.L;
             const int64_t S = tdt_num_diagonals(&L), span = tdt_arcs_span(&A);
             std::vector<double> alpha(nodes, 0.0), beta(nodes, 0.0);
             for (int64_t i = 0; i < S; ++i) {
