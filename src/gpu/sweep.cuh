@@ -449,7 +449,7 @@ struct staged_geo {
     int full;
     /* Where the sweep publishes its finished steps (NULL: it does not): the split backward's
      * beta sweep, every step up to kPublish / 2, then every kPublish steps; the fused
-     * schedule's sweeps, every step from the middle of the lattice on. */
+     * schedule's sweeps, every kFusedPublish steps from about the middle of the lattice on. */
     int32_t *progress;
 };
 
