@@ -79,6 +79,8 @@ typedef struct tdt_gpu_args {
      * fus_cut_layers of its layers being the cut chunks' tickets. */
     int32_t *fus_alpha, *fus_cut, *fus_ticket;
     int fus_cut_layers;
+    int fus_publish;   /* the sweeps' steps between two publications */
+    int fus_publisher; /* 0: thread 0 publishes, 1: the block's last thread */
 } tdt_gpu_args_t;
 
 /* ---- element types ---------------------------------------------------------------------------

@@ -449,8 +449,10 @@ struct staged_geo {
     int full;
     /* Where the sweep publishes its finished steps (NULL: it does not): the split backward's
      * beta sweep, every step up to kPublish / 2, then every kPublish steps; the fused
-     * schedule's sweeps, every kFusedPublish steps from about the middle of the lattice on. */
+     * schedule's sweeps, every pub_every steps from about the middle of the lattice on, by
+     * thread pub_tid (a.fus_publish, a.fus_publisher). */
     int32_t *progress;
+    int pub_every, pub_tid;
 };
 
 /* A lane's slots with their offsets into a ring slot: the weights' fields (times row). */
@@ -612,7 +614,10 @@ __device__ __forceinline__ int layer_of(int s, int S, int ends) { return ends ==
  * publication is a release store by one thread (a fence, which holds that thread up, and so
  * the block's next barrier); the gradient pass, far behind after its start, needs no finer
  * grain. The fused schedule's sweeps publish every kFusedPublish steps from the middle on: the
- * gradient pass beside them makes each fence wait longer. */
+ * gradient pass beside them makes each fence wait longer. Their publisher is the block's last
+ * thread, which stores no value on short diagonals (a fence waits for its own thread's stores):
+ * H200, f+b ms, every 8 steps, last thread against thread 0 (NOTES v12): long float32 3.564 /
+ * 3.589, bfloat16 2.988 / 3.058; every step, 3.572 / 3.602 and 3.021 / 3.110. */
 const int kPublish = 16;
 const int kFusedPublish = 8;
 
@@ -703,8 +708,8 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
          * step at first, so the gradient pass trailing it starts early */
         if (PUBLISH == 1 && threadIdx.x == 0 && i > 0 && (i < kPublish / 2 || i % kPublish == 0))
             tdt_st_release(g.progress, i);
-        if (PUBLISH == 2 && g.progress && threadIdx.x == 0 && i % kFusedPublish == 0 &&
-            2 * (i + kFusedPublish) >= S)
+        if (PUBLISH == 2 && g.progress && (int)threadIdx.x == g.pub_tid && i % g.pub_every == 0 &&
+            2 * (i + g.pub_every) >= S)
             tdt_st_release(g.progress, CLUSTER ? i - 1 : i);
         if (i + kStageAhead < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
@@ -789,6 +794,8 @@ __device__ __forceinline__ staged_geo staged_geo_of(const tdt_gpu_args_t &a, con
     g.done = a.fwd_tickets > 0 ? a.ws.order + 1 : NULL;
     g.full = a.fwd_tickets;
     g.progress = NULL;
+    g.pub_every = a.fus_publish > 0 ? a.fus_publish : 1;
+    g.pub_tid = a.fus_publisher ? (int)blockDim.x - 1 : 0;
     return g;
 }
 template <int SPL, int G>
@@ -1067,7 +1074,7 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     if (!with_grads || a->fwd_tickets == 0 || a->fwd_ends != 2) return false;
     if (env.schedule != TDT_GPU_SCHEDULE_FUSED && !(env.schedule == TDT_GPU_SCHEDULE_AUTO && cluster))
         return false;
-#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_FUSED=0 keeps the overlap schedule */
+#if defined(TDT_SWEEP_TUNING) || defined(TDT_FUSED_TUNING) /* benchmark builds: TDT_FUSED=0, overlap */
     if (const char *env_s = getenv("TDT_FUSED"))
         if (atoi(env_s) == 0) return false;
 #endif
@@ -1075,6 +1082,16 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     const int64_t tpl = (2 * a->B * a->fwd_dlen + per - 1) / per;
     const int64_t l0 = (a->B * TDT_WS_CUT_CHUNKS + tpl - 1) / tpl;
     if ((l0 + a->fwd_layers) * tpl > ((int64_t)1 << 30)) return false;
+    a->fus_publish = kFusedPublish;
+    a->fus_publisher = 1;
+#if defined(TDT_SWEEP_TUNING) || defined(TDT_FUSED_TUNING)
+    /* benchmark builds only (TDT_FUSED_TUNING: a define for CMAKE_CUDA_FLAGS that adds these
+     * knobs and nothing else): TDT_FUSED_PUBLISH=n steps between publications,
+     * TDT_FUSED_PUBLISHER=first (thread 0) or last (the block's last thread) */
+    if (const char *env_s = getenv("TDT_FUSED_PUBLISH"))
+        if (atoi(env_s) >= 1) a->fus_publish = atoi(env_s);
+    if (const char *env_s = getenv("TDT_FUSED_PUBLISHER")) a->fus_publisher = strcmp(env_s, "first") != 0;
+#endif
     int32_t *const o = a->ws.order + 1 + tdt_ws_layers(a->maxT, a->maxU);
     a->bwd_tickets = (int)tpl;
     a->fus_cut_layers = (int)l0;
