@@ -274,6 +274,47 @@ TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_option
                           const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
                           size_t workspace_bytes);
 
+/* Forward half that may run the backward ahead, for an autograd binding that knows its upstream
+ * gradient only up to a factor when the forward runs (a reduction's weights, say, but not what
+ * the rest of the graph multiplies the loss by).
+ *
+ * It does all that tdt_forward() does. Where the library's plan for a one-shot call with
+ * gradients is faster than the tdt_forward() / tdt_backward() pair, it also writes the
+ * gradients of sum_b grad_costs[b] * costs[b] into grads, in the same launch, and sets
+ * *grads_written to 1. That is the GPU's fused schedule: under TDT_GPU_SCHEDULE_AUTO, long rows;
+ * under TDT_GPU_SCHEDULE_FUSED, wherever it can run. Everywhere else (and always on the CPU) it
+ * sets *grads_written to 0 and leaves grads untouched, and tdt_backward() follows as usual.
+ *
+ * Once written, tdt_scale_gradients() applies the factor that was missing; it reads and writes
+ * nothing V-wide for a factor of exactly 1. Either way the workspace serves tdt_backward()
+ * afterwards (a second backward pass through the same loss), as after tdt_forward().
+ * The gradients written ahead are those of the fused schedule: they agree with tdt_backward()'s
+ * to rounding (see TDT_GPU_SCHEDULE_FUSED); the costs are the same bits.
+ *
+ * grad_costs:    as tdt_backward()'s (options->grad_costs_scalar applies), or NULL for ones.
+ * grads:         as compute_tdt_loss()'s; NULL (or no gradient pointer) writes none ahead.
+ * grads_written: non-NULL; set to 0 or 1 on success (0 on failure).
+ * Memory, streams and validation as compute_tdt_loss(). */
+TDT_API tdt_status_t tdt_forward_ahead(const tdt_problem_t *problem, const tdt_options_t *options,
+                               void *costs, const void *grad_costs, const tdt_gradients_t *grads,
+                               void *workspace, size_t workspace_bytes, int *grads_written);
+
+/* Multiplies, in place, every gradient element inside sample b's lattice (t < T_b, u <= U_b) by
+ * scale[b]: the factor tdt_forward_ahead()'s gradients were missing. Elements equal to zero stay
+ * as they are (an infeasible sample's gradient stays exactly 0, whatever its factor), as does
+ * every element outside the lattices. A sample whose factor is exactly 1 is not read at all, so
+ * the call costs no V-wide pass when every factor is 1.
+ *
+ * scale: (B) of the accumulate type (float; double for TDT_DTYPE_FLOAT64), or one value with
+ *        options->grad_costs_scalar, in the location's memory. The product is rounded once to
+ *        the dtype, so after a factor other than 1 a gradient element may differ from
+ *        tdt_backward()'s by a rounding step of the dtype.
+ * problem, options and grads: those of the call that wrote the gradients (the logits are not
+ *        read; the lengths are). No workspace.
+ * CPU: returns when done. GPU: enqueued on options->stream; no synchronisation, capturable. */
+TDT_API tdt_status_t tdt_scale_gradients(const tdt_problem_t *problem, const tdt_options_t *options,
+                                 const void *scale, const tdt_gradients_t *grads);
+
 /* Checks lengths and labels in host memory as a CPU call does: every frame length in
  * [0, max_frames], every label length in [0, max_labels], every label a sample uses in
  * [0, vocab_size) and not blank. For a GPU caller that keeps (or copies) them on the host too,

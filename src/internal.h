@@ -36,12 +36,18 @@ typedef struct tdt_call {
     void *costs;              /* (B) accumulate type; forward output */
     const void *grad_costs;   /* (B) accumulate type, or NULL for ones; backward input */
     tdt_gradients_t g;        /* gradients to write (NULL pointers skipped) */
+    int *ahead;               /* tdt_forward_ahead(): do_backward only where the backend runs
+                                 the gradients with the forward (the GPU's fused schedule);
+                                 *ahead = 1 when it did, else left 0. NULL elsewhere. */
 } tdt_call_t;
 
 /* Backends. Each returns SUCCESS or a status after setting the error detail. */
 tdt_status_t tdt_cpu_run(const tdt_call_t *call);
 tdt_status_t tdt_gpu_run(const tdt_call_t *call);
 tdt_status_t tdt_gpu_count(int *count);
+/* tdt_scale_gradients(): grad_costs is the scale; no workspace (call->workspace NULL). */
+tdt_status_t tdt_cpu_scale(const tdt_call_t *call);
+tdt_status_t tdt_gpu_scale(const tdt_call_t *call);
 int tdt_gpu_built(void);
 
 /* Records the detail returned by tdt_last_error() for this thread (printf-style). */

@@ -191,11 +191,12 @@ static tdt_status_t check_data(const tdt_problem_t *p, int blank) {
 
 /* ---- the call --------------------------------------------------------------------------------- */
 
-/* Validates everything a call reads, fills *c, and returns SUCCESS or the first failure. */
+/* Validates everything a call reads, fills *c, and returns SUCCESS or the first failure.
+ * scaling: tdt_scale_gradients(), which reads grad_costs (its scale) and no workspace. */
 static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
                             const tdt_options_t *options, void *costs, const void *grad_costs,
                             const tdt_gradients_t *grads, void *workspace, size_t workspace_bytes,
-                            int do_forward, int do_backward) {
+                            int do_forward, int do_backward, int scaling) {
     memset(c, 0, sizeof *c);
     if (!problem) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem is NULL");
     if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
@@ -223,7 +224,9 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     if (!p->token_logits && any_rows) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->token_logits is NULL");
     TDT_CHECK(check_data_pointers(p));
     if (do_forward && p->batch > 0 && !costs) TDT_FAIL(TDT_STATUS_NULL_POINTER, "costs is NULL");
-    if (!workspace) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace is NULL");
+    if (!workspace && !scaling) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace is NULL");
+    if (scaling && p->batch > 0 && !grad_costs && grads && (grads->token_grads || grads->duration_grads))
+        TDT_FAIL(TDT_STATUS_NULL_POINTER, "scale is NULL");
 
     /* strides */
     TDT_CHECK(check_strides("problem->token", p->token_strides, p, p->vocab_size, 0));
@@ -242,12 +245,13 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
                                  p->duration_logits, p->duration_strides, p));
     }
 
-    /* workspace */
+    /* workspace (none for tdt_scale_gradients) */
     /* RNN-T ignores num_durations: its layout is that of 0 durations, as in the size query */
-    if (!tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, c->num_durations, &c->layout))
+    if (!scaling && !tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, c->num_durations,
+                                          &c->layout))
         TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace for batch %lld x max_frames %lld x (max_labels %lld + 1) "
                  "overflows 64-bit sizes", (long long)p->batch, (long long)p->max_frames, (long long)p->max_labels);
-    if (workspace_bytes < c->layout.total + TDT_WS_ALIGN)
+    if (!scaling && workspace_bytes < c->layout.total + TDT_WS_ALIGN)
         TDT_FAIL(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes = %zu < %zu (tdt_get_workspace_size)",
                  workspace_bytes, c->layout.total + TDT_WS_ALIGN);
 
@@ -261,15 +265,18 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     return TDT_STATUS_SUCCESS;
 }
 
-/* keep: a later tdt_backward() may use the forward's workspace (tdt_forward) */
+/* keep: a later tdt_backward() may use the forward's workspace (tdt_forward); written: the
+ * backward only where the backend runs it with the forward (tdt_forward_ahead), which says so */
 static tdt_status_t run(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
                         const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
-                        size_t workspace_bytes, int do_forward, int do_backward, int keep) {
+                        size_t workspace_bytes, int do_forward, int do_backward, int keep,
+                        int *written) {
     tdt_call_t c;
     tdt_status_t s = prepare(&c, problem, options, costs, grad_costs, grads, workspace,
-                             workspace_bytes, do_forward, do_backward);
+                             workspace_bytes, do_forward, do_backward, 0);
     if (s != TDT_STATUS_SUCCESS) return s;
     c.costs_only = c.do_forward && !c.do_backward && !keep;
+    c.ahead = written;
     tdt_clear_error();
     if (!c.do_forward && !c.do_backward) return TDT_STATUS_SUCCESS;
     return c.o.location == TDT_LOCATION_GPU ? tdt_gpu_run(&c) : tdt_cpu_run(&c);
@@ -300,18 +307,37 @@ TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem,
 TDT_API tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t *options,
                                       void *costs, const tdt_gradients_t *grads, void *workspace,
                                       size_t workspace_bytes) {
-    return run(problem, options, costs, NULL, grads, workspace, workspace_bytes, 1, 1, 0);
+    return run(problem, options, costs, NULL, grads, workspace, workspace_bytes, 1, 1, 0, NULL);
 }
 
 TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options,
                                  void *costs, void *workspace, size_t workspace_bytes) {
-    return run(problem, options, costs, NULL, NULL, workspace, workspace_bytes, 1, 0, 1);
+    return run(problem, options, costs, NULL, NULL, workspace, workspace_bytes, 1, 0, 1, NULL);
 }
 
 TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
                                   const void *grad_costs, const tdt_gradients_t *grads,
                                   void *workspace, size_t workspace_bytes) {
-    return run(problem, options, NULL, grad_costs, grads, workspace, workspace_bytes, 0, 1, 0);
+    return run(problem, options, NULL, grad_costs, grads, workspace, workspace_bytes, 0, 1, 0, NULL);
+}
+
+TDT_API tdt_status_t tdt_forward_ahead(const tdt_problem_t *problem, const tdt_options_t *options,
+                                       void *costs, const void *grad_costs,
+                                       const tdt_gradients_t *grads, void *workspace,
+                                       size_t workspace_bytes, int *grads_written) {
+    if (!grads_written) TDT_FAIL(TDT_STATUS_NULL_POINTER, "grads_written is NULL");
+    *grads_written = 0;
+    return run(problem, options, costs, grad_costs, grads, workspace, workspace_bytes, 1, 1, 1,
+               grads_written);
+}
+
+TDT_API tdt_status_t tdt_scale_gradients(const tdt_problem_t *problem, const tdt_options_t *options,
+                                         const void *scale, const tdt_gradients_t *grads) {
+    tdt_call_t c;
+    TDT_CHECK(prepare(&c, problem, options, NULL, scale, grads, NULL, 0, 0, 1, 1));
+    tdt_clear_error();
+    if (!c.do_backward || c.p.batch == 0) return TDT_STATUS_SUCCESS;
+    return c.o.location == TDT_LOCATION_GPU ? tdt_gpu_scale(&c) : tdt_cpu_scale(&c);
 }
 
 TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_options_t *options) {

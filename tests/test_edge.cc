@@ -346,6 +346,73 @@ TEST_P(Layouts, UpstreamGradientScaling) {
     }
 }
 
+// tdt_scale_gradients: each element inside sample b's lattice times scale[b], rounded once to the
+// dtype; zeros (an infeasible sample's gradient, whatever its factor) and everything outside the
+// lattices stay as they were; in every layout, padded gaps untouched (run_lib checks them).
+TEST_P(Layouts, ScaleGradients) {
+    for (bool rnnt : {false, true}) {
+        // sample 3 infeasible (its one label, 1, has probability 0 everywhere): its gradient is
+        // 0 inside its lattice and must stay 0 under an infinite factor
+        Problem p = random_problem(77, 4, 7, 3, 6, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2}, 0,
+                                   1.0, 1, {7, 5, 6, 4}, {3, 2, 0, 1});
+        p.labels[3 * p.maxU] = 1;
+        for (int64_t t = 0; t < p.maxT; ++t)
+            for (int64_t u = 0; u <= p.maxU; ++u) p.tok[p.node(3, t, u) * p.V + 1] = -std::numeric_limits<double>::infinity();
+        quantize_inputs(p, dtype());
+        const std::vector<double> s = {0.3, 1.0, -2.5, std::numeric_limits<double>::infinity()};
+        for (Layout layout : {Layout::Contiguous, Layout::Joint, Layout::Padded}) {
+            const std::string what = std::string(rnnt ? "RNN-T " : "TDT ") + layout_name(layout);
+            RunOptions ro;
+            ro.dtype = dtype();
+            ro.layout = layout;
+            const Output base = run_lib(p, ro);
+            ASSERT_EQ(base.status, TDT_STATUS_SUCCESS) << base.error;
+            ASSERT_TRUE(std::isinf(base.costs[3])) << what << ": sample 3 should be infeasible";
+            ro.scale = &s;
+            const Output got = run_lib(p, ro);
+            ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+            Output want = base;
+            auto expect_scaled = [&](std::vector<double> &g, int64_t width) {
+                for (int64_t b = 0; b < p.B; ++b) {
+                    // the factor as the library reads it: of the accumulate type
+                    const double f = dtype() == TDT_DTYPE_FLOAT64 ? s[b] : static_cast<double>(static_cast<float>(s[b]));
+                    for (int64_t t = 0; t < p.T[b]; ++t)
+                        for (int64_t u = 0; u <= p.U[b]; ++u)
+                            for (int64_t k = 0; k < width; ++k) {
+                                double &x = g[p.node(b, t, u) * width + k];
+                                if (x != 0.0) x = quantize(x * f, dtype());
+                            }
+                }
+            };
+            expect_scaled(want.gtok, p.V);
+            if (!rnnt) expect_scaled(want.gdur, p.D());
+            expect_bitwise(got, want, p, what + ": scaled by {0.3, 1, -2.5, inf} vs each element times its factor");
+            expect_zero_outside_lattices(got, p);
+            // one factor for all (options.grad_costs_scalar)
+            const std::vector<double> one(1, -0.75), rep(4, -0.75);
+            ro.scale = &rep;
+            const Output expected = run_lib(p, ro);
+            ro.scale = &one;
+            ro.scale_scalar = true;
+            expect_bitwise(run_lib(p, ro), expected, p, what + ": scalar {-0.75} vs {-0.75} x 4");
+        }
+    }
+}
+
+// tdt_forward_ahead on the CPU writes nothing ahead (the pair costs the same there): it is
+// tdt_forward, and tdt_backward follows on its workspace.
+TEST_P(Layouts, ForwardAheadIsTheForwardOnTheCpu) {
+    const Problem p = problem(false, 78);
+    const std::vector<double> g = {0.5, -2.0, 3.0};
+    RunOptions ro;
+    ro.dtype = dtype();
+    ro.two_phase = true;
+    ro.grad_costs = &g;
+    const Output pair = run_lib(p, ro);
+    ro.ahead = true;
+    expect_bitwise(run_lib(p, ro), pair, p, "tdt_forward_ahead + tdt_backward vs the pair");
+}
+
 // Only one gradient requested: that one, unchanged.
 TEST_P(Layouts, OneGradientOnly) {
     const Problem p = problem(false, 76);

@@ -1,7 +1,8 @@
 /*
  * test_errors.cc - every status code, each from its own bad input. For each: the status of
- * compute_tdt_loss, tdt_forward and tdt_backward; tdt_last_error() names the argument; nothing
- * was written (costs and gradients keep their sentinels).
+ * compute_tdt_loss, tdt_forward_ahead, tdt_forward and tdt_backward (and of tdt_scale_gradients
+ * where it reads the bad argument); tdt_last_error() names the argument; nothing was written
+ * (costs and gradients keep their sentinels).
  */
 #include <cmath>
 #include <cstring>
@@ -77,6 +78,20 @@ class Errors : public ::testing::Test {
         grads.duration_grads = gdur.data();
     }
     tdt_status_t call_compute() { return compute_tdt_loss(&prob, &opt, costs.data(), &grads, ws.data(), ws_bytes); }
+    // tdt_forward_ahead with one upstream value for all; `written` must come back 0 on failure
+    tdt_status_t call_ahead(int *written) {
+        const float one = 1.0f;
+        tdt_options_t o = opt;
+        o.grad_costs_scalar = 1;
+        *written = -1;
+        return tdt_forward_ahead(&prob, &o, costs.data(), &one, &grads, ws.data(), ws_bytes, written);
+    }
+    tdt_status_t call_scale() {
+        const float half = 0.5f;
+        tdt_options_t o = opt;
+        o.grad_costs_scalar = 1;
+        return tdt_scale_gradients(&prob, &o, &half, &grads);
+    }
 
     // Nothing written: every cost and gradient element still holds its sentinel.
     void expect_untouched(const std::string &what) {
@@ -94,15 +109,33 @@ class Errors : public ::testing::Test {
             << what << ": tdt_last_error() should name '" << needle << "'; it says \"" << err << "\"";
     }
 
-    // The current (broken) prob/opt must give `want` from compute_tdt_loss, tdt_forward and
-    // tdt_backward (after a valid forward of the unbroken call), with `needle` in the message.
+    // The current (broken) prob/opt must give `want` from compute_tdt_loss, tdt_forward_ahead,
+    // tdt_forward, tdt_backward (after a valid forward of the unbroken call) and, unless
+    // check_scale is false (the workspace: it takes none), tdt_scale_gradients, with `needle` in
+    // the message.
     void expect_status(tdt_status_t want, const char *needle, bool check_backward = true,
-                       bool check_forward = true) {
+                       bool check_forward = true, bool check_scale = true) {
         reset_outputs();
         tdt_status_t st = call_compute();
         EXPECT_EQ(st, want) << "compute_tdt_loss: got " << tdt_status_string(st) << " (" << tdt_last_error() << ")";
         expect_error_text(needle, "compute_tdt_loss");
         expect_untouched("compute_tdt_loss");
+
+        reset_outputs();
+        int written = -1;
+        st = call_ahead(&written);
+        EXPECT_EQ(st, want) << "tdt_forward_ahead: got " << tdt_status_string(st) << " (" << tdt_last_error() << ")";
+        expect_error_text(needle, "tdt_forward_ahead");
+        expect_untouched("tdt_forward_ahead");
+        EXPECT_EQ(written, 0) << "tdt_forward_ahead failed but set grads_written to " << written;
+
+        if (check_scale) {
+            reset_outputs();
+            st = call_scale();
+            EXPECT_EQ(st, want) << "tdt_scale_gradients: got " << tdt_status_string(st) << " (" << tdt_last_error() << ")";
+            expect_error_text(needle, "tdt_scale_gradients");
+            expect_untouched("tdt_scale_gradients");
+        }
         if (want == TDT_STATUS_INVALID_LENGTH || want == TDT_STATUS_INVALID_LABEL) {
             // the host-side check of lengths and labels finds the same fault, in the same words
             const std::string text = tdt_last_error();
@@ -163,6 +196,28 @@ TEST_F(ErrorsTest, NullStructs) {
     EXPECT_EQ(tdt_get_workspace_size(&prob, nullptr, &bytes), TDT_STATUS_NULL_POINTER);
     EXPECT_EQ(tdt_get_workspace_size(&prob, &opt, nullptr), TDT_STATUS_NULL_POINTER);
     expect_untouched("null structs");
+}
+
+TEST_F(ErrorsTest, NullAheadAndScaleArguments) {
+    const float one = 1.0f;
+    EXPECT_EQ(tdt_forward_ahead(&prob, &opt, costs.data(), nullptr, &grads, ws.data(), ws_bytes, nullptr),
+              TDT_STATUS_NULL_POINTER);
+    EXPECT_NE(std::string(tdt_last_error()).find("grads_written"), std::string::npos) << tdt_last_error();
+    int written = -1;
+    EXPECT_EQ(tdt_forward_ahead(nullptr, &opt, costs.data(), nullptr, &grads, ws.data(), ws_bytes, &written),
+              TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(written, 0);
+    EXPECT_EQ(tdt_forward_ahead(&prob, &opt, nullptr, nullptr, &grads, ws.data(), ws_bytes, &written),
+              TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(tdt_scale_gradients(&prob, &opt, nullptr, &grads), TDT_STATUS_NULL_POINTER);
+    EXPECT_NE(std::string(tdt_last_error()).find("scale"), std::string::npos) << tdt_last_error();
+    EXPECT_EQ(tdt_scale_gradients(nullptr, &opt, &one, &grads), TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(tdt_scale_gradients(&prob, nullptr, &one, &grads), TDT_STATUS_NULL_POINTER);
+    expect_untouched("NULL arguments of tdt_forward_ahead / tdt_scale_gradients");
+    // no gradient to scale, or an empty batch: nothing to do, and no scale is read
+    EXPECT_EQ(tdt_scale_gradients(&prob, &opt, nullptr, nullptr), TDT_STATUS_SUCCESS) << tdt_last_error();
+    prob.batch = 0;
+    EXPECT_EQ(tdt_scale_gradients(&prob, &opt, nullptr, &grads), TDT_STATUS_SUCCESS) << tdt_last_error();
 }
 
 TEST_F(ErrorsTest, NullCosts) {
@@ -336,9 +391,9 @@ TEST_F(ErrorsTest, UnknownDtype) {
 
 TEST_F(ErrorsTest, WorkspaceOneByteShort) {
     ws_bytes -= 1;
-    expect_status(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace");
+    expect_status(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace", true, true, false);
     ws_bytes = 0;
-    expect_status(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace");
+    expect_status(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace", true, true, false);
 }
 
 // ---- TDT_STATUS_BACKEND_NOT_BUILT ----------------------------------------------------------------

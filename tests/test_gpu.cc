@@ -272,10 +272,15 @@ struct Out {
     std::vector<double> costs, gtok, gdur;
     std::vector<uint8_t> raw_costs, raw_gtok, raw_gdur;  // the bytes as written (bitwise checks)
     std::vector<int32_t> order;  // RunOpts::keep_order: the workspace's int32 counters after the call
+    int written = -1;            // Mode::Ahead: tdt_forward_ahead's grads_written
 };
 
 // CostsOnly: compute_tdt_loss() without gradients (alpha alone is swept); FwdOnly: tdt_forward().
-enum class Mode { OneShot, FwdBwd, FwdOnly, CostsOnly };
+// Ahead: tdt_forward_ahead() with grad_costs (empty: NULL); where it wrote the gradients,
+// tdt_scale_gradients() by `scale` (none if empty), else tdt_backward() with grad_costs times
+// scale (ones where empty), as an autograd binding does. Elsewhere a non-empty `scale` runs
+// tdt_scale_gradients() after the call.
+enum class Mode { OneShot, FwdBwd, FwdOnly, CostsOnly, Ahead };
 
 struct RunOpts {
     Mode mode = Mode::OneShot;
@@ -285,7 +290,10 @@ struct RunOpts {
     bool graph = false;              // GPU: capture the calls in a CUDA graph and replay it
     bool want_tok = true, want_dur = true;
     tdt_gpu_schedule_t schedule = TDT_GPU_SCHEDULE_AUTO;
-    bool backward_twice = false;     // FwdBwd: a second tdt_backward() over the same workspace
+    bool backward_twice = false;     // FwdBwd, Ahead: a second tdt_backward() over the same
+                                     // workspace (Ahead: with grad_costs times scale)
+    std::vector<double> scale;       // tdt_scale_gradients() factors (see Mode)
+    bool scale_scalar = false;       // scale holds one value for every sample
     bool keep_order = false;         // download the workspace's counters (Out::order)
 };
 
@@ -366,6 +374,16 @@ void fill_problem(const Host &h, const Ptrs &p, tdt_problem_t *pr, tdt_gradients
     std::memcpy(g->duration_strides, h.gdur_s, sizeof h.gdur_s);
 }
 
+// Mode::Ahead's upstream for tdt_backward(): grad_costs times scale, per sample (B values).
+std::vector<double> upstream_of(const RunOpts &ro, int64_t B) {
+    std::vector<double> u((size_t)B, 1.0);
+    for (int64_t b = 0; b < B; ++b) {
+        if (!ro.grad_costs.empty()) u[b] *= ro.grad_costs[ro.grad_scalar ? 0 : b];
+        if (!ro.scale.empty()) u[b] *= ro.scale[ro.scale_scalar ? 0 : b];
+    }
+    return u;
+}
+
 // Runs the problem on the CPU, on copies of the host buffers (in place overwrites them).
 Out run_cpu(const Host &h, const RunOpts &ro) {
     Out out;
@@ -405,12 +423,24 @@ Out run_cpu(const Host &h, const RunOpts &ro) {
     tdt_status_t st;
     if (ro.mode == Mode::OneShot) {
         st = compute_tdt_loss(&pr, &o, out.raw_costs.data(), &g, work.data(), ws);
+    } else if (ro.mode == Mode::Ahead) {
+        std::vector<uint8_t> gc = acc_bytes(ro.grad_costs, s.dt), u = acc_bytes(upstream_of(ro, s.B), s.dt);
+        st = tdt_forward_ahead(&pr, &o, out.raw_costs.data(), ro.grad_costs.empty() ? nullptr : gc.data(), &g,
+                               work.data(), ws, &out.written);
+        EXPECT_EQ(out.written, 0) << "the CPU wrote gradients ahead";
+        o.grad_costs_scalar = 0;
+        if (st == TDT_STATUS_SUCCESS) st = tdt_backward(&pr, &o, u.data(), &g, work.data(), ws);
     } else {
         st = tdt_forward(&pr, &o, out.raw_costs.data(), work.data(), ws);
         if (st == TDT_STATUS_SUCCESS && ro.mode == Mode::FwdBwd) {
             std::vector<uint8_t> gc = acc_bytes(ro.grad_costs, s.dt);
             st = tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.data(), &g, work.data(), ws);
         }
+    }
+    if (st == TDT_STATUS_SUCCESS && ro.mode != Mode::Ahead && !ro.scale.empty()) {
+        std::vector<uint8_t> sc = acc_bytes(ro.scale, s.dt);
+        o.grad_costs_scalar = ro.scale_scalar;
+        st = tdt_scale_gradients(&pr, &o, sc.data(), &g);
     }
     EXPECT_EQ(st, TDT_STATUS_SUCCESS) << "CPU: " << tdt_status_string(st) << " / " << tdt_last_error();
     out.raw_costs.resize((size_t)s.B * acc_size(s.dt));
@@ -458,7 +488,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     Out out;
     const Spec &s = h.s;
     const size_t es = esize(s.dt);
-    DevBuf tok, dur, gtok, gdur, labels, T, U, costs, gc, work;
+    DevBuf tok, dur, gtok, gdur, labels, T, U, costs, gc, work, sc, up;
     EXPECT_EQ(tok.upload(h.tok.data(), h.tok.size()), cudaSuccess);
     EXPECT_EQ(dur.upload(h.dur.data(), h.dur.size()), cudaSuccess);
     EXPECT_EQ(labels.upload(h.labels.data(), h.labels.size() * 4), cudaSuccess);
@@ -502,11 +532,29 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     EXPECT_EQ(cudaMemset(work.p, 0xff, ws), cudaSuccess);
     EXPECT_EQ(costs.alloc((size_t)std::max<int64_t>(s.B, 1) * acc_size(s.dt)), cudaSuccess);
     EXPECT_EQ(cudaMemset(costs.p, 0xff, costs.n), cudaSuccess);
-    std::vector<uint8_t> gch = acc_bytes(ro.grad_costs, s.dt);
+    std::vector<uint8_t> gch = acc_bytes(ro.grad_costs, s.dt), sch = acc_bytes(ro.scale, s.dt),
+                         uph = acc_bytes(upstream_of(ro, s.B), s.dt);
     EXPECT_EQ(gc.upload(gch.data(), gch.size()), cudaSuccess);
+    EXPECT_EQ(sc.upload(sch.data(), sch.size()), cudaSuccess);
+    EXPECT_EQ(up.upload(uph.data(), uph.size()), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    tdt_options_t so = o;  // tdt_scale_gradients' options
+    so.grad_costs_scalar = ro.scale_scalar;
 
-    auto enqueue = [&]() -> tdt_status_t {
+    auto enqueue_call = [&]() -> tdt_status_t {
+        if (ro.mode == Mode::Ahead) {
+            tdt_status_t st = tdt_forward_ahead(&pr, &o, costs.p, ro.grad_costs.empty() ? nullptr : gc.p,
+                                                &g, work.p, ws, &out.written);
+            if (st != TDT_STATUS_SUCCESS) return st;
+            tdt_options_t uo = o;  // grad_costs times scale: B values
+            uo.grad_costs_scalar = 0;
+            if (out.written)
+                st = ro.scale.empty() ? TDT_STATUS_SUCCESS : tdt_scale_gradients(&pr, &so, sc.p, &g);
+            else
+                st = tdt_backward(&pr, &uo, up.p, &g, work.p, ws);
+            if (st != TDT_STATUS_SUCCESS || !ro.backward_twice) return st;
+            return tdt_backward(&pr, &uo, up.p, &g, work.p, ws);
+        }
         if (ro.mode == Mode::OneShot) return compute_tdt_loss(&pr, &o, costs.p, &g, work.p, ws);
         if (ro.mode == Mode::CostsOnly) return compute_tdt_loss(&pr, &o, costs.p, nullptr, work.p, ws);
         tdt_status_t st = tdt_forward(&pr, &o, costs.p, work.p, ws);
@@ -514,6 +562,11 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
         st = tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.p, &g, work.p, ws);
         if (st != TDT_STATUS_SUCCESS || !ro.backward_twice) return st;
         return tdt_backward(&pr, &o, ro.grad_costs.empty() ? nullptr : gc.p, &g, work.p, ws);
+    };
+    auto enqueue = [&]() -> tdt_status_t {
+        tdt_status_t st = enqueue_call();
+        if (st != TDT_STATUS_SUCCESS || ro.mode == Mode::Ahead || ro.scale.empty()) return st;
+        return tdt_scale_gradients(&pr, &so, sc.p, &g);
     };
     if (ro.graph) {
         cudaGraph_t graph = nullptr;
@@ -855,6 +908,153 @@ TEST(GpuCalls, ForwardBackwardEqualsOneShotBitwise) {
         Out f = run_gpu(h, one);
         EXPECT_EQ(f.raw_costs, b.raw_costs) << dt_name(dt) << ", FUSED";
         expect_within_rounding(f.raw_gtok, b.raw_gtok, dt, std::string(dt_name(dt)) + ", FUSED");
+    }
+}
+
+// `got` is `base` with every element inside sample b's lattice times scale[b] (the factor in
+// the accumulate type, the product rounded once to the dtype), zeros and everything outside
+// the lattices unchanged: what tdt_scale_gradients() promises, element for element.
+void expect_scaled(const Out &got, const Out &base, const Host &h, const std::vector<double> &scale,
+                   bool scalar, const std::string &what) {
+    const Spec &s = h.s;
+    auto check = [&](const std::vector<double> &g, const std::vector<double> &b0, int64_t width, const char *name) {
+        ASSERT_EQ(g.size(), b0.size()) << what;
+        size_t bad = 0;
+        std::string first;
+        for (int64_t b = 0; b < s.B; ++b) {
+            double f = scale[scalar ? 0 : b];
+            if (s.dt != TDT_DTYPE_FLOAT64) f = (float)f;
+            for (int64_t t = 0; t < s.T; ++t)
+                for (int64_t u = 0; u <= s.U; ++u)
+                    for (int64_t k = 0; k < width; ++k) {
+                        const size_t i = (size_t)(((b * s.T + t) * (s.U + 1) + u) * width + k);
+                        double want = b0[i];
+                        if (t < h.T[b] && u <= h.U[b] && want != 0.0) {
+                            uint64_t cell = 0;
+                            store_el(&cell, 0, want * f, s.dt);
+                            want = load_el(&cell, 0, s.dt);
+                        }
+                        if (std::memcmp(&want, &g[i], sizeof want) != 0 && !(std::isnan(want) && std::isnan(g[i]))) {
+                            if (!bad++) {
+                                std::ostringstream o;
+                                o << name << " (" << b << "," << t << "," << u << "," << k << "): " << g[i]
+                                  << " against " << b0[i] << " x " << f << " = " << want;
+                                first = o.str();
+                            }
+                        }
+                    }
+        }
+        EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements not their factor times the unscaled one; first "
+                           << first;
+    };
+    check(got.gtok, base.gtok, s.V, "token");
+    if (s.D()) check(got.gdur, base.gdur, s.D(), "duration");
+}
+
+// tdt_forward_ahead() writes the gradients where the fused schedule runs (FUSED asked for here,
+// on one-block sweeps; AUTO takes it for long rows: GpuLong.FusedScheduleOverClusters) and
+// nothing elsewhere; tdt_scale_gradients() then applies the missing factor. Checked against the
+// forward/backward pair with the whole upstream (weights times factors): AUTO must give its
+// bits; FUSED its costs' bits and gradients within rounding (the factors are powers of two, so
+// scaling adds no rounding of its own); a second tdt_backward() over the fused call's workspace
+// the pair's bits again; in a CUDA graph, the same bits as eagerly.
+TEST(GpuCalls, ForwardAheadAndScale) {
+    REQUIRE_GPU();
+    int dev = 0, major = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaStream_t st = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16, TDT_DTYPE_FLOAT64}) {
+        const Spec sp = medium(dt);
+        const Host h = make_host(sp);
+        const std::string name = dt_name(dt);
+        RunOpts pair;
+        pair.mode = Mode::FwdBwd;
+        pair.grad_costs = {0.25 * 2.0, 0.5 * 1.0, 1.0 * -0.5};
+        const Out want = run_gpu(h, pair);
+        RunOpts ahead;
+        ahead.mode = Mode::Ahead;
+        ahead.grad_costs = {0.25, 0.5, 1.0};
+        ahead.scale = {2.0, 1.0, -0.5};
+        const Out a = run_gpu(h, ahead);
+        EXPECT_EQ(a.written, 0) << name << ": AUTO on one-block sweeps wrote the gradients ahead";
+        EXPECT_EQ(a.raw_costs, want.raw_costs) << name << ", AUTO: costs";
+        EXPECT_EQ(a.raw_gtok, want.raw_gtok) << name << ", AUTO: gradients";
+        ahead.schedule = TDT_GPU_SCHEDULE_FUSED;
+        const Out f = run_gpu(h, ahead);
+        if (major < 9) {  // no fused schedule: the pair's bits
+            EXPECT_EQ(f.written, 0) << name;
+            EXPECT_EQ(f.raw_gtok, want.raw_gtok) << name << ", FUSED without sm_90";
+            continue;
+        }
+        EXPECT_EQ(f.written, 1) << name << ": FUSED did not write the gradients ahead";
+        EXPECT_EQ(f.raw_costs, want.raw_costs) << name << ", FUSED: costs";
+        expect_within_rounding(f.raw_gtok, want.raw_gtok, dt, name + ", FUSED ahead and scaled");
+        expect_match(f, run_cpu(h, pair), sp);
+        // the factors applied exactly: the unscaled gradients ahead, times each factor
+        RunOpts unscaled = ahead;
+        unscaled.scale = {};
+        expect_scaled(f, run_gpu(h, unscaled), h, ahead.scale, false, name + ", FUSED");
+        // one factor for all (grad_costs_scalar) and the same factor per sample: the same bits
+        RunOpts one = ahead, rep = ahead;
+        one.scale = {-0.5};
+        one.scale_scalar = true;
+        rep.scale.assign((size_t)sp.B, -0.5);
+        EXPECT_EQ(run_gpu(h, one).raw_gtok, run_gpu(h, rep).raw_gtok) << name << ": scalar factor";
+        // no weights, no factor: the one-shot fused call itself
+        RunOpts bare = ahead, oneshot;
+        bare.grad_costs = {};
+        bare.scale = {};
+        oneshot.schedule = TDT_GPU_SCHEDULE_FUSED;
+        EXPECT_EQ(run_gpu(h, bare).raw_gtok, run_gpu(h, oneshot).raw_gtok) << name << ": against compute_tdt_loss";
+        // the workspace serves a second backward: the pair's bits
+        RunOpts twice = ahead;
+        twice.backward_twice = true;
+        const Out t2 = run_gpu(h, twice);
+        EXPECT_EQ(t2.raw_gtok, want.raw_gtok) << name << ": tdt_backward after the fused forward_ahead";
+        // captured in a graph on a second stream: the eager bits
+        RunOpts graph = ahead;
+        graph.stream = st;
+        graph.graph = true;
+        const Out g = run_gpu(h, graph);
+        EXPECT_EQ(g.written, 1) << name << ", graph";
+        EXPECT_EQ(g.raw_costs, f.raw_costs) << name << ", graph: costs";
+        EXPECT_EQ(g.raw_gtok, f.raw_gtok) << name << ", graph: gradients";
+    }
+    CUDA_OK(cudaStreamDestroy(st));
+}
+
+// tdt_scale_gradients() after a one-shot call, any factor: each element inside a lattice times
+// its sample's factor, rounded once; an infeasible sample (T_b odd with durations {0, 2}) keeps
+// its exact zeros under an infinite factor, a factor of 1 leaves a sample's bits; padded rows
+// untouched; separate and joint gradients.
+TEST(GpuCalls, ScaleGradientsExact) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16, TDT_DTYPE_FLOAT64}) {
+        for (Grads gl : {Grads::Joint, Grads::Separate}) {
+            Spec sp = medium(dt);
+            sp.B = 4;
+            sp.durs = {0, 2};
+            sp.Tb = {30, 21, 26, 12};
+            sp.Ub = {8, 3, 0, 8};
+            sp.pad = 3;
+            sp.grads = gl;
+            sp.joint = gl == Grads::Joint;
+            const Host h = make_host(sp);
+            const std::vector<double> scale = {0.3, -2.5, std::numeric_limits<double>::infinity(), 1.0};
+            RunOpts ro;
+            const Out base = run_gpu(h, ro);
+            ASSERT_TRUE(std::isinf(base.costs[1])) << sp.str() << ": sample 1 should be infeasible";
+            ro.scale = scale;
+            const Out got = run_gpu(h, ro);
+            expect_scaled(got, base, h, scale, false, sp.str());
+            expect_padding_untouched(h, got);
+            EXPECT_EQ(got.raw_costs, base.raw_costs) << sp.str();
+            const Out cpu = run_cpu(h, ro);
+            expect_scaled(cpu, run_cpu(h, RunOpts()), h, scale, false, sp.str() + " (CPU)");
+            expect_match(got, cpu, sp);
+        }
     }
 }
 
@@ -1276,6 +1476,13 @@ TEST(GpuLong, FusedScheduleOverClusters) {
         EXPECT_EQ(again.raw_gdur, f.raw_gdur) << s.str() << ": a second run";
         if (major < 9) continue;  // SERIAL ran
         EXPECT_EQ(autos.raw_gtok, f.raw_gtok) << s.str() << ": AUTO";
+        // what a binding's forward runs: tdt_forward_ahead under AUTO writes these gradients
+        RunOpts ahead;
+        ahead.mode = Mode::Ahead;
+        const Out a = run_gpu(h, ahead);
+        EXPECT_EQ(a.written, 1) << s.str() << ": AUTO did not write the gradients ahead";
+        EXPECT_EQ(a.raw_costs, f.raw_costs) << s.str() << ": tdt_forward_ahead's costs";
+        EXPECT_EQ(a.raw_gtok, f.raw_gtok) << s.str() << ": tdt_forward_ahead's gradients";
         const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
         EXPECT_EQ(f.order[1 + K], INT32_MAX) << s.str() << ": beta progress";
         EXPECT_EQ(f.order[2 + K], INT32_MAX) << s.str() << ": alpha progress";

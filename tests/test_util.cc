@@ -388,22 +388,35 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     std::vector<float> costs_f(static_cast<size_t>(p.B) + 1, static_cast<float>(nan));
     void *costs = dbl ? static_cast<void *>(costs_d.data()) : static_cast<void *>(costs_f.data());
 
+    // (B) values of the accumulate type, as the library reads them
+    auto acc_values = [&](const std::vector<double> *v, std::vector<double> &d, std::vector<float> &f) {
+        if (!v) return static_cast<const void *>(nullptr);
+        d = *v;
+        f.assign(d.begin(), d.end());
+        return dbl ? static_cast<const void *>(d.data()) : static_cast<const void *>(f.data());
+    };
+    std::vector<double> gc_d, sc_d;
+    std::vector<float> gc_f, sc_f;
     if (ro.two_phase) {
-        out.status = tdt_forward(&prob, &opt, costs, ws_ptr, ws_bytes);
-        if (out.status == TDT_STATUS_SUCCESS && !ro.costs_only) {
-            std::vector<double> gc_d;
-            std::vector<float> gc_f;
-            const void *gc = nullptr;
-            if (ro.grad_costs) {
-                gc_d = *ro.grad_costs;
-                gc_f.assign(gc_d.begin(), gc_d.end());
-                gc = dbl ? static_cast<const void *>(gc_d.data()) : static_cast<const void *>(gc_f.data());
-            }
-            out.status = tdt_backward(&prob, &opt, gc, &grads, ws_ptr, ws_bytes);
+        const void *gc = acc_values(ro.grad_costs, gc_d, gc_f);
+        if (ro.ahead) {
+            int written = -1;
+            out.status = tdt_forward_ahead(&prob, &opt, costs, gc, ro.costs_only ? nullptr : &grads,
+                                           ws_ptr, ws_bytes, &written);
+            EXPECT_EQ(written, 0) << "the CPU wrote gradients ahead";
+        } else {
+            out.status = tdt_forward(&prob, &opt, costs, ws_ptr, ws_bytes);
         }
+        if (out.status == TDT_STATUS_SUCCESS && !ro.costs_only)
+            out.status = tdt_backward(&prob, &opt, gc, &grads, ws_ptr, ws_bytes);
     } else {
         out.status = compute_tdt_loss(&prob, &opt, costs, ro.costs_only ? nullptr : &grads, ws_ptr,
                                       ws_bytes);
+    }
+    if (out.status == TDT_STATUS_SUCCESS && ro.scale && !ro.costs_only) {
+        tdt_options_t so = opt;
+        so.grad_costs_scalar = ro.scale_scalar;
+        out.status = tdt_scale_gradients(&prob, &so, acc_values(ro.scale, sc_d, sc_f), &grads);
     }
     out.error = tdt_last_error();
     if (out.status != TDT_STATUS_SUCCESS) return out;

@@ -92,6 +92,10 @@ struct RunOptions {
     tdt_dtype_t dtype = TDT_DTYPE_FLOAT64;
     Layout layout = Layout::Contiguous;
     bool two_phase = false;                           // tdt_forward + tdt_backward
+    bool ahead = false;                               // with two_phase: tdt_forward_ahead (the
+                                                      // CPU writes nothing ahead: it must say 0)
+    const std::vector<double> *scale = nullptr;       // then tdt_scale_gradients by these (B)
+    bool scale_scalar = false;                        // scale holds one value for all
     bool costs_only = false;                          // no gradient at all (grads == NULL)
     const std::vector<double> *grad_costs = nullptr;  // two_phase only; NULL = ones
     bool grad_costs_scalar = false;                   // grad_costs holds one value for all

@@ -409,6 +409,40 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     }
 }
 
+/* ---- tdt_scale_gradients -------------------------------------------------------------------- */
+
+/* Row of n gradient elements times s, rounded once to the dtype; zeros left as they are. */
+static void scale_row(void *g, int64_t n, tdt_dtype_t dtype, double s) {
+    for (int64_t i = 0; i < n; ++i) {
+        const double x = load_one(g, i, dtype);
+        if (x != 0.0) store_one(g, i, dtype, x * s); /* exact in double for the 32-bit types */
+    }
+}
+
+tdt_status_t tdt_cpu_scale(const tdt_call_t *c) {
+    const tdt_problem_t *p = &c->p;
+    const int64_t row = p->max_labels + 1;
+    const size_t esz = dtype_size(p->dtype);
+    const int nthreads = c->o.num_threads > 0 ? c->o.num_threads : omp_get_max_threads();
+#pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
+    for (int64_t b = 0; b < p->batch; ++b) {
+        for (int64_t t = 0; t < p->max_frames; ++t) {
+            const double s = tdt_upstream(c->grad_costs, tdt_acc_is_double(p->dtype),
+                                          c->o.grad_costs_scalar, b);
+            if (s == 1.0 || t >= p->frame_lengths[b]) continue;
+            for (int64_t u = 0; u <= p->label_lengths[b] && u < row; ++u) {
+                if (c->g.token_grads)
+                    scale_row((char *)c->g.token_grads + tdt_row_offset(c->g.token_strides, b, t, u) * (int64_t)esz,
+                              p->vocab_size, p->dtype, s);
+                if (c->g.duration_grads)
+                    scale_row((char *)c->g.duration_grads + tdt_row_offset(c->g.duration_strides, b, t, u) * (int64_t)esz,
+                              c->num_durations, p->dtype, s);
+            }
+        }
+    }
+    return TDT_STATUS_SUCCESS;
+}
+
 /* ---- entry ---------------------------------------------------------------------------------- */
 
 tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
@@ -434,6 +468,7 @@ tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
             return TDT_STATUS_INVALID_WORKSPACE;
         }
     }
-    if (c->do_backward) grad_pass(c, &ws, nthreads);
+    /* tdt_forward_ahead(): the CPU never writes the gradients ahead (the pair costs the same) */
+    if (c->do_backward && !c->ahead) grad_pass(c, &ws, nthreads);
     return TDT_STATUS_SUCCESS;
 }

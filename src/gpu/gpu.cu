@@ -1,5 +1,6 @@
 /*
- * gpu.cu - the CUDA backend's entry points: tdt_gpu_run(), tdt_gpu_count(), tdt_gpu_built().
+ * gpu.cu - the CUDA backend's entry points: tdt_gpu_run(), tdt_gpu_scale(), tdt_gpu_count(),
+ * tdt_gpu_built().
  *
  * tdt_gpu_run() receives one call already validated by src/tdt.c (internal.h), builds the
  * kernels' argument block and enqueues, on the caller's stream,
@@ -64,18 +65,23 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
     a->grad_costs_scalar = c->o.grad_costs_scalar != 0;
     a->arcs = c->arcs;
     a->sweep_only = c->costs_only ? 1 : 0; /* no backward follows: alpha alone gives the costs */
-    tdt_workspace_carve(&c->layout, c->workspace, &a->ws);
+    if (c->workspace) tdt_workspace_carve(&c->layout, c->workspace, &a->ws); /* none: scaling */
 }
 
-/* The device that owns ptr: 0 and *device set, or a status. Host memory is refused (the GPU
- * location takes device memory); registered or managed memory names its device too. */
-tdt_status_t owning_device(const void *ptr, int *device) {
+/* The device that owns ptr (named `what` in errors): 0 and *device set, or a status. Host
+ * memory is refused (the GPU location takes device memory); registered or managed memory names
+ * its device too. */
+tdt_status_t owning_device(const void *ptr, const char *what, int *device) {
     cudaPointerAttributes attr;
     cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaPointerGetAttributes(workspace)");
+    if (e != cudaSuccess) {
+        tdt_set_error("cudaPointerGetAttributes(%s): %s (%s)", what, cudaGetErrorString(e),
+                      cudaGetErrorName(e));
+        return TDT_STATUS_CUDA_ERROR;
+    }
     if (attr.type == cudaMemoryTypeUnregistered || attr.device < 0) {
-        tdt_set_error("workspace %p is not GPU-accessible memory (TDT_LOCATION_GPU takes device "
-                      "pointers)", ptr);
+        tdt_set_error("%s %p is not GPU-accessible memory (TDT_LOCATION_GPU takes device "
+                      "pointers)", what, ptr);
         return TDT_STATUS_INVALID_OPTION;
     }
     *device = attr.device;
@@ -97,11 +103,45 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
                                c->do_backward ? &bwd_done : NULL);
         if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
     }
+    if (c->ahead) { /* tdt_forward_ahead(): the backward only if it ran with the forward */
+        *c->ahead = bwd_done ? 1 : 0;
+        return TDT_STATUS_SUCCESS;
+    }
     if (c->do_backward && !bwd_done) {
         e = tdt_launch_backward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream);
         if (e != cudaSuccess) return cuda_fail(e, "launching the backward's kernels");
     }
     return TDT_STATUS_SUCCESS;
+}
+
+tdt_status_t enqueue_scale(const tdt_call_t *c, int device) {
+    int num_sms = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
+    tdt_gpu_args_t a;
+    build_args(c, &a);
+    e = tdt_launch_scale(a, c->p.dtype, num_sms < 1 ? 1 : num_sms, (cudaStream_t)c->o.stream);
+    return e != cudaSuccess ? cuda_fail(e, "launching the scale kernel") : TDT_STATUS_SUCCESS;
+}
+
+/* Runs body(call, device) on the device owning ptr, restoring the caller's current device. */
+tdt_status_t on_device(const tdt_call_t *call, const void *ptr, const char *what,
+                       tdt_status_t (*body)(const tdt_call_t *, int)) {
+    int prev = 0, device = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
+    tdt_status_t st = owning_device(ptr, what, &device);
+    if (st != TDT_STATUS_SUCCESS) return st;
+    if (device != prev) {
+        e = cudaSetDevice(device);
+        if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+    }
+    st = body(call, device);
+    if (device != prev) {
+        e = cudaSetDevice(prev);
+        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");
+    }
+    return st;
 }
 
 } /* namespace */
@@ -112,21 +152,14 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
 
 extern "C" tdt_status_t tdt_gpu_run(const tdt_call_t *call) {
     if (call->p.batch == 0) return TDT_STATUS_SUCCESS; /* nothing to write */
-    int prev = 0, device = 0;
-    cudaError_t e = cudaGetDevice(&prev);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
-    tdt_status_t st = owning_device(call->workspace, &device);
-    if (st != TDT_STATUS_SUCCESS) return st;
-    if (device != prev) {
-        e = cudaSetDevice(device);
-        if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
-    }
-    st = enqueue(call, device);
-    if (device != prev) {
-        e = cudaSetDevice(prev);
-        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");
-    }
-    return st;
+    return on_device(call, call->workspace, "workspace", enqueue);
+}
+
+extern "C" tdt_status_t tdt_gpu_scale(const tdt_call_t *call) {
+    /* no workspace: the gradient names the device */
+    const void *g = call->g.token_grads ? call->g.token_grads : call->g.duration_grads;
+    return on_device(call, g, call->g.token_grads ? "grads->token_grads" : "grads->duration_grads",
+                     enqueue_scale);
 }
 
 extern "C" tdt_status_t tdt_gpu_count(int *count) {

@@ -8,7 +8,8 @@
  *   sweep.cu      per sample: alpha and beta over anti-diagonals (separate blocks), LL, cost
  *   grad.cu       per node: token and duration gradients, upstream-scaled (grad_fused.cu:
  *                 the fused schedule's, beside the sweeps: sweep.cuh)
- * gpu.cu holds the backend entry points (tdt_gpu_run / tdt_gpu_count / tdt_gpu_built).
+ * and, apart from them, scale.cu (tdt_scale_gradients). gpu.cu holds the backend entry points
+ * (tdt_gpu_run / tdt_gpu_scale / tdt_gpu_count / tdt_gpu_built).
  *
  * The math is docs/math.md and src/common/lattice.h; nothing here restates a recurrence.
  * All element offsets are int64 (a logits tensor may exceed 2^31 elements).
@@ -412,6 +413,9 @@ cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, 
  * sweeps; a.fus_* set as well. */
 cudaError_t tdt_launch_grad_fused(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                   cudaStream_t stream);
+/* tdt_scale_gradients() (scale.cu): a.tok_g / a.dur_g times the factor in a.grad_costs. */
+cudaError_t tdt_launch_scale(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
+                             cudaStream_t stream);
 /* What the launchers of the forward and of the split backward know of the device and the call;
  * both derive the same schedule from it. */
 typedef struct tdt_fwd_env {

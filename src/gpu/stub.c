@@ -11,6 +11,8 @@ tdt_status_t tdt_gpu_run(const tdt_call_t *call) {
     return TDT_STATUS_BACKEND_NOT_BUILT;
 }
 
+tdt_status_t tdt_gpu_scale(const tdt_call_t *call) { return tdt_gpu_run(call); }
+
 tdt_status_t tdt_gpu_count(int *count) {
     *count = 0;
     tdt_set_error("this library was built without CUDA");
