@@ -6,6 +6,14 @@ gradient straight to tdt_backward(), which folds it into the one pass that write
 element: reductions (mean over U_b, sum, ...) reach the library as per-sample weights, and no
 second pass over the gradient happens in Python.
 
+On CUDA, where the library's plan runs the gradient pass with the forward (the fused schedule:
+long rows, where it overlaps both lattice sweeps), forward calls tdt_forward_ahead() instead,
+with the reduction's weights (the upstream for a loss gradient of 1): the gradients are then
+written in the forward, and backward only multiplies them by the loss's upstream gradient
+(tdt_scale_gradients(), which reads and writes nothing when that is exactly 1, as after
+loss.backward()). Whether a shape's plan writes ahead is learned from its first call and cached
+(_ahead_plans), so other shapes pay nothing for it. WARP_TDT_GRADIENTS_AHEAD=0 turns it off.
+
 Used on every torch version in eager mode (it costs far less per call than a dispatcher custom
 op); _ops.py holds the torch.compile custom ops for torch >= 2.4.
 
@@ -15,19 +23,33 @@ the decorators would only add an autocast context to every backward (measured on
 host: see benchmark/NOTES.md, v8).
 """
 
+import os
+
 import torch
 
 from . import _core
 
 
-def reduce(costs, label_lengths, reduction, with_scale=True):
+def scale_items(label_lengths, reduction, batch, dtype):
+    """reduce()'s scale for costs of this dtype, before the costs exist (see reduce())."""
+    if reduction in ("none", "sum"):
+        return None
+    if reduction == "mean_batch":
+        return (batch,)
+    if reduction == "mean":
+        return (batch, label_lengths.to(dtype))
+    return (label_lengths.sum().to(dtype),)
+
+
+def reduce(costs, label_lengths, reduction, with_scale=True, items=None):
     """The reduction of the (B,) costs, as tdt_loss defines it, and what its backward needs:
     (value, scale). scale None: the upstream gradient reaches the library as it is (one value
     a sample for "none", one value for all for "sum"); else the upstream value is divided by
     each of its items (a number or a (B,) tensor) in turn. The divisions are the ones autograd
     would run for the same torch expression, in the same order, so the gradient is the same to
     the bit. with_scale=False (the torch.compile path, where autograd differentiates the
-    expression itself): the value alone, nothing read off the (possibly symbolic) shape."""
+    expression itself): the value alone, nothing read off the (possibly symbolic) shape.
+    items: scale_items()'s, computed before the costs (then reused here)."""
     if reduction == "none":
         return costs, None
     if reduction == "sum":
@@ -35,9 +57,10 @@ def reduce(costs, label_lengths, reduction, with_scale=True):
     if reduction == "mean_batch":  # costs.mean()
         return costs.mean(), ((costs.shape[0],) if with_scale else None)
     if reduction == "mean":  # (costs / U_b).mean(), NeMo / transformers
-        per = label_lengths.to(costs.dtype)
+        per = label_lengths.to(costs.dtype) if items is None else items[1]
         return (costs / per).mean(), ((costs.shape[0], per) if with_scale else None)
-    total = label_lengths.sum().to(costs.dtype)  # mean_volume: costs.sum() / sum(U_b)
+    # mean_volume: costs.sum() / sum(U_b)
+    total = label_lengths.sum().to(costs.dtype) if items is None else items[0]
     return costs.sum() / total, ((total,) if with_scale else None)
 
 
@@ -52,6 +75,24 @@ def _upstream(grad, scale):
     return out
 
 
+# (spec, shape, dtype, device, RNN-T draw, gradients asked, schedule) -> whether the library
+# wrote the gradients ahead for that call: a function of those alone (the plan reads no data)
+_ahead_plans = {}
+_PLANS_MAX = 256
+
+
+def _ahead_key(ctx, logits, spec, as_rnnt, in_place):
+    """The plan cache's key for a forward that might write the gradients ahead, or None where it
+    cannot: on the CPU (which never does), in place (the gradient would overwrite the logits
+    before a second backward could read them), with no gradient asked, or turned off."""
+    if not logits.is_cuda or in_place or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+        return None
+    if os.environ.get("WARP_TDT_GRADIENTS_AHEAD") == "0" or not _core.ahead_available():
+        return None
+    return (spec, tuple(logits.shape), logits.dtype, logits.device.index, as_rnnt,
+            ctx.needs_input_grad[:2], _core.gpu_schedule())
+
+
 class LossFunction(torch.autograd.Function):
     """loss = LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
     spec, as_rnnt, in_place, reduction). ``logits`` is the token tensor, or the joint tensor when
@@ -63,15 +104,37 @@ class LossFunction(torch.autograd.Function):
     def forward(ctx, logits, duration, labels, frame_lengths, label_lengths, spec, as_rnnt, in_place,
                 reduction="none"):
         built = []
-        costs, workspace = _core.forward(spec, logits, duration, labels, frame_lengths,
-                                         label_lengths, as_rnnt, built=built)
+        ctx.ahead = ctx.buffers = items = None
+        key = _ahead_key(ctx, logits, spec, as_rnnt, in_place)
+        if key is not None and _ahead_plans.get(key, True):
+            # the gradients for a loss gradient of 1: the reduction's weights, by the very
+            # divisions backward's _upstream() runs, so the same bits when it is 1
+            acc = _core.acc_dtype(logits.dtype)
+            items = scale_items(label_lengths, reduction, int(logits.shape[0]), acc)
+            weights = None if items is None else _upstream(
+                torch.ones((), dtype=acc, device=logits.device), items)
+            buffers = _core.grad_buffers(spec, logits, duration, ctx.needs_input_grad[0],
+                                         ctx.needs_input_grad[1])
+            costs, workspace, written = _core.forward_ahead(
+                spec, logits, duration, labels, frame_lengths, label_lengths, weights, *buffers,
+                as_rnnt=as_rnnt, built=built)
+            if len(_ahead_plans) >= _PLANS_MAX:
+                _ahead_plans.clear()
+            _ahead_plans[key] = written
+            if written:
+                ctx.ahead = buffers
+            else:  # allocated all the same: backward writes into them
+                ctx.buffers = buffers
+        else:
+            costs, workspace = _core.forward(spec, logits, duration, labels, frame_lengths,
+                                             label_lengths, as_rnnt, built=built)
         ctx.save_for_backward(logits, duration)
         ctx.labels, ctx.frame_lengths, ctx.label_lengths = labels, frame_lengths, label_lengths
         ctx.workspace = workspace
         ctx.built = built[0] if built else None  # the C structs, reused by backward
         ctx.spec, ctx.as_rnnt, ctx.in_place = spec, as_rnnt, in_place
         ctx.spent = False
-        out, ctx.scale = reduce(costs, label_lengths, reduction)
+        out, ctx.scale = reduce(costs, label_lengths, reduction, items=items)
         return out
 
     @staticmethod
@@ -88,11 +151,20 @@ class LossFunction(torch.autograd.Function):
                     "backward pass, so a second backward through the same loss cannot be "
                     "computed; use in_place=False with retain_graph=True")
             ctx.spent = True
+        if ctx.ahead is not None:
+            # written by the forward for a loss gradient of 1: times the one that came (a
+            # second backward, after retain_graph=True, runs tdt_backward below instead)
+            g_logits, g_duration = ctx.ahead
+            ctx.ahead = None
+            _core.scale(ctx.spec, grad_out, logits, duration, ctx.labels, ctx.frame_lengths,
+                        ctx.label_lengths, g_logits, g_duration, ctx.as_rnnt, built=ctx.built)
+            return (g_logits if need_logits else None, g_duration) + nones
+        buffers, ctx.buffers = ctx.buffers, None
         g_logits, g_duration = _core.backward(
             ctx.spec, _upstream(grad_out, ctx.scale), logits, duration, ctx.labels,
             ctx.frame_lengths, ctx.label_lengths, ctx.workspace, ctx.as_rnnt,
             need_logits=need_logits, need_duration=need_duration, in_place=ctx.in_place,
-            built=ctx.built)
+            built=ctx.built, buffers=buffers)
         if ctx.in_place:
             ctx.workspace = None  # nothing can use it again; free it now
         return (g_logits if need_logits else None, g_duration) + nones

@@ -28,7 +28,8 @@ try:  # the data checks' fast path; torch works without numpy, and so do they
 except ImportError:  # pragma: no cover
     _np = None
 
-__all__ = ["Spec", "forward", "backward", "validate_data", "workspace_bound", "acc_dtype"]
+__all__ = ["Spec", "forward", "forward_ahead", "backward", "scale", "grad_buffers",
+           "validate_data", "workspace_bound", "acc_dtype"]
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32,
@@ -110,9 +111,9 @@ _SCHEDULES = {"auto": _lib.GPU_SCHEDULE_AUTO, "serial": _lib.GPU_SCHEDULE_SERIAL
 
 def gpu_schedule():
     """tdt_options_t.gpu_schedule from WARP_TDT_GPU_SCHEDULE (auto, serial, overlap, split or
-    fused; default auto): the GPU's kernel order, for benchmarking. The binding's forward and
-    backward are separate calls, so fused runs as overlap here, and every schedule gives the same
-    results, bit for bit."""
+    fused; default auto): the GPU's kernel order, for benchmarking. serial, overlap and split give
+    the same results, bit for bit; fused (and auto on long rows) runs the gradient pass in the
+    forward (forward_ahead), whose gradients agree with theirs to rounding."""
     name = os.environ.get("WARP_TDT_GPU_SCHEDULE", "auto")
     value = _SCHEDULES.get(name.lower())
     if value is None:
@@ -199,19 +200,9 @@ def _call(fn_name, logits, o, *args):
     _lib.check(fn_name, getattr(_lib.load(), fn_name)(*args))
 
 
-def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
-            workspace_bytes=None, zero_workspace=False, built=None, costs_only=False):
-    """Costs (B,) in the accumulate type, and the workspace that backward() needs.
-
-    costs_only: no backward() will follow; the call is compute_tdt_loss() without gradients,
-    which skips beta (and leaves a workspace backward() cannot use).
-
-    workspace_bytes: the size to allocate (the custom op passes workspace_bound() so that its
-    fake and real outputs agree); None allocates exactly what the library asks for.
-    zero_workspace: zero-fill it first, so its bytes are a function of the inputs alone.
-    built: a list to which the call's (problem, options, keep) are appended, for backward() to
-    reuse (the same tensors, so the same pointers).
-    """
+def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt,
+                   workspace_bytes, zero_workspace, built):
+    """A forward call's (problem, options, keep), workspace and costs, allocated."""
     B = int(logits.shape[0])
     acc = acc_dtype(logits.dtype)
     p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
@@ -233,7 +224,26 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     if workspace is None:
         workspace = torch.empty(size, dtype=torch.uint8, device=logits.device)
     costs = torch.empty(B, dtype=acc, device=logits.device)
-    if B == 0:
+    return p, o, keep, size, workspace, costs
+
+
+def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
+            workspace_bytes=None, zero_workspace=False, built=None, costs_only=False):
+    """Costs (B,) in the accumulate type, and the workspace that backward() needs.
+
+    costs_only: no backward() will follow; the call is compute_tdt_loss() without gradients,
+    which skips beta (and leaves a workspace backward() cannot use).
+
+    workspace_bytes: the size to allocate (the custom op passes workspace_bound() so that its
+    fake and real outputs agree); None allocates exactly what the library asks for.
+    zero_workspace: zero-fill it first, so its bytes are a function of the inputs alone.
+    built: a list to which the call's (problem, options, keep) are appended, for backward() to
+    reuse (the same tensors, so the same pointers).
+    """
+    p, o, keep, size, workspace, costs = _forward_setup(
+        spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, workspace_bytes,
+        zero_workspace, built)
+    if logits.shape[0] == 0:
         return costs, workspace
     if logits.numel() == 0:  # T == 0: every sample infeasible, nothing to read
         costs.fill_(float("inf"))
@@ -247,36 +257,137 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     return costs, workspace
 
 
+def ahead_available():
+    """Whether the loaded library has tdt_forward_ahead() and tdt_scale_gradients()."""
+    return hasattr(_lib.load(), "tdt_forward_ahead")
+
+
+def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, weights,
+                  g_logits, g_dur, as_rnnt=False, built=None):
+    """forward() through tdt_forward_ahead(): (costs, workspace, written).
+
+    Where the library's plan runs the gradient pass with the forward (the GPU's fused schedule:
+    long rows), it also writes into g_logits / g_dur (grad_buffers()) the gradients for the
+    upstream ``weights`` (None: ones; a 0-d or (B,) tensor of the accumulate type on the logits'
+    device), and written is True: scale() applies the factor the backward brings. Else written
+    is False, the buffers are untouched, and backward() follows on the workspace as usual.
+    """
+    p, o, keep, size, workspace, costs = _forward_setup(
+        spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built)
+    if logits.shape[0] == 0 or logits.numel() == 0:
+        if logits.numel() == 0:
+            costs.fill_(float("inf"))
+        return costs, workspace, False
+    w = None
+    if weights is not None:
+        w, o.grad_costs_scalar = _upstream_arg(weights, logits)
+    grads = _gradients(spec, g_logits, g_dur, spec.mode != "rnnt" and not as_rnnt)
+    written = ctypes.c_int(0)
+    _call("tdt_forward_ahead", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
+          None if w is None else w.data_ptr(), ctypes.byref(grads), workspace.data_ptr(), size,
+          ctypes.byref(written))
+    del keep
+    if written.value:
+        _rnnt_draw_zeros(spec, as_rnnt, g_logits, g_dur)
+        _note_written(grads)
+    return costs, workspace, bool(written.value)
+
+
+def scale(spec, factor, logits, duration, labels, frame_lengths, label_lengths, g_logits, g_dur,
+          as_rnnt=False, built=None):
+    """tdt_scale_gradients(): the gradients forward_ahead() wrote, times ``factor`` (the upstream
+    gradient of the costs, 0-d or (B,)), in place; a factor of exactly 1 costs no pass over them
+    (the library skips such samples on the device, so no host synchronisation decides it)."""
+    if logits.shape[0] == 0 or logits.numel() == 0:
+        return
+    if built is None:
+        built = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+    p, o, keep = built
+    f, o.grad_costs_scalar = _upstream_arg(factor, logits)
+    grads = _gradients(spec, g_logits, g_dur, spec.mode != "rnnt" and not as_rnnt)
+    _call("tdt_scale_gradients", logits, o, ctypes.byref(p), ctypes.byref(o), f.data_ptr(),
+          ctypes.byref(grads))
+    del keep
+
+
+def _upstream_arg(grad_costs, logits):
+    """(tensor, scalar): an upstream gradient of the costs as the library reads it, in the
+    accumulate type on the logits' device. One value for every sample: 0-d (a reduction folded
+    into the autograd node, _autograd.reduce), or a sum or batch-mean reduction's one value
+    expanded to (B,) (stride 0): the library reads it as one (options.grad_costs_scalar), with
+    no copy."""
+    acc = acc_dtype(logits.dtype)
+    g = grad_costs
+    if g.device != logits.device or g.dtype != acc:
+        g = g.to(device=logits.device, dtype=acc)
+    scalar = g.dim() == 0 or (g.dim() == 1 and g.shape[0] > 1 and g.stride(0) == 0)
+    if not scalar and not g.is_contiguous():
+        g = g.contiguous()
+    return g, 1 if scalar else 0
+
+
+def grad_buffers(spec, logits, duration, need_logits, need_duration, in_place=False):
+    """(grad_logits, grad_duration), the buffers backward() (or forward_ahead()) writes:
+    joint-shaped in joint mode; grad_duration only in separate mode, when asked; with in_place
+    the logits tensors themselves (detached)."""
+    joint = spec.mode == "joint"
+    if spec.mode != "separate":
+        need_duration = False
+    if in_place:
+        return (logits.detach() if need_logits or joint else None,
+                duration.detach() if need_duration else None)
+    g_logits = _empty_grad(logits) if need_logits or (joint and need_duration) else None
+    g_dur = (torch.empty_like(duration, memory_format=torch.preserve_format)
+             if need_duration else None)
+    return g_logits, g_dur
+
+
+def _gradients(spec, g_logits, g_dur, tdt):
+    """The tdt_gradients_t of these buffers (joint mode: both gradients in g_logits)."""
+    grads = _lib.Gradients()
+    if g_logits is not None:
+        grads.token_grads = g_logits.data_ptr()
+        grads.token_strides = _strides3(g_logits)
+        if spec.mode == "joint" and tdt:
+            grads.duration_grads = g_logits.data_ptr() + spec.vocab_size * g_logits.element_size()
+            grads.duration_strides = _strides3(g_logits)
+    if g_dur is not None and tdt:
+        grads.duration_grads = g_dur.data_ptr()
+        grads.duration_strides = _strides3(g_dur)
+    return grads
+
+
+def _rnnt_draw_zeros(spec, as_rnnt, g_logits, g_dur):
+    """The RNN-T draw of omega ran the RNN-T lattice: the duration logits get an exact zero
+    gradient."""
+    if as_rnnt and spec.mode != "rnnt":
+        if spec.mode == "joint" and g_logits is not None:
+            g_logits[..., spec.vocab_size:].zero_()
+        if g_dur is not None:
+            g_dur.zero_()
+
+
+def _note_written(grads):
+    global last_grad_ptrs
+    last_grad_ptrs = (grads.token_grads or 0, grads.duration_grads or 0)
+
+
 def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_lengths, workspace,
-             as_rnnt=False, need_logits=True, need_duration=True, in_place=False, built=None):
+             as_rnnt=False, need_logits=True, need_duration=True, in_place=False, built=None,
+             buffers=None):
     """Gradients of sum_b grad_costs[b] * costs[b], written once, in the logits' dtype.
 
     Returns (grad_logits, grad_duration). grad_logits has the shape of ``logits`` (joint-shaped in
     joint mode, holding both gradients); grad_duration is None unless mode is "separate" and
     need_duration. With in_place the gradients overwrite the logits and the logits tensors
     themselves (detached) are returned. built: forward()'s (problem, options, keep), or None.
+    buffers: grad_buffers()'s, allocated earlier (forward_ahead() that wrote nothing), or None.
     """
-    global last_grad_ptrs
-    acc = acc_dtype(logits.dtype)
-    g = grad_costs
-    if g.device != logits.device or g.dtype != acc:
-        g = g.to(device=logits.device, dtype=acc)
-    # One value for every sample: 0-d (a reduction folded into the autograd node,
-    # _autograd.reduce), or a sum or batch-mean reduction's one value expanded to (B,) (stride
-    # 0): the library reads it as one (options.grad_costs_scalar), with no copy.
-    scalar = g.dim() == 0 or (g.dim() == 1 and g.shape[0] > 1 and g.stride(0) == 0)
-    if not scalar and not g.is_contiguous():
-        g = g.contiguous()
-    separate = spec.mode == "separate"
-    joint = spec.mode == "joint"
-    if not separate:
-        need_duration = False
-    if in_place:
-        g_logits = logits.detach() if need_logits or joint else None
-        g_dur = duration.detach() if need_duration else None
+    g, scalar = _upstream_arg(grad_costs, logits)
+    if buffers is not None:
+        g_logits, g_dur = buffers
     else:
-        g_logits = (_empty_grad(logits) if need_logits or (joint and need_duration) else None)
-        g_dur = torch.empty_like(duration, memory_format=torch.preserve_format) if need_duration else None
+        g_logits, g_dur = grad_buffers(spec, logits, duration, need_logits, need_duration, in_place)
     if logits.shape[0] == 0 or logits.numel() == 0:
         if g_logits is not None:
             g_logits.zero_()
@@ -287,28 +398,13 @@ def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_le
     if built is None:
         built = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
     p, o, keep = built
-    o.grad_costs_scalar = 1 if scalar else 0
-    grads = _lib.Gradients()
-    tdt = spec.mode != "rnnt" and not as_rnnt
-    if g_logits is not None:
-        grads.token_grads = g_logits.data_ptr()
-        grads.token_strides = _strides3(g_logits)
-        if joint and tdt:
-            grads.duration_grads = g_logits.data_ptr() + spec.vocab_size * g_logits.element_size()
-            grads.duration_strides = _strides3(g_logits)
-    if g_dur is not None and tdt:
-        grads.duration_grads = g_dur.data_ptr()
-        grads.duration_strides = _strides3(g_dur)
+    o.grad_costs_scalar = scalar
+    grads = _gradients(spec, g_logits, g_dur, spec.mode != "rnnt" and not as_rnnt)
     _call("tdt_backward", logits, o, ctypes.byref(p), ctypes.byref(o), g.data_ptr(),
           ctypes.byref(grads), workspace.data_ptr(), workspace.numel())
     del keep  # the durations array stays alive until here
-    if as_rnnt and spec.mode != "rnnt":
-        # The RNN-T draw of omega: the duration logits get an exact zero gradient.
-        if joint and g_logits is not None:
-            g_logits[..., spec.vocab_size:].zero_()
-        if g_dur is not None:
-            g_dur.zero_()
-    last_grad_ptrs = (grads.token_grads or 0, grads.duration_grads or 0)
+    _rnnt_draw_zeros(spec, as_rnnt, g_logits, g_dur)
+    _note_written(grads)
     return g_logits, g_dur
 
 

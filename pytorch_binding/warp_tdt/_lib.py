@@ -203,6 +203,12 @@ def _declare(lib):
     if hasattr(lib, "tdt_check_data"):  # a library older than the binding checks in numpy
         lib.tdt_check_data.argtypes = [P(Problem), P(Options)]
         lib.tdt_check_data.restype = c_int
+    if hasattr(lib, "tdt_forward_ahead"):  # an older library: the forward never writes them
+        lib.tdt_forward_ahead.argtypes = [P(Problem), P(Options), c_void_p, c_void_p, P(Gradients),
+                                          c_void_p, c_size_t, P(c_int)]
+        lib.tdt_forward_ahead.restype = c_int
+        lib.tdt_scale_gradients.argtypes = [P(Problem), P(Options), c_void_p, P(Gradients)]
+        lib.tdt_scale_gradients.restype = c_int
 
 
 def _open(path):

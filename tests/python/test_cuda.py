@@ -203,3 +203,116 @@ def test_cuda_graph_capture_of_forward_and_backward():
     want.backward()
     torch.testing.assert_close(static_loss, want)
     torch.testing.assert_close(x.grad, y.grad)
+
+
+def _within_rounding(a, b, what):
+    """Each element the same, within 1e-12, or one step of its dtype apart (the fused
+    schedule's gradients against the pair's: tdt.h, TDT_GPU_SCHEDULE_FUSED)."""
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    if a.dtype == torch.float64:
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0, msg=lambda m: "%s: %s" % (what, m))
+        return
+    ints = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[a.dtype]
+    ia, ib = a.contiguous().view(ints).long(), b.contiguous().view(ints).long()
+    sign = 1 << (8 * a.element_size() - 1)
+    oa = torch.where(ia < 0, -(ia + sign), ia)  # ordered: neighbours differ by one
+    ob = torch.where(ib < 0, -(ib + sign), ib)
+    steps = (oa - ob).abs()
+    assert int(steps.max()) <= 1, "%s: %d elements more than one step apart, the first %s vs %s" % (
+        what, int((steps > 1).sum()), a.flatten()[int((steps > 1).flatten().nonzero()[0])],
+        b.flatten()[int((steps > 1).flatten().nonzero()[0])])
+
+
+def _step(case, dtype, reduction, factor=None, retain=False):
+    """loss.backward() (times `factor` when given) through tdt_loss on a joint tensor; returns
+    (loss, joint gradient[, second joint gradient after retain_graph])."""
+    tok = case["token_logits"].to(device="cuda", dtype=dtype)
+    dur = case["duration_logits"].to(device="cuda", dtype=dtype)
+    V = tok.shape[-1]
+    joint = torch.cat([tok, dur], -1).requires_grad_(True)
+    loss = warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
+                             case["target_lengths"], case["blank_token_id"], case["durations"],
+                             reduction=reduction)
+    out = loss if reduction != "none" else loss.sum()
+    if factor is not None:
+        out = out * factor
+    out.backward(retain_graph=retain)
+    first = joint.grad.clone()
+    if not retain:
+        return loss.detach(), first
+    joint.grad = None
+    out.backward()
+    return loss.detach(), first, joint.grad.clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gradients_written_ahead_by_the_fused_schedule(monkeypatch, dtype, reduction):
+    # WARP_TDT_GPU_SCHEDULE=fused: the forward writes the gradients (tdt_forward_ahead) for a
+    # loss gradient of 1 and the backward scales them; WARP_TDT_GRADIENTS_AHEAD=0 runs the
+    # forward/backward pair (fused as overlap). The same loss bits; gradients within rounding
+    # (the factor 0.5 is exact); a second backward (retain_graph) is the pair's, bit for bit.
+    case = R.random_case(B=3, T=24, U=9, V=300, seed=97)
+    case["target_lengths"].clamp_(min=1)
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "fused")
+    scaled = []
+    real_scale = _core.scale
+    monkeypatch.setattr(_core, "scale", lambda *a, **k: (scaled.append(1), real_scale(*a, **k))[1])
+    got = _step(case, dtype, reduction)
+    got_half = _step(case, dtype, reduction, factor=0.5, retain=True)
+    assert len(scaled) == 2, "the backward did not take the gradients written ahead (%d)" % len(scaled)
+    monkeypatch.setenv("WARP_TDT_GRADIENTS_AHEAD", "0")
+    want = _step(case, dtype, reduction)
+    want_half = _step(case, dtype, reduction, factor=0.5)
+    assert len(scaled) == 2, "WARP_TDT_GRADIENTS_AHEAD=0 still wrote the gradients ahead"
+    assert torch.equal(got[0], want[0]), "loss (%s, %s)" % (dtype, reduction)
+    _within_rounding(got[1], want[1], "gradient ahead (%s, %s)" % (dtype, reduction))
+    _within_rounding(got_half[1], want_half[1], "gradient ahead x 0.5 (%s, %s)" % (dtype, reduction))
+    assert torch.equal(got_half[2], want_half[1]), "a second backward (%s, %s)" % (dtype, reduction)
+    # any factor: the CPU's gradient, to the dtype's tolerance
+    cpu = lib_tdt(case, "cpu", dtype, "joint", reduction)
+    monkeypatch.delenv("WARP_TDT_GRADIENTS_AHEAD")
+    _, g3 = _step(case, dtype, reduction, factor=0.3)
+    V = case["token_logits"].shape[-1]
+    _close(g3[..., :V].cpu() / 0.3, cpu[1], dtype, "token gradient x 0.3 vs CPU (%s)" % reduction)
+    _close(g3[..., V:].cpu() / 0.3, cpu[2], dtype, "duration gradient x 0.3 vs CPU (%s)" % reduction)
+
+
+def test_gradients_written_ahead_on_long_rows_and_in_a_graph():
+    # AUTO takes the fused schedule for long rows (sweeps split over clusters): the binding's
+    # forward writes the gradients there; the CPU agrees, and a CUDA graph replays the same bits
+    case = R.random_case(B=1, T=160, U=300, V=24, seed=98, full_lengths=True)
+    cpu = lib_tdt(case, "cpu", torch.float32, "joint", "mean")
+    from warp_tdt import _autograd
+    _autograd._ahead_plans.clear()
+    loss, g = _step(case, torch.float32, "mean")
+    assert list(_autograd._ahead_plans.values()) == [True], _autograd._ahead_plans
+    V = case["token_logits"].shape[-1]
+    _close(loss.cpu(), cpu[0], torch.float32, "loss")
+    _close(g[..., :V].cpu(), cpu[1], torch.float32, "token gradient")
+    _close(g[..., V:].cpu(), cpu[2], torch.float32, "duration gradient")
+    tok = case["token_logits"].cuda()
+    x = torch.cat([tok, case["duration_logits"].cuda()], -1).requires_grad_(True)
+    args = (case["targets"].cuda(), case["logit_lengths"].cuda(), case["target_lengths"].cuda(),
+            case["blank_token_id"], case["durations"])
+
+    def step():
+        return warp_tdt.tdt_loss(x[..., :V], x[..., V:], *args)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            x.grad = None
+            step().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    eager = x.grad.clone()
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        static_loss = step()
+        static_loss.backward()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x.grad, eager), "graph replay of the gradients written ahead"
+    assert torch.equal(x.grad, g), "the graph against the first eager step"
