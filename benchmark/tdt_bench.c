@@ -294,6 +294,30 @@ static double device_copy_gbs(void) {
     return 2.0 * (double)bytes / (median(t, 10) * 1e-3) * 1e-9;
 }
 
+#ifdef TDT_TIMELINE
+/* Benchmark builds with -DTDT_TIMELINE (C and CUDA flags): the library's kernel timeline of one
+ * more call (src/gpu/gpu_common.cuh), in us from the first kernel's start. */
+int tdt_debug_timeline(unsigned long long *out);
+static void timeline_row(const tdt_problem_t *v, const tdt_options_t *o, void *costs,
+                         const tdt_gradients_t *g, void *ws, size_t ws_bytes) {
+    static const char *const names[] = {"norm", "sweep", "grad", "cut", "node"};
+    unsigned long long tl[16];
+    if (tdt_debug_timeline(tl) < 0) return; /* reset */
+    if (compute_tdt_loss(v, o, costs, g, ws, ws_bytes) != TDT_STATUS_SUCCESS) return;
+    if (tdt_debug_timeline(tl) < 0) return;
+    unsigned long long t0 = ~0ull;
+    for (int i = 0; i < 10; i += 2)
+        if (tl[i] < t0) t0 = tl[i];
+    printf("    timeline us:");
+    for (int i = 0; i < 10; i += 2) {
+        if (tl[i] == ~0ull) continue;
+        printf(" %s %.1f", names[i / 2], (tl[i] - t0) * 1e-3);
+        if (tl[i + 1]) printf("-%.1f", (tl[i + 1] - t0) * 1e-3);
+    }
+    printf("\n");
+}
+#endif
+
 static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *p, double copy_gbs) {
     size_t n = bench_joint_elems(p), bytes = n * bench_dtype_size(p->dtype), ws_bytes;
     size_t lab = (size_t)(p->B * (p->U > 0 ? p->U : 1)) * sizeof(int32_t), len = (size_t)p->B * sizeof(int32_t);
@@ -347,6 +371,9 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
         failures += !ok;
         print_row(s->name, "gpu", p, pass ? "fwd+bwd" : "fwd", ok ? median(t, iters) : 0.0,
                   (pass ? 3.0 : 1.0) * (double)bytes, copy_gbs, verdict, ok);
+#ifdef TDT_TIMELINE
+        if (ok) timeline_row(&v, &o, d_costs, pass ? &g : NULL, d_ws, ws_bytes);
+#endif
     }
     cudaFree(d_joint); cudaFree(d_grad); cudaFree(d_costs); cudaFree(d_ws);
     cudaFree(d_labels); cudaFree(d_T); cudaFree(d_U);

@@ -25,6 +25,21 @@
 
 namespace {
 
+#ifdef TDT_TIMELINE
+/* Benchmark builds only (-DTDT_TIMELINE): the kernels' timeline (gpu_common.cuh), one device
+ * buffer for the process, allocated on first use (the one allocation such a build makes). */
+unsigned long long *timeline_buffer() {
+    static unsigned long long *buf = NULL;
+    if (!buf) {
+        if (cudaMalloc(&buf, TDT_TL_N * sizeof *buf) != cudaSuccess) return NULL;
+        unsigned long long init[TDT_TL_N];
+        for (int i = 0; i < TDT_TL_N; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
+        cudaMemcpy(buf, init, sizeof init, cudaMemcpyHostToDevice);
+    }
+    return buf;
+}
+#endif
+
 tdt_status_t cuda_fail(cudaError_t e, const char *what) {
     tdt_set_error("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
     return TDT_STATUS_CUDA_ERROR;
@@ -66,6 +81,9 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
     a->arcs = c->arcs;
     a->sweep_only = c->costs_only ? 1 : 0; /* no backward follows: alpha alone gives the costs */
     if (c->workspace) tdt_workspace_carve(&c->layout, c->workspace, &a->ws); /* none: scaling */
+#ifdef TDT_TIMELINE
+    a->tl = timeline_buffer();
+#endif
 }
 
 /* The device that owns ptr (named `what` in errors): 0 and *device set, or a status. Host
@@ -180,3 +198,17 @@ extern "C" tdt_status_t tdt_gpu_count(int *count) {
 }
 
 extern "C" int tdt_gpu_built(void) { return 1; }
+
+#ifdef TDT_TIMELINE
+/* Benchmark builds only: copies the timeline of the calls since the last read into out
+ * (TDT_TL_N values of %globaltimer ns: even entries the earliest start, odd the latest end,
+ * ~0 / 0 where nothing marked) and resets it. Synchronises the device. */
+extern "C" TDT_API int tdt_debug_timeline(unsigned long long *out) {
+    unsigned long long *buf = timeline_buffer();
+    if (!buf || cudaDeviceSynchronize() != cudaSuccess) return -1;
+    if (cudaMemcpy(out, buf, TDT_TL_N * sizeof *buf, cudaMemcpyDeviceToHost) != cudaSuccess) return -1;
+    unsigned long long init[TDT_TL_N];
+    for (int i = 0; i < TDT_TL_N; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
+    return cudaMemcpy(buf, init, sizeof init, cudaMemcpyHostToDevice) == cudaSuccess ? TDT_TL_N : -1;
+}
+#endif

@@ -82,7 +82,38 @@ typedef struct tdt_gpu_args {
     int fus_cut_layers;
     int fus_publish;   /* the sweeps' steps between two publications */
     int fus_publisher; /* 0: thread 0 publishes, 1: the block's last thread */
+    unsigned long long *tl; /* -DTDT_TIMELINE benchmark builds: the kernels' timeline (tdt_tl) */
 } tdt_gpu_args_t;
+
+/* ---- the timeline of a call (benchmark builds with -DTDT_TIMELINE in CMAKE_CUDA_FLAGS) ---------
+ * %globaltimer (ns) of the first start and the last end of each kernel, and of the fused
+ * schedule's milestones, into a.tl (a device buffer of TDT_TL_N; NULL elsewhere): tdt_tl_start
+ * keeps the earliest, tdt_tl_end the latest; tdt_debug_timeline() (gpu.cu) reads and resets it.
+ * Default builds compile every mark to nothing. */
+enum {
+    TDT_TL_NORM = 0,  /* 0 start, 1 end: the normaliser (either kernel) */
+    TDT_TL_SWEEP = 2, /* 2 start, 3 end: the sweep (any kernel) */
+    TDT_TL_GRAD = 4,  /* 4 start, 5 end of its work: the gradient pass (either kernel) */
+    TDT_TL_CUT = 6,   /* 6 the first cut chunk past its waits, 7 the last cut merged */
+    TDT_TL_NODE = 8,  /* 8 the first fused node past its waits */
+    TDT_TL_N = 16
+};
+#ifdef TDT_TIMELINE
+__device__ __forceinline__ unsigned long long tdt_tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void tdt_tl_start(unsigned long long *tl, int i) {
+    if (tl) atomicMin(tl + i, tdt_tl_now());
+}
+__device__ __forceinline__ void tdt_tl_end(unsigned long long *tl, int i) {
+    if (tl) atomicMax(tl + i, tdt_tl_now());
+}
+#else
+__device__ __forceinline__ void tdt_tl_start(unsigned long long *, int) {}
+__device__ __forceinline__ void tdt_tl_end(unsigned long long *, int) {}
+#endif
 
 /* ---- element types ---------------------------------------------------------------------------
  * Acc is the precision of the V-wide sums: float for float32 / float16 / bfloat16, double for

@@ -272,6 +272,7 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
     const int lane = threadIdx.x & (G - 1);
     const unsigned mask = tdt_group_mask<G>();
     const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
+    if (threadIdx.x == 0) tdt_tl_start(a.tl, TDT_TL_NORM);
 
     for (int64_t n = (int64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; n < a.nodes;
          n += groups) {
@@ -280,6 +281,7 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
         if (!tdt_sample_lengths(a, b, &Tb, &Ub) || t >= Tb || u > Ub) continue; /* group-uniform */
         normalize_node<DT, G>(a, b, t, u, Ub, lane, mask);
     }
+    if (threadIdx.x == 0) tdt_tl_end(a.tl, TDT_TL_NORM + 1);
 }
 
 /* Block-wide (every thread; the loop is block-uniform): tdt_ticket_loop with tickets of the
@@ -324,6 +326,7 @@ __global__ void __launch_bounds__(tdt_norm_ordered<DT>::THREADS, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+    if (threadIdx.x == 0) tdt_tl_start(a.tl, TDT_TL_NORM);
     const int lane = threadIdx.x & (G - 1);
     const unsigned mask = tdt_group_mask<G>();
     const int ends = a.fwd_ends;
@@ -344,6 +347,7 @@ __global__ void __launch_bounds__(tdt_norm_ordered<DT>::THREADS, 1)
                                                                 body, count);
     else
         tdt_ticket_loop<G>(a.ws.order, total, a.fwd_tickets, body, count);
+    if (threadIdx.x == 0) tdt_tl_end(a.tl, TDT_TL_NORM + 1);
 }
 
 template <int DT, int G>

@@ -361,6 +361,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
     lane_slots<SPL> sl;
 #pragma unroll
     for (int i = 0; i < SPL; ++i) sl.q[i] = tdt_slot_of(&a.arcs, tid % G + i * G);
+    if (tid == 0) tdt_tl_start(a.tl, TDT_TL_SWEEP);
 
     tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *g) {
         sweep_store st;
@@ -382,6 +383,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
             sweep<true, SPL, G>(L, A, sl, st);
         }
     });
+    if (tid == 0) tdt_tl_end(a.tl, TDT_TL_SWEEP + 1);
 }
 
 /* ================================================================================================
@@ -432,6 +434,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
  * only once the normaliser has ended and its memory is visible, so whatever the stream runs
  * next (the gradient pass) sees both kernels done. Every block, at its end. */
 __device__ __forceinline__ void overlap_end(const tdt_gpu_args_t &a) {
+    if (threadIdx.x == 0) tdt_tl_end(a.tl, TDT_TL_SWEEP + 1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (a.fwd_tickets > 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
@@ -820,6 +823,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
 #endif
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const int tid = threadIdx.x;
+    if (tid == 0) tdt_tl_start(a.tl, TDT_TL_SWEEP);
     staged_geo g = staged_geo_of<KD>(a, A, ring_diags);
     staged_slots<SPL> sl;
     staged_slots_of<SPL, G>(a, g.row, &sl);
@@ -865,6 +869,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
     if (a.fus_alpha) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const int tid = threadIdx.x;
+    if (tid == 0) tdt_tl_start(a.tl, TDT_TL_SWEEP);
     const unsigned rank = cluster_rank(), ncta = cluster_size();
     staged_geo g = staged_geo_of<KD>(a, A, ring_diags);
     const int chunk = (g.row + (int)ncta - 1) / (int)ncta;
