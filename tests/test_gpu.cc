@@ -1388,21 +1388,28 @@ TEST(GpuBadData, OutOfRangeLengthsAndLabels) {
     bad.labels[3 * s.U + 2] = (int32_t)s.V + 100;  // label out of range
     bad.labels[4 * s.U + 0] = s.blank_id();        // label == blank
     bad.T[5] = -7;
-    Out g = run_gpu(bad, RunOpts());
-    const int64_t per_tok = s.T * (s.U + 1) * s.V, per_dur = s.T * (s.U + 1) * s.D();
-    for (int64_t b = 0; b < s.B; ++b) {
-        bool is_bad = b >= 1;
-        if (b == 0) {
-            EXPECT_TRUE(close(g.costs[b], c.costs[b], 2e-5, 2e-4)) << g.costs[b] << " vs " << c.costs[b];
-            for (int64_t i = 0; i < per_tok; ++i)
-                ASSERT_TRUE(close(g.gtok[i], c.gtok[i], 2e-3, 2e-5)) << "good sample element " << i;
-        }
-        if (is_bad) {
-            EXPECT_TRUE(std::isnan(g.costs[b])) << "sample " << b << " cost " << g.costs[b];
-            for (int64_t i = b * per_tok; i < (b + 1) * per_tok; ++i)
-                ASSERT_EQ(g.gtok[i], 0.0) << "bad sample " << b << " token element " << i - b * per_tok;
-            for (int64_t i = b * per_dur; i < (b + 1) * per_dur; ++i)
-                ASSERT_EQ(g.gdur[i], 0.0) << "bad sample " << b << " duration element " << i - b * per_dur;
+    // AUTO, and the fused schedule, whose gradient pass waits on each sample's sweeps and cut
+    // (bad labels with lengths in range: counts published, chunks counted without terms)
+    for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_AUTO, TDT_GPU_SCHEDULE_FUSED}) {
+        SCOPED_TRACE(sch == TDT_GPU_SCHEDULE_AUTO ? "AUTO" : "FUSED");
+        RunOpts ro;
+        ro.schedule = sch;
+        Out g = run_gpu(bad, ro);
+        const int64_t per_tok = s.T * (s.U + 1) * s.V, per_dur = s.T * (s.U + 1) * s.D();
+        for (int64_t b = 0; b < s.B; ++b) {
+            bool is_bad = b >= 1;
+            if (b == 0) {
+                EXPECT_TRUE(close(g.costs[b], c.costs[b], 2e-5, 2e-4)) << g.costs[b] << " vs " << c.costs[b];
+                for (int64_t i = 0; i < per_tok; ++i)
+                    ASSERT_TRUE(close(g.gtok[i], c.gtok[i], 2e-3, 2e-5)) << "good sample element " << i;
+            }
+            if (is_bad) {
+                EXPECT_TRUE(std::isnan(g.costs[b])) << "sample " << b << " cost " << g.costs[b];
+                for (int64_t i = b * per_tok; i < (b + 1) * per_tok; ++i)
+                    ASSERT_EQ(g.gtok[i], 0.0) << "bad sample " << b << " token element " << i - b * per_tok;
+                for (int64_t i = b * per_dur; i < (b + 1) * per_dur; ++i)
+                    ASSERT_EQ(g.gdur[i], 0.0) << "bad sample " << b << " duration element " << i - b * per_dur;
+            }
         }
     }
 }

@@ -175,13 +175,30 @@ __device__ __noinline__ void grad_wait(const int32_t *p, int64_t need) {
     while (tdt_ld_acquire(p) < need) __nanosleep(128);
 }
 
-/* The fused schedule's wait: its tickets run far ahead of the sweeps (a whole half lattice at
- * first), so a waiting group backs off up to ~2 us between polls, leaving L2 to the sweeps. */
+/* The fused schedule's wait for a sweep's count of steps. Its tickets run far ahead of the
+ * sweeps (a whole half lattice at first), so a group sleeps about the time the steps still
+ * missing take, at 256 ns a step (a sweep takes 0.7-1.3 us a step), between 128 ns and 8 us:
+ * some 2800 warps then poll a few cache lines about a quarter as often as with a 2 us
+ * backoff. (The sweeps publish from about the middle on, so before that a waiter sees 0 and
+ * sleeps the longest.) That was a hypothesis for why the sweeps run 20-45 % slower beside the
+ * gradient pass (benchmark/NOTES.md, v13: a kernel timeline); the H200 gave the same times
+ * either way, so it is not the polling. */
 __device__ __noinline__ void fused_wait(const int32_t *p, int64_t need) {
+    for (;;) {
+        const int64_t behind = need - tdt_ld_acquire(p);
+        if (behind <= 0) return;
+        __nanosleep(behind >= 32 ? 8192u : behind <= 1 ? 128u : 256u * (unsigned)behind);
+    }
+}
+
+/* The fused schedule's wait for a sample's cut (fus_cut: a count of chunks, then kCutDone):
+ * a node asks only once the sweeps have passed it, so the cut is done or nearly; backing off
+ * to 1 us. */
+__device__ __noinline__ void fused_wait_cut(const int32_t *p, int need) {
     unsigned ns = 64;
     while (tdt_ld_acquire(p) < need) {
         __nanosleep(ns);
-        ns = ns < 2048 ? 2 * ns : ns;
+        ns = ns < 1024 ? 2 * ns : ns;
     }
 }
 
@@ -261,6 +278,7 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
     const int64_t S = Tb + Ub, c = tdt_mid_cut(S);
     fused_wait(a.fus_alpha + b, c);         /* alpha of diagonals 0 .. c - 1 */
     fused_wait(a.bwd_progress + b, S - c);  /* beta of diagonals c .. S - 1 */
+    if ((threadIdx.x & 31) == 0) tdt_tl_start(a.tl, TDT_TL_CUT);
     lse_pair p = {-TDT_INF, 0.0};
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     if (a.ws.state[b] == TDT_GPU_STATE_OK)
@@ -280,6 +298,7 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
             }
             a.ws.ll_cut[b] = tdt_lse_finish_log(r.m, log(r.s));
             tdt_st_release(a.fus_cut + b, kCutDone); /* fences itself */
+            tdt_tl_end(a.tl, TDT_TL_CUT + 1);
         }
     }
     __syncwarp();
@@ -288,9 +307,9 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
 /* Node (b, t, u)'s gradient rows (every node of the padded extent, inside a lattice or not),
  * the G lanes of a group together. wait: the split schedule's beta progress (NULL: beta is in
  * the workspace already); only a node whose gradient reads beta waits, for `need` steps.
- * FUSED (the fused schedule): a node inside its lattice first waits for its sample's cut, whose
- * log-likelihood (ll_cut) it takes, then for alpha to have passed its diagonal d and beta
- * d + 1. */
+ * FUSED (the fused schedule): a node inside its lattice first waits for alpha to have passed
+ * its diagonal d and beta d + 1, then for its sample's cut, whose log-likelihood (ll_cut) it
+ * takes. */
 template <int DT, int G, int KD, bool FUSED = false>
 __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t b,
                                           int64_t t, int64_t u, int lane, const int32_t *wait,
@@ -313,7 +332,15 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     /* The per-sample values depend only on b: issue their loads together (one memory
      * round trip, not three dependent ones). b < B, so each read is in bounds. */
     const int lengths_ok = tdt_sample_lengths(a, b, &Tb, &Ub);
-    if (FUSED && lengths_ok && t < Tb && u <= Ub) fused_wait(a.fus_cut + b, kCutDone);
+    if (FUSED && lengths_ok && t < Tb && u <= Ub) {
+        /* alpha past diagonal d = t + u and beta past d + 1 (every sample with lengths in
+         * range publishes its counts, bad labels included), then the cut: the state and
+         * ll_cut are read after these acquires */
+        fused_wait(a.fus_alpha + b, t + u + 1);
+        fused_wait(a.bwd_progress + b, Tb + Ub - 1 - (t + u));
+        fused_wait_cut(a.fus_cut + b, kCutDone);
+        if (lane == 0 && t + u + 1 == tdt_mid_cut(Tb + Ub)) tdt_tl_start(a.tl, TDT_TL_NODE); /* a first layer's */
+    }
     const int32_t state = a.ws.state[b];
     const double ll = FUSED ? a.ws.ll_cut[b] : a.ws.ll[b];
     const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b);
@@ -325,10 +352,6 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
         return;
     }
     if (wait) grad_wait(wait + b, need);
-    if (FUSED) {
-        fused_wait(a.fus_alpha + b, t + u + 1);
-        fused_wait(a.bwd_progress + b, Tb + Ub - 1 - (t + u));
-    }
     const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
@@ -402,12 +425,14 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
     const int lane = threadIdx.x & (G - 1);
     const int64_t groups = (int64_t)gridDim.x * (kThreads / G);
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    if (threadIdx.x == 0) tdt_tl_start(a.tl, TDT_TL_GRAD);
     for (int64_t n = (int64_t)blockIdx.x * (kThreads / G) + threadIdx.x / G; n < a.nodes;
          n += groups) {
         int64_t b, t, u;
         tdt_decode_node(a, n, &b, &t, &u);
         grad_node<DT, G, KD>(a, A, b, t, u, lane, NULL, 0);
     }
+    if (threadIdx.x == 0) tdt_tl_end(a.tl, TDT_TL_GRAD + 1);
 }
 
 /* Threads of a block of grad_ordered_kernel: one block fills an SM's registers (the row loop's
@@ -432,6 +457,7 @@ __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_ker
     enum { THREADS = grad_ordered<DT>::THREADS, PER = THREADS / G };
     const int lane = threadIdx.x & (G - 1);
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    if (threadIdx.x == 0) tdt_tl_start(a.tl, TDT_TL_GRAD);
     for (int64_t n = (int64_t)blockIdx.x * PER + threadIdx.x / G; n < a.nodes;
          n += (int64_t)gridDim.x * PER) {
         int64_t b, t, u, Tb, Ub;
@@ -467,6 +493,7 @@ __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_ker
             },
             [](int) {});
     }
+    if (threadIdx.x == 0) tdt_tl_end(a.tl, TDT_TL_GRAD + 1);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
