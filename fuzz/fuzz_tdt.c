@@ -45,7 +45,10 @@
  *   - forward + backward == one-shot (bitwise); any thread count gives the same bits; each
  *     sample alone gives the bits it gets in the batch (bad samples do not spread); the
  *     in-place gradient equals the out-of-place one bitwise; backward with grad_costs_scalar
- *     equals backward with that one value repeated for every sample, bitwise.
+ *     equals backward with that one value repeated for every sample, bitwise;
+ *   - tdt_forward_ahead on the CPU writes no gradient and the costs of tdt_forward;
+ *     tdt_scale_gradients gives each element inside a lattice times its factor, rounded once,
+ *     and touches nothing else.
  */
 #include <float.h>
 #include <math.h>
@@ -1256,6 +1259,55 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                     W.gc[b], (long long)b, (long long)t, (long long)u, (long long)k, x, y);
                         }
                     }
+        }
+
+        /* 2c. on the CPU, tdt_forward_ahead is tdt_forward (it writes no gradient ahead); then
+         * tdt_scale_gradients by grad_costs over the one-shot gradients step 2 left: each
+         * element inside sample b's lattice times its factor (the accumulate type's value),
+         * rounded once to the dtype; zeros, the rest of the extent, gaps and guards untouched */
+        if (kind == K_TWOPHASE_GC && B > 0) {
+            unsigned char *g_tok3 = dup_mem(W.g_tok.mem, gt_bytes), *g_dur3 = dup_mem(W.g_dur.mem, gd_bytes);
+            int written = -1;
+            memset(costs_mem, 0xC3, (size_t)(B + 2) * as);
+            s = tdt_forward_ahead(&alt.p, &alt.o, alt.costs, alt.gc, &alt.g, alt.ws, alt.wsb, &written);
+            REQUIRE(s == TDT_STATUS_SUCCESS && written == 0, "tdt_forward_ahead: status %d, grads_written %d",
+                    (int)s, written);
+            REQUIRE(memcmp(costs1, costs_mem, (size_t)(B + 2) * as) == 0, "costs differ: tdt_forward_ahead vs tdt_forward");
+            REQUIRE(memcmp(g_tok3, W.g_tok.mem, gt_bytes) == 0 && memcmp(g_dur3, W.g_dur.mem, gd_bytes) == 0,
+                    "tdt_forward_ahead wrote gradients on the CPU");
+            s = tdt_scale_gradients(&alt.p, &alt.o, alt.gc, &alt.g);
+            REQUIRE(s == TDT_STATUS_SUCCESS, "tdt_scale_gradients: status %d", (int)s);
+            check_untouched(&W.g_tok, g_tok3, W.mask_tok, dt, "token gradient buffer after tdt_scale_gradients");
+            if (!W.g_joint) check_untouched(&W.g_dur, g_dur3, W.mask_dur, dt, "duration gradient buffer after tdt_scale_gradients");
+            for (int64_t b = 0; b < B; ++b) {
+                const double f = cost_at(alt.gc, b, dt);
+                for (int64_t t = 0; t < T; ++t)
+                    for (int64_t u = 0; u < R; ++u) {
+                        const int inside = t < W.flen[b] && u <= W.llen[b];
+                        for (int k = 0; k < 2; ++k) {
+                            const int64_t n = k ? (c->want_dur && c->tdt ? D : 0) : (c->want_tok ? V : 0);
+                            const view_t *vw = k ? &W.gd : &W.gt;
+                            const unsigned char *before = k ? g_dur3 : g_tok3;
+                            const unsigned char *now = k ? W.g_dur.mem : W.g_tok.mem;
+                            for (int64_t e = 0; e < n; ++e) {
+                                const int64_t o = view_off(vw, b, t, u) + e;
+                                const double x = get(before, o, dt), y = get(now, o, dt);
+                                double want = x;
+                                if (inside && x != 0.0) {
+                                    double cell = 0.0; /* x * f rounded once (through float, as the library does) */
+                                    put(&cell, 0, dt, dt == TDT_DTYPE_FLOAT64 ? x * f : (double)(float)(x * f));
+                                    want = get(&cell, 0, dt);
+                                }
+                                REQUIRE((want == y && signbit(want) == signbit(y)) || (want != want && y != y),
+                                        "tdt_scale_gradients(%g): %s grad (%lld,%lld,%lld,%lld) = %.9g, want %.9g (was %.9g)",
+                                        f, k ? "duration" : "token", (long long)b, (long long)t, (long long)u,
+                                        (long long)e, y, want, x);
+                            }
+                        }
+                    }
+            }
+            free(g_tok3);
+            free(g_dur3);
         }
 
         /* 2b. options.grad_costs_scalar: one upstream value for every sample gives the bits of
