@@ -117,8 +117,9 @@ typedef enum tdt_input_kind {
  * their costs bit for bit, and gradients that agree with theirs to float64 rounding (its
  * gradients take log p(y|x) from the middle of the lattice: docs/math.md, section 5), so at most
  * a last-bit difference in an element of the dtype. A schedule the device or the problem cannot
- * take runs as TDT_GPU_SCHEDULE_SERIAL (FUSED: as OVERLAP, in a call that is not a one-shot call
- * with gradients). tdt_forward() and tdt_backward() of one pair must be given the same schedule
+ * take runs as TDT_GPU_SCHEDULE_SERIAL (FUSED: as OVERLAP, in a call that does not compute the
+ * gradients with the forward: other than compute_tdt_loss() with gradients and
+ * tdt_forward_ahead()). tdt_forward() and tdt_backward() of one pair must be given the same schedule
  * (as they must be given the same options). Any schedule is deterministic: the same call gives
  * the same bits. */
 typedef enum tdt_gpu_schedule {
@@ -130,11 +131,12 @@ typedef enum tdt_gpu_schedule {
                                      as it runs (sm_90); backward: the gradient pass */
     TDT_GPU_SCHEDULE_SPLIT = 3,   /* forward: the alpha sweep trails the per-node pass; backward:
                                      the beta sweep, the gradient pass trailing it (sm_90) */
-    TDT_GPU_SCHEDULE_FUSED = 4    /* compute_tdt_loss() with gradients: OVERLAP's forward, with
-                                     the gradient pass trailing both sweeps from the lattice's
-                                     middle out, while they run (sm_90); AUTO takes it for such
-                                     calls where it takes OVERLAP for long rows (sweeps split
-                                     over thread-block clusters) */
+    TDT_GPU_SCHEDULE_FUSED = 4    /* compute_tdt_loss() with gradients, tdt_forward_ahead():
+                                     OVERLAP's forward, with the gradient pass trailing both
+                                     sweeps from the lattice's middle out, while they run
+                                     (sm_90); AUTO takes it for such calls where it takes
+                                     OVERLAP for long rows (sweeps split over thread-block
+                                     clusters) */
 } tdt_gpu_schedule_t;
 
 /* ---------------------------------------------------------------------------------------------

@@ -80,6 +80,18 @@ int main(void) {
     CHECK(fabs(gtok[0] - 1.0 / 3.0) < 1e-6 && fabs(gdur[7] + 0.5) < 1e-6);
     CHECK(strcmp(tdt_last_error(), "") == 0);
 
+    /* the autograd binding's pair: tdt_forward_ahead (the CPU writes nothing ahead), then
+     * tdt_backward; and tdt_scale_gradients by an exact factor */
+    {
+        int written = -1;
+        float again = 0.0f, half = 0.5f;
+        st = tdt_forward_ahead(&prob, &opt, &again, NULL, &grads, ws, bytes, &written);
+        CHECK(st == TDT_STATUS_SUCCESS && written == 0 && again == cost);
+        st = tdt_scale_gradients(&prob, &opt, &half, &grads);
+        CHECK(st == TDT_STATUS_SUCCESS);
+        CHECK(fabs(gtok[0] - 1.0 / 6.0) < 1e-6 && fabs(gdur[7] + 0.25) < 1e-6);
+    }
+
     opt.blank = 2; /* outside [0, vocab_size) */
     st = compute_tdt_loss(&prob, &opt, &cost, &grads, ws, bytes);
     CHECK(st == TDT_STATUS_INVALID_BLANK);
