@@ -170,6 +170,26 @@ def test_every_gpu_schedule_gives_the_same_bits(monkeypatch, dtype):
             assert torch.equal(x, y), "%s differs under %s (%s)" % (what, name, dtype)
 
 
+def _capture_step(step, x):
+    """step() (a loss of the leaf x) warmed up twice on a side stream, as capture wants, then
+    its forward + backward captured in a CUDA graph: (graph, the static loss, x.grad of the
+    last warm-up step)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            x.grad = None
+            step().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    eager = x.grad.clone()
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        static_loss = step()
+        static_loss.backward()
+    return graph, static_loss, eager
+
+
 def test_cuda_graph_capture_of_forward_and_backward():
     torch.manual_seed(0)
     B, T, U, V, D = 2, 8, 3, 6, 3
@@ -181,18 +201,7 @@ def test_cuda_graph_capture_of_forward_and_backward():
     def step():
         return warp_tdt.tdt_loss(x[..., :V], x[..., V:], targets, fl, ll, V - 1, [0, 1, 2])
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            x.grad = None
-            step().backward()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    x.grad = None
-    with torch.cuda.graph(graph):
-        static_loss = step()
-        static_loss.backward()
+    graph, static_loss, _ = _capture_step(step, x)
     new = torch.randn_like(x)
     with torch.no_grad():
         x.copy_(new)
@@ -299,19 +308,7 @@ def test_gradients_written_ahead_on_long_rows_and_in_a_graph():
     def step():
         return warp_tdt.tdt_loss(x[..., :V], x[..., V:], *args)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            x.grad = None
-            step().backward()
-    torch.cuda.current_stream().wait_stream(s)
-    eager = x.grad.clone()
-    graph = torch.cuda.CUDAGraph()
-    x.grad = None
-    with torch.cuda.graph(graph):
-        static_loss = step()
-        static_loss.backward()
+    graph, _, eager = _capture_step(step, x)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(x.grad, eager), "graph replay of the gradients written ahead"
