@@ -171,6 +171,26 @@ def test_reduction_inside_the_node_is_the_torch_expression_bitwise(device, reduc
             % (what, reduction, a.flatten()[:4].tolist(), b.flatten()[:4].tolist())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_ahead_weights_are_the_reductions_gradient_bitwise(reduction, dtype):
+    """The weights the forward hands tdt_forward_ahead() where the plan writes the gradients
+    ahead (_autograd.scale_items, then _upstream of a 1) are, to the bit, the gradient autograd
+    sends the costs through the reduction for loss.backward(): the upstream the pair's backward
+    would pass for it. (B = 5 and these lengths: dividing by U_b before B gives other bits in
+    both dtypes, so the order of the divisions is checked too.)"""
+    from warp_tdt import _autograd
+    ll = torch.tensor([7, 11, 13, 2, 9])
+    costs = torch.tensor([1.5, 2.25, 0.1, 3.0, 0.7], dtype=dtype, requires_grad=True)
+    out, _ = _autograd.reduce(costs, ll, reduction)
+    (out if out.dim() == 0 else out.sum()).backward()
+    items = _autograd.scale_items(ll, reduction, 5, dtype)
+    w = torch.ones((), dtype=dtype) if items is None else _autograd._upstream(
+        torch.ones((), dtype=dtype), items)
+    assert torch.equal(w.expand(5), costs.grad), "%s: weights %s, autograd %s" % (
+        reduction, w.expand(5).tolist(), costs.grad.tolist())
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_rnnt_reduction_inside_the_node_is_torchaudios_bitwise(device, reduction):
     case = R.random_case(B=3, T=5, U=2, V=5, seed=29)
