@@ -27,14 +27,19 @@ namespace {
 
 #ifdef TDT_TIMELINE
 /* Benchmark builds only (-DTDT_TIMELINE): the kernels' timeline (gpu_common.cuh), one device
- * buffer for the process, allocated on first use (the one allocation such a build makes). */
+ * buffer for the process, allocated on first use (the one allocation such a build makes).
+ * Reset: every start entry (even) ~0, every end entry (odd) 0. */
+cudaError_t timeline_reset(unsigned long long *buf) {
+    unsigned long long init[TDT_TL_N];
+    for (int i = 0; i < TDT_TL_N; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
+    return cudaMemcpy(buf, init, sizeof init, cudaMemcpyHostToDevice);
+}
+
 unsigned long long *timeline_buffer() {
     static unsigned long long *buf = NULL;
     if (!buf) {
         if (cudaMalloc(&buf, TDT_TL_N * sizeof *buf) != cudaSuccess) return NULL;
-        unsigned long long init[TDT_TL_N];
-        for (int i = 0; i < TDT_TL_N; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
-        cudaMemcpy(buf, init, sizeof init, cudaMemcpyHostToDevice);
+        timeline_reset(buf);
     }
     return buf;
 }
@@ -207,8 +212,6 @@ extern "C" TDT_API int tdt_debug_timeline(unsigned long long *out) {
     unsigned long long *buf = timeline_buffer();
     if (!buf || cudaDeviceSynchronize() != cudaSuccess) return -1;
     if (cudaMemcpy(out, buf, TDT_TL_N * sizeof *buf, cudaMemcpyDeviceToHost) != cudaSuccess) return -1;
-    unsigned long long init[TDT_TL_N];
-    for (int i = 0; i < TDT_TL_N; ++i) init[i] = i % 2 == 0 ? ~0ull : 0ull;
-    return cudaMemcpy(buf, init, sizeof init, cudaMemcpyHostToDevice) == cudaSuccess ? TDT_TL_N : -1;
+    return timeline_reset(buf) == cudaSuccess ? TDT_TL_N : -1;
 }
 #endif
