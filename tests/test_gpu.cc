@@ -61,6 +61,14 @@ int gpu_count() {
         if (gpu_count() < 1) GTEST_SKIP() << "no CUDA device or driver";                       \
     } while (0)
 
+// *value = attribute attr of the current device; a CUDA failure is fatal to the calling test
+// (call it inside ASSERT_NO_FATAL_FAILURE).
+void current_device_attribute(cudaDeviceAttr attr, int *value) {
+    int dev = 0;
+    CUDA_OK(cudaGetDevice(&dev));
+    CUDA_OK(cudaDeviceGetAttribute(value, attr, dev));
+}
+
 // splitmix64: fast, seedable, the same on every platform.
 struct Rng {
     uint64_t s;
@@ -960,9 +968,8 @@ void expect_scaled(const Out &got, const Out &base, const Host &h, const std::ve
 // the pair's bits again; in a CUDA graph, the same bits as eagerly.
 TEST(GpuCalls, ForwardAheadAndScale) {
     REQUIRE_GPU();
-    int dev = 0, major = 0;
-    CUDA_OK(cudaGetDevice(&dev));
-    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    int major = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrComputeCapabilityMajor, &major));
     cudaStream_t st = nullptr;
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16, TDT_DTYPE_FLOAT64}) {
@@ -1174,9 +1181,8 @@ Host slice_sample(const Host &h, int64_t b) {
 // and the cluster split (rows of 301 nodes: clusters of 12 blocks, B = 3).
 TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
     REQUIRE_GPU();
-    int dev = 0, sms = 0;
-    CUDA_OK(cudaGetDevice(&dev));
-    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrMultiProcessorCount, &sms));
     cudaStream_t st = nullptr;
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     for (int cluster = 0; cluster < 2; ++cluster) {
@@ -1228,9 +1234,8 @@ TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
 // cut done.
 TEST(GpuCalls, SchedulesMatchSerialBitwise) {
     REQUIRE_GPU();
-    int dev = 0, major = 0;
-    CUDA_OK(cudaGetDevice(&dev));
-    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    int major = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrComputeCapabilityMajor, &major));
     struct Case {
         tdt_dtype_t dt;
         int64_t B, T, U, V;
@@ -1458,9 +1463,8 @@ TEST(GpuLong, RingSweepBeyondTheStagedRing) {
 // durations 0..4 and {1, 2, 4} (bfloat16), and RNN-T.
 TEST(GpuLong, FusedScheduleOverClusters) {
     REQUIRE_GPU();
-    int dev = 0, major = 0;
-    CUDA_OK(cudaGetDevice(&dev));
-    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    int major = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrComputeCapabilityMajor, &major));
     for (int which = 0; which < 3; ++which) {
         Spec s; s.B = 1; s.T = 160; s.U = 300; s.V = 24; s.scale = 0.5; s.seed = 60 + which;
         s.Tb = {150}; s.Ub = {280};
