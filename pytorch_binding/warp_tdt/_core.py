@@ -227,6 +227,16 @@ def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths,
     return p, o, keep, size, workspace, costs
 
 
+def _nothing_to_read(logits, costs):
+    """Whether a forward has no library call to make: an empty batch, or T == 0, where every
+    sample is infeasible (its cost set to +inf here)."""
+    if logits.numel() != 0:
+        return False
+    if logits.shape[0] > 0:
+        costs.fill_(float("inf"))
+    return True
+
+
 def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
             workspace_bytes=None, zero_workspace=False, built=None, costs_only=False):
     """Costs (B,) in the accumulate type, and the workspace that backward() needs.
@@ -243,10 +253,7 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     p, o, keep, size, workspace, costs = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, workspace_bytes,
         zero_workspace, built)
-    if logits.shape[0] == 0:
-        return costs, workspace
-    if logits.numel() == 0:  # T == 0: every sample infeasible, nothing to read
-        costs.fill_(float("inf"))
+    if _nothing_to_read(logits, costs):
         return costs, workspace
     if costs_only:
         _call("compute_tdt_loss", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
@@ -274,9 +281,7 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     """
     p, o, keep, size, workspace, costs = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built)
-    if logits.shape[0] == 0 or logits.numel() == 0:
-        if logits.numel() == 0:
-            costs.fill_(float("inf"))
+    if _nothing_to_read(logits, costs):
         return costs, workspace, False
     w = None
     if weights is not None:
