@@ -497,34 +497,6 @@ __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const sta
     }
 }
 
-/* Block-wide: asks L2 for diagonal s's weights (prefetch.global.L2, one 128-byte line a
- * thread), kL2Ahead steps before stage_diagonal copies them in. For the split backward's beta
- * sweep: beside the gradient pass, which streams the logits through L2, the forward's weights
- * are long evicted, and a copy from DRAM under that load takes longer than the kStageAhead
- * steps that hide it. */
-const int kL2Ahead = 8;
-template <int KD, bool CLUSTER = false>
-__device__ __forceinline__ void prefetch_diagonal(const tdt_lattice_t &L, const staged_geo &g, int s) {
-    int lo, hi;
-    staged_range(g, s, &lo, &hi);
-    if (CLUSTER) { /* the columns this block stages (stage_diagonal) */
-        lo = max(lo, g.c0 - 1);
-        hi = min(hi, g.c1);
-    }
-    if (hi < lo) return;
-    const int n0 = (s % g.frames) * g.row + lo, cnt = hi - lo + 1;
-    const double *base[3] = {L.lp_blank + n0, L.lp_label + n0, L.lp_dur + (size_t)n0 * KD};
-    const int bytes[3] = {8 * cnt, 8 * cnt, g.use_dur ? 8 * KD * cnt : 0};
-    int e = threadIdx.x; /* this thread's line, counted over the three ranges in turn */
-    for (int f = 0; f < 3; ++f) {
-        const size_t a0 = __cvta_generic_to_global(base[f]);
-        const int lines = bytes[f] ? (int)(((a0 + bytes[f] - 1) >> 7) - (a0 >> 7) + 1) : 0;
-        if (e >= 0 && e < lines)
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(((a0 >> 7) + (size_t)e) << 7));
-        e -= lines;
-    }
-}
-
 /* The terms of a lane's slots at node (t, u) of diagonal s, from the ring: lattice.h's
  * existence rules and tdt_alpha_term / tdt_beta_term, with X and the weights read from the
  * staged fields (absent arcs read nothing). */
@@ -663,13 +635,15 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * (one cluster barrier a diagonal); the value of its last column (alpha) or first (beta), which
  * the neighbour's label arcs read, is also stored into the neighbour's ring (nb, NULL at the
  * ends of the row), so every read stays in the block's own shared memory. PUBLISH (the split
- * backward's beta sweep, one block, PUBLISH 1): its progress goes to g.progress as it runs, and
- * each diagonal's weights are asked of L2 kL2Ahead steps before they are staged; PUBLISH 2 (the
- * fused schedule, both sweeps): its progress goes to g.progress (NULL but in a cluster's block
- * 0) every kFusedPublish steps from about the middle of the lattice on, one step late in a
- * cluster (whose values reach the workspace a step late), and from the middle on the weights
- * are asked of L2 kL2Ahead steps ahead. ENDS: the diagonals a layer of the normaliser it trails
- * holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). */
+ * backward's beta sweep, one block, PUBLISH 1): its progress goes to g.progress as it runs;
+ * PUBLISH 2 (the fused schedule, both sweeps): its progress goes to g.progress (NULL but in a
+ * cluster's block 0) every kFusedPublish steps from about the middle of the lattice on, one
+ * step late in a cluster (whose values reach the workspace a step late). Neither asks L2 for
+ * the weights ahead of their staging: that prefetch (one line a thread, 8 steps ahead) cost
+ * the fused sweeps 7 % of long's sweep time even with no gradient pass beside them, long
+ * bfloat16 7 % of its f+b time, and the split's beta sweep 5-9 % of its time (NOTES v14). ENDS:
+ * the diagonals a layer of the normaliser it trails holds (a.fwd_ends: 2, diagonals k and
+ * S - 1 - k; 1, diagonal k). */
 template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, double *ring,
@@ -717,13 +691,6 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
         if (i + kStageAhead < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
             stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
-            if (PUBLISH == 1 && s_st - kL2Ahead >= 0)
-                prefetch_diagonal<KD>(L, g, s_st - kL2Ahead);
-            /* the fused schedule's second half: beside the gradient pass, as the split's beta */
-            if (PUBLISH == 2 && 2 * (i + kL2Ahead) >= S) {
-                const int sp = s_st + step * kL2Ahead;
-                if (sp >= 0 && sp < S) prefetch_diagonal<KD, CLUSTER>(L, g, sp);
-            }
         }
         cp_async_commit();
         s_st += step;
@@ -838,8 +805,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
             if (tid == 0) tdt_sweep_finish(a, b, L, A, glob);
         } else {
             /* the split backward's and the fused schedule's: their own copies, so the release
-             * stores and prefetches (whose memory clobbers constrain the compiler) stay out of
-             * the forward's loop */
+             * stores (whose memory clobbers constrain the compiler) stay out of the forward's
+             * loop */
             if (g.progress && a.fus_alpha)
                 staged_sweep<true, KD, SPL, G, false, 2>(L, g, sl, ring, glob, NULL);
             else if (g.progress)
