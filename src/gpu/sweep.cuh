@@ -641,7 +641,7 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * step late in a cluster (whose values reach the workspace a step late). Neither asks L2 for
  * the weights ahead of their staging: that prefetch (one line a thread, 8 steps ahead) cost
  * the fused sweeps 7 % of long's sweep time even with no gradient pass beside them, long
- * bfloat16 7 % of its f+b time, and the split's beta sweep 5-9 % of its time (NOTES v14). ENDS:
+ * bfloat16 7 % of its f+b time, and the split's beta sweep 3-9 % of its time (NOTES v14). ENDS:
  * the diagonals a layer of the normaliser it trails holds (a.fwd_ends: 2, diagonals k and
  * S - 1 - k; 1, diagonal k). */
 template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2>
