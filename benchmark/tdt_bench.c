@@ -31,7 +31,7 @@ typedef struct shape {
 } shape_t;
 
 /* --schedule's names, in tdt_gpu_schedule_t's order */
-static const char *const schedule_names[] = {"auto", "serial", "overlap", "split", "fused"};
+static const char *const schedule_names[] = {"auto", "serial", "overlap", "split", "fused", "trail"};
 
 static const shape_t named_shapes[] = {
     {"base", 8, 100, 20, 1025, 0, 0},     {"parakeet", 4, 200, 40, 8193, 0, 0},
@@ -387,7 +387,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: tdt_bench [--shapes LIST | --shape B,T,U,V [--ragged]] [--backend cpu|gpu|all]\n"
             "                 [--dtypes LIST] [--durations LIST] [--iters N] [--threads N] [--stream]\n"
-            "                 [--schedule auto|serial|overlap|split|fused]\n"
+            "                 [--schedule auto|serial|overlap|split|fused|trail]\n"
             "  --shapes LIST   named shapes of shared/TARGETS.md: base, parakeet, large, long, ragged,\n"
             "                  huge (default: all; on the CPU large and huge are skipped unless named)\n"
             "  --dtypes LIST   f32, f64, f16, bf16 (default f32,bf16)\n"
@@ -437,7 +437,7 @@ int main(int argc, char **argv) {
             for (int k = 0; k < (int)(sizeof schedule_names / sizeof *schedule_names); ++k)
                 if (!strcmp(v, schedule_names[k])) found = k;
             if (found < 0) {
-                fprintf(stderr, "tdt_bench: --schedule wants auto, serial, overlap, split or fused, got %s\n", v);
+                fprintf(stderr, "tdt_bench: --schedule wants auto, serial, overlap, split, fused or trail, got %s\n", v);
                 return 2;
             }
             a.schedule = (tdt_gpu_schedule_t)found;

@@ -42,7 +42,7 @@ static tdt_status_t check_options(const tdt_options_t *o) {
     if (o->input_kind != TDT_INPUT_LOGITS && o->input_kind != TDT_INPUT_LOG_PROBS)
         TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->input_kind = %d is not a tdt_input_kind_t",
                  (int)o->input_kind);
-    if (o->gpu_schedule < TDT_GPU_SCHEDULE_AUTO || o->gpu_schedule > TDT_GPU_SCHEDULE_FUSED)
+    if (o->gpu_schedule < TDT_GPU_SCHEDULE_AUTO || o->gpu_schedule > TDT_GPU_SCHEDULE_TRAIL)
         TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->gpu_schedule = %d is not a tdt_gpu_schedule_t",
                  (int)o->gpu_schedule);
     TDT_CHECK(check_option_value("sigma", o->sigma));

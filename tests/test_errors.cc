@@ -529,7 +529,7 @@ TEST_F(ErrorsTest, CheckDataAloneOnTheHost) {
 
 // Checked on every location (a CPU call ignores the schedule, but not a value outside the enum).
 TEST_F(ErrorsTest, BadGpuSchedule) {
-    for (int v : {-1, 5, 1000}) {
+    for (int v : {-1, 6, 1000}) {
         SCOPED_TRACE(::testing::Message() << "gpu_schedule " << v);
         opt.gpu_schedule = static_cast<tdt_gpu_schedule_t>(v);
         expect_status(TDT_STATUS_INVALID_OPTION, "gpu_schedule");

@@ -30,6 +30,7 @@
 
 #include "common/workspace.h"  // the counters of the overlapped schedules (which one ran)
 #include "tdt.h"
+#include "test_util.h"
 
 namespace {
 
@@ -102,29 +103,11 @@ const char *dt_name(tdt_dtype_t dt) {
     return "?";
 }
 
-float bits_f(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }
-uint32_t f_bits(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }
-
-float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1f) return bits_f(sign | 0x7f800000u | (m << 13));
-    if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f; }
-    return bits_f(sign | ((e + 112u) << 23) | (m << 13));
-}
-// Round-to-nearest for values well inside the normal half range (all this file generates).
-uint16_t float_to_half(float f) {
-    uint32_t b = f_bits(f), sign = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
-    if (a < 0x38800000u) return (uint16_t)sign;  // flush tiny test values to 0
-    uint32_t r = a - (112u << 23);
-    r += 0xfffu + ((r >> 13) & 1u);
-    return (uint16_t)(sign | (r >> 13));
-}
-float bf16_to_float(uint16_t h) { return bits_f((uint32_t)h << 16); }
-uint16_t float_to_bf16(float f) {
-    uint32_t b = f_bits(f);
-    b += 0x7fffu + ((b >> 16) & 1u);
-    return (uint16_t)(b >> 16);
-}
+// 16-bit conversions: test_util's, which keep subnormals (a scaled gradient has them)
+using tdt_test::float_to_half;
+using tdt_test::half_to_float;
+float bf16_to_float(uint16_t h) { return tdt_test::bfloat16_to_float(h); }
+uint16_t float_to_bf16(float f) { return tdt_test::float_to_bfloat16(f); }
 
 double load_el(const void *p, int64_t i, tdt_dtype_t dt) {
     switch (dt) {
@@ -1230,8 +1213,9 @@ TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
 // rounding. The
 // workspace's counters show which schedule ran: untouched (NaN poison) after SERIAL, the
 // forward's layer counts after OVERLAP, every sample's final beta count (INT_MAX) after SPLIT,
-// and after the fused one-shot call every sample's final alpha and beta counts and each lattice's
-// cut done.
+// after the fused one-shot call every sample's final alpha and beta counts and each lattice's
+// cut done, and after the trail one-shot call (TRAIL, which AUTO takes for the case of 24
+// samples on the H200) the final counts with no layer count and no cut.
 TEST(GpuCalls, SchedulesMatchSerialBitwise) {
     REQUIRE_GPU();
     int major = 0;
@@ -1248,7 +1232,10 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
         {TDT_DTYPE_BFLOAT16, 5, 33, 20, 513, {0, 2, 3}, false},        // infeasible T_b = 1
         {TDT_DTYPE_FLOAT16, 4, 20, 6, 130, {}, false},                 // RNN-T
         {TDT_DTYPE_FLOAT64, 4, 18, 7, 90, {0, 1, 2}, false},
+        {TDT_DTYPE_FLOAT32, 24, 30, 10, 257, {0, 1, 2, 3, 4}, false},  // too many for OVERLAP
     };
+    int sms = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrMultiProcessorCount, &sms));
     for (const Case &cs : cases) {
         Spec s;
         s.dt = cs.dt; s.B = cs.B; s.T = cs.T; s.U = cs.U; s.V = cs.V; s.durs = cs.durs;
@@ -1269,8 +1256,11 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
         const Out ref = run_gpu(h, serial);
         for (int32_t v : ref.order) EXPECT_EQ(v, -1) << s.str() << ": SERIAL touched a counter";
         EXPECT_TRUE(std::isnan(ref.costs[1])) << s.str() << ": bad sample 1 cost " << ref.costs[1];
+        // AUTO's trail rule (sweep.cuh, trail_plan): a serial forward, its 2 B sweep blocks
+        // more than a quarter of the SMs (no OVERLAP) and fewer than all of them
+        const bool auto_trail = 2 * cs.B > sms / 4 && 2 * cs.B < sms;
         for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_OVERLAP, TDT_GPU_SCHEDULE_SPLIT, TDT_GPU_SCHEDULE_FUSED,
-                                       TDT_GPU_SCHEDULE_AUTO}) {
+                                       TDT_GPU_SCHEDULE_TRAIL, TDT_GPU_SCHEDULE_AUTO}) {
             for (Mode m : {Mode::FwdBwd, Mode::OneShot, Mode::CostsOnly}) {
                 RunOpts ro;
                 ro.mode = m;
@@ -1292,6 +1282,26 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
                 }
                 if (major < 9) continue;  // the overlapped schedules need sm_90: SERIAL ran
                 const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
+                const bool trail = m == Mode::OneShot &&
+                                   (sch == TDT_GPU_SCHEDULE_TRAIL || (sch == TDT_GPU_SCHEDULE_AUTO && auto_trail));
+                if (trail) {
+                    for (size_t k = 0; k <= K; ++k)
+                        ASSERT_EQ(o.order[k], 0) << what << ": layer counter " << k << " of a serial forward";
+                    for (int64_t b = 0; b < s.B; ++b) {
+                        const std::string sb = what + ": sample " + std::to_string(b);
+                        EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX) << sb << "'s final beta count";
+                        EXPECT_EQ(o.order[1 + K + (size_t)(s.B + b)], INT32_MAX) << sb << "'s final alpha count";
+                        EXPECT_EQ(o.order[1 + K + (size_t)(2 * s.B + b)], 0) << sb << ": a cut counted";
+                    }
+                    EXPECT_GT(o.order[1 + K + (size_t)(3 * s.B)], 0) << what << ": no gradient ticket taken";
+                    continue;
+                }
+                if (sch == TDT_GPU_SCHEDULE_TRAIL) {
+                    // TRAIL's pair and costs-only call run as SERIAL
+                    for (size_t k = 0; k < o.order.size(); ++k)
+                        ASSERT_EQ(o.order[k], -1) << what << ": counter " << k << " touched";
+                    continue;
+                }
                 if (fused) {
                     for (int64_t b = 0; b < s.B; ++b) {
                         const std::string sb = what + ": sample " + std::to_string(b);
@@ -1325,6 +1335,91 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
             }
         }
     }
+}
+
+// The trail schedule (TRAIL; AUTO takes it for a one-shot call whose forward is serial and whose
+// sweeps leave SMs free) on ragged batches: the serial pair's bits in the one-shot call, written
+// ahead by tdt_forward_ahead() for the same upstream, and captured in a CUDA graph; scaled
+// afterwards, each element its factor times the unscaled one, and within one step of the pair
+// given the product (powers of two, but a subnormal element loses a bit when halved); with more
+// sweep blocks than SMs (its gradient pass starts once the last of them has); and beyond its
+// TDT_TRAIL_MAX_BATCH samples, where it runs as SERIAL and writes nothing ahead.
+TEST(GpuCalls, TrailScheduleMatchesSerial) {
+    REQUIRE_GPU();
+    int major = 0, sms = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrComputeCapabilityMajor, &major));
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrMultiProcessorCount, &sms));
+    cudaStream_t st = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    struct Case {
+        tdt_dtype_t dt;
+        int64_t B, T, U, V;
+        std::vector<int> durs;
+    };
+    const std::vector<Case> cases = {
+        {TDT_DTYPE_FLOAT32, 40, 60, 20, 257, {0, 1, 2, 3, 4}},  // the ragged benchmark's kind
+        {TDT_DTYPE_BFLOAT16, 40, 60, 20, 257, {0, 1, 2, 3, 4}},
+        {TDT_DTYPE_FLOAT16, 12, 30, 9, 129, {}},                // RNN-T
+        {TDT_DTYPE_FLOAT64, 20, 25, 8, 70, {0, 1, 2}},
+        {TDT_DTYPE_FLOAT32, 300, 12, 5, 40, {0, 1, 2}},         // 600 sweep blocks
+        {TDT_DTYPE_FLOAT32, 1030, 4, 2, 16, {0, 1}},            // beyond the trail's batch
+    };
+    const double factors[3] = {2.0, 1.0, -0.5};
+    for (const Case &cs : cases) {
+        Spec s;
+        s.dt = cs.dt; s.B = cs.B; s.T = cs.T; s.U = cs.U; s.V = cs.V; s.durs = cs.durs;
+        s.ragged = true; s.seed = 500 + (uint64_t)cs.B;
+        const Host h = make_host(s);
+        const bool runs = major >= 9 && cs.B <= 1024;
+        const bool auto_trail = runs && 2 * cs.B > sms / 4 && 2 * cs.B < sms;
+        RunOpts pair, pair_scaled, ahead;
+        pair.mode = Mode::FwdBwd;
+        pair.schedule = TDT_GPU_SCHEDULE_SERIAL;
+        pair_scaled = pair;
+        ahead.mode = Mode::Ahead;
+        std::vector<double> scale;
+        for (int64_t b = 0; b < cs.B; ++b) {
+            const double w = 0.25 * (double)(1 + b % 3), f = factors[(b / 3) % 3];
+            ahead.grad_costs.push_back(w);
+            pair.grad_costs.push_back(w);
+            pair_scaled.grad_costs.push_back(w * f);
+            scale.push_back(f);
+        }
+        const Out want = run_gpu(h, pair), want_scaled = run_gpu(h, pair_scaled);
+        for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_TRAIL, TDT_GPU_SCHEDULE_AUTO}) {
+            const std::string what = s.str() + (sch == TDT_GPU_SCHEDULE_TRAIL ? ", TRAIL" : ", AUTO");
+            const bool trail = sch == TDT_GPU_SCHEDULE_TRAIL ? runs : auto_trail;
+            ahead.schedule = sch;
+            ahead.scale = {};
+            const Out a = run_gpu(h, ahead);
+            if (sch == TDT_GPU_SCHEDULE_TRAIL || trail) {  // AUTO may write none where it overlaps
+                EXPECT_EQ(a.written, trail ? 1 : 0) << what << ": gradients written ahead";
+            }
+            EXPECT_EQ(a.raw_costs, want.raw_costs) << what << ", ahead: costs";
+            EXPECT_EQ(a.raw_gtok, want.raw_gtok) << what << ", ahead: token gradient";
+            EXPECT_EQ(a.raw_gdur, want.raw_gdur) << what << ", ahead: duration gradient";
+            ahead.scale = scale;
+            const Out sc = run_gpu(h, ahead);
+            if (trail) expect_scaled(sc, a, h, scale, false, what + ", scaled");
+            expect_within_rounding(sc.raw_gtok, want_scaled.raw_gtok, cs.dt, what + ", scaled: token gradient");
+            expect_within_rounding(sc.raw_gdur, want_scaled.raw_gdur, cs.dt, what + ", scaled: duration gradient");
+        }
+        RunOpts one, serial, graph;
+        one.schedule = TDT_GPU_SCHEDULE_TRAIL;
+        serial.schedule = TDT_GPU_SCHEDULE_SERIAL;
+        graph = one;
+        graph.stream = st;
+        graph.graph = true;
+        const Out o = run_gpu(h, one), ref = run_gpu(h, serial), g = run_gpu(h, graph);
+        EXPECT_EQ(o.raw_costs, ref.raw_costs) << s.str() << ", one-shot: costs";
+        EXPECT_EQ(o.raw_gtok, ref.raw_gtok) << s.str() << ", one-shot: token gradient";
+        EXPECT_EQ(o.raw_gdur, ref.raw_gdur) << s.str() << ", one-shot: duration gradient";
+        EXPECT_EQ(g.raw_costs, o.raw_costs) << s.str() << ", graph: costs";
+        EXPECT_EQ(g.raw_gtok, o.raw_gtok) << s.str() << ", graph: token gradient";
+        EXPECT_EQ(g.raw_gdur, o.raw_gdur) << s.str() << ", graph: duration gradient";
+        if (cs.B <= 40) expect_match(o, run_cpu(h, RunOpts()), s);
+    }
+    CUDA_OK(cudaStreamDestroy(st));
 }
 
 TEST(GpuCalls, CurrentDeviceRestoredAndNonZeroDevice) {
@@ -1395,8 +1490,9 @@ TEST(GpuBadData, OutOfRangeLengthsAndLabels) {
     bad.T[5] = -7;
     // AUTO, and the fused schedule, whose gradient pass waits on each sample's sweeps and cut
     // (bad labels with lengths in range: counts published, chunks counted without terms)
-    for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_AUTO, TDT_GPU_SCHEDULE_FUSED}) {
-        SCOPED_TRACE(sch == TDT_GPU_SCHEDULE_AUTO ? "AUTO" : "FUSED");
+    // (and the trail schedule's, which waits on each sample's final counts)
+    for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_AUTO, TDT_GPU_SCHEDULE_FUSED, TDT_GPU_SCHEDULE_TRAIL}) {
+        SCOPED_TRACE(sch == TDT_GPU_SCHEDULE_AUTO ? "AUTO" : sch == TDT_GPU_SCHEDULE_FUSED ? "FUSED" : "TRAIL");
         RunOpts ro;
         ro.schedule = sch;
         Out g = run_gpu(bad, ro);

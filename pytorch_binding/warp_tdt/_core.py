@@ -106,14 +106,15 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 _SCHEDULES = {"auto": _lib.GPU_SCHEDULE_AUTO, "serial": _lib.GPU_SCHEDULE_SERIAL,
               "overlap": _lib.GPU_SCHEDULE_OVERLAP, "split": _lib.GPU_SCHEDULE_SPLIT,
-              "fused": _lib.GPU_SCHEDULE_FUSED}
+              "fused": _lib.GPU_SCHEDULE_FUSED, "trail": _lib.GPU_SCHEDULE_TRAIL}
 
 
 def gpu_schedule():
-    """tdt_options_t.gpu_schedule from WARP_TDT_GPU_SCHEDULE (auto, serial, overlap, split or
-    fused; default auto): the GPU's kernel order, for benchmarking. serial, overlap and split give
-    the same results, bit for bit; fused (and auto on long rows) runs the gradient pass in the
-    forward (forward_ahead), whose gradients agree with theirs to rounding."""
+    """tdt_options_t.gpu_schedule from WARP_TDT_GPU_SCHEDULE (auto, serial, overlap, split,
+    fused or trail; default auto): the GPU's kernel order, for benchmarking. serial, overlap,
+    split and trail give the same results, bit for bit; fused and trail (and auto where it picks
+    them) run the gradient pass in the forward (forward_ahead); fused's gradients agree with the
+    others' to rounding."""
     name = os.environ.get("WARP_TDT_GPU_SCHEDULE", "auto")
     value = _SCHEDULES.get(name.lower())
     if value is None:

@@ -27,6 +27,10 @@
 
 #include "internal.h"
 
+/* The most samples the trail schedule takes: its gradient pass ranks them in shared memory
+ * (grad.cuh, grad_trail_kernel); a larger batch runs SERIAL (sweep.cuh, trail_plan). */
+#define TDT_TRAIL_MAX_BATCH 1024
+
 /* Per-sample state flags in the workspace's state[] array (written by the alpha sweep). */
 #define TDT_GPU_STATE_OK 0
 #define TDT_GPU_STATE_BAD_DATA 1 /* a length or a label out of range: cost NaN, gradient 0 */
@@ -82,6 +86,11 @@ typedef struct tdt_gpu_args {
     int fus_cut_layers;
     int fus_publish;   /* the sweeps' steps between two publications */
     int fus_publisher; /* 0: thread 0 publishes, 1: the block's last thread */
+    /* The trail schedule (a one-shot call with gradients and a serial forward: sweep.cuh, "The
+     * trail schedule"; 0: not this call): the sweeps publish only each sample's final counts,
+     * alpha's in fus_alpha[b], beta's in bwd_progress[b], and the gradient pass takes its
+     * tickets from *fus_ticket, backing off up to `trail` ns between polls of a count. */
+    int trail;
     unsigned long long *tl; /* -DTDT_TIMELINE benchmark builds: the kernels' timeline (tdt_tl) */
 } tdt_gpu_args_t;
 
@@ -348,6 +357,21 @@ __device__ __forceinline__ void tdt_st_release(int32_t *p, int v) {
     asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+/* The same pair at block scope, for a flag in shared memory (p: a pointer into it) that one
+ * thread of a block raises after its own acquire (tdt_ld_acquire) and the others read: what
+ * that acquire made visible to the raising thread is visible to a thread that reads the flag
+ * set. */
+__device__ __forceinline__ int tdt_ld_acquire_block(const int32_t *p) {
+    int v;
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ld.acquire.cta.shared::cta.s32 %0, [%1];\n" : "=r"(v) : "r"(s) : "memory");
+    return v;
+}
+__device__ __forceinline__ void tdt_st_release_block(int32_t *p, int v) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("st.release.cta.shared::cta.s32 [%0], %1;\n" ::"r"(s), "r"(v) : "memory");
+}
+
 /* Slot q of layer k, as (sample b, node t, u): layer k holds, of every sample with S_b =
  * T_b + U_b diagonals, diagonal k (ends 1, rev 0), diagonal S_b - 1 - k (ends 1, rev 1), or both
  * (ends 2: diagonal k and, while distinct, S_b - 1 - k; a sample's diagonals are then spread
@@ -443,6 +467,10 @@ cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, 
 /* The same kernel for the fused schedule (sweep.cuh), the programmatic dependent of both
  * sweeps; a.fus_* set as well. */
 cudaError_t tdt_launch_grad_fused(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
+                                  cudaStream_t stream);
+/* grad_trail_kernel (the trail schedule, sweep.cuh): the programmatic dependent of the serial
+ * forward's sweeps; a.trail and the counters it names set. */
+cudaError_t tdt_launch_grad_trail(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                   cudaStream_t stream);
 /* tdt_scale_gradients() (scale.cu): a.tok_g / a.dur_g times the factor in a.grad_costs. */
 cudaError_t tdt_launch_scale(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,

@@ -2,7 +2,8 @@
  * grad.cu - the gradient kernel (grad.cuh has its math, mapping and limits), instantiated for
  * the common arc counts, where lattice.h's per-arc loops unroll fully and the node's
  * coefficients stay in registers; other counts go to generic.cu. The split schedule's ordered
- * kernel is here too, the fused schedule's in grad_fused.cu.
+ * kernel is here too, the fused schedule's in grad_fused.cu, the trail schedule's in
+ * grad_trail.cu.
  */
 #include "grad.cuh"
 
@@ -31,5 +32,5 @@ cudaError_t tdt_launch_grad(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_
 
 cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                     cudaStream_t stream) {
-    return grad_ordered_launch<false>(a, dtype, blocks, stream);
+    return grad_ordered_launch<GS_PLAIN>(a, dtype, blocks, stream);
 }

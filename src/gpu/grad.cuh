@@ -20,18 +20,21 @@
  * node's coefficients itself: the lanes of a group run them in lock-step, so this costs the same
  * as one lane and needs no shuffles. The row loop writes every element with the bulk formula;
  * the blank and the label are then overwritten by the lane that wrote them (row_owner), with
- * values that lane computed before its loop from the logits it read there. Two kernels share
+ * values that lane computed before its loop from the logits it read there. Three kernels share
  * that per-node work (grad_node): grad_kernel takes the nodes in memory order, after the
  * forward's sweeps; grad_ordered_kernel (the split schedule, sweep.cuh) takes them in layers
- * of diagonals from the last one back, each once the beta sweep running beside it has passed.
+ * of diagonals from the last one back, each once the beta sweep running beside it has passed
+ * (and for the fused schedule from the lattice's middle out, beside both sweeps);
+ * grad_trail_kernel (the trail schedule) takes each sample whole once both its sweeps have
+ * ended, beside the others'.
  *
  * Race-free, in place included: every gradient element is written by exactly one lane (the
  * blank and label twice, by the same lane, in program order), and that lane has already read
  * the logit at the same position (same thread, load before store) when the gradient aliases
  * the logits; nothing else reads the logits in this kernel, and the workspace is read-only
- * here (grad_ordered_kernel reads a sample's betas only after its acquire of the count the beta
- * sweep releases after writing them; the ticket counter is its one atomic). No atomics on any
- * value: deterministic, whatever the order.
+ * here (the ordered and trail kernels read a sample's sweep values only after an acquire of the
+ * count the sweep releases after writing them; their ticket counter is their one atomic). No
+ * atomics on any value: deterministic, whatever the order.
  *
  * Precision: the node's coefficients in float64 (lattice.h). The bulk of each row, p * occ
  * clipped and scaled, in the accumulate precision (float32; float64 for float64), as the CPU
@@ -191,14 +194,15 @@ __device__ __noinline__ void fused_wait(const int32_t *p, int64_t need) {
     }
 }
 
-/* The fused schedule's wait for a sample's cut (fus_cut: a count of chunks, then kCutDone):
- * a node asks only once the sweeps have passed it, so the cut is done or nearly; backing off
- * to 1 us. */
-__device__ __noinline__ void fused_wait_cut(const int32_t *p, int need) {
+/* A wait backing off to `cap` ns between polls: the fused schedule's for a sample's cut
+ * (fus_cut: a count of chunks, then kCutDone), which a node asks for only once the sweeps have
+ * passed it, so the cut is done or nearly (1 us); the trail schedule's for a sweep's final count
+ * (INT_MAX), which may be a whole sweep away (a.trail). */
+__device__ __noinline__ void wait_backoff(const int32_t *p, int need, unsigned cap) {
     unsigned ns = 64;
     while (tdt_ld_acquire(p) < need) {
         __nanosleep(ns);
-        ns = ns < 1024 ? 2 * ns : ns;
+        ns = ns < cap ? 2 * ns : ns;
     }
 }
 
@@ -304,13 +308,43 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
     __syncwarp();
 }
 
+/* What a gradient node inside its lattice waits for before it reads the sweeps' values (and
+ * the sample's state and log-likelihood, which the alpha sweep writes):
+ * GS_PLAIN nothing, the forward has ended (or, given `wait`, the split schedule's beta count);
+ * GS_FUSED (the fused schedule) alpha past its diagonal d, beta past d + 1, then its sample's
+ * cut, whose log-likelihood (ll_cut) it takes;
+ * GS_TRAIL (the trail schedule) both sweeps of its sample ended (their final counts). */
+enum grad_sched { GS_PLAIN = 0, GS_FUSED = 1, GS_TRAIL = 2 };
+
+/* Zeros over node (b, t, u)'s gradient rows: outside the lattices, or no gradient there. */
+template <int DT, int G>
+__device__ __forceinline__ void zero_node(const tdt_gpu_args_t &a, int64_t b, int64_t t, int64_t u, int lane) {
+    typedef typename tdt_elem<DT>::T T;
+    if (a.tok_g) zero_row<DT, G>(static_cast<T *>(a.tok_g) + tdt_row_offset(a.tok_gs, b, t, u), a.V, lane);
+    if (a.dur_g && a.D > 0) {
+        T *gh = static_cast<T *>(a.dur_g) + tdt_row_offset(a.dur_gs, b, t, u);
+        for (int k = lane; k < a.D; k += G) gh[k] = T(0);
+    }
+}
+
+/* The trail schedule's wait for both sweeps of a sample to have ended (their final counts in
+ * alpha and beta, polled backing off to cap ns). ready: the sample's flag in the block's shared
+ * memory, raised by the first of its threads to see both counts, so the others skip the two
+ * polls of global memory (two L2 round trips a node). Pointers only: a reference to the
+ * kernel's arguments here would copy them to local memory. */
+__device__ __noinline__ void trail_wait(const int32_t *alpha, const int32_t *beta, int32_t *ready, unsigned cap) {
+    if (tdt_ld_acquire_block(ready)) return;
+    wait_backoff(alpha, INT_MAX, cap);
+    wait_backoff(beta, INT_MAX, cap);
+    tdt_st_release_block(ready, 1);
+}
+
 /* Node (b, t, u)'s gradient rows (every node of the padded extent, inside a lattice or not),
- * the G lanes of a group together. wait: the split schedule's beta progress (NULL: beta is in
- * the workspace already); only a node whose gradient reads beta waits, for `need` steps.
- * FUSED (the fused schedule): a node inside its lattice first waits for alpha to have passed
- * its diagonal d and beta d + 1, then for its sample's cut, whose log-likelihood (ll_cut) it
- * takes. */
-template <int DT, int G, int KD, bool FUSED = false>
+ * the G lanes of a group together, once what MODE names is there (grad_sched). wait: for
+ * GS_PLAIN the split schedule's beta progress (NULL: beta is in the workspace already), and
+ * only a node whose gradient reads beta waits, for `need` steps; for GS_TRAIL the block's
+ * ready flags (trail_wait). */
+template <int DT, int G, int KD, int MODE = GS_PLAIN>
 __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t b,
                                           int64_t t, int64_t u, int lane, const int32_t *wait,
                                           int need) {
@@ -332,26 +366,25 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     /* The per-sample values depend only on b: issue their loads together (one memory
      * round trip, not three dependent ones). b < B, so each read is in bounds. */
     const int lengths_ok = tdt_sample_lengths(a, b, &Tb, &Ub);
-    if (FUSED && lengths_ok && t < Tb && u <= Ub) {
-        /* alpha past diagonal d = t + u and beta past d + 1 (every sample with lengths in
-         * range publishes its counts, bad labels included), then the cut: the state and
-         * ll_cut are read after these acquires */
+    /* every sample with lengths in range publishes its counts, bad labels included; the state,
+     * ll and ll_cut are read after these acquires */
+    if (MODE == GS_FUSED && lengths_ok && t < Tb && u <= Ub) {
+        /* alpha past diagonal d = t + u and beta past d + 1, then the cut */
         fused_wait(a.fus_alpha + b, t + u + 1);
         fused_wait(a.bwd_progress + b, Tb + Ub - 1 - (t + u));
-        fused_wait_cut(a.fus_cut + b, kCutDone);
+        wait_backoff(a.fus_cut + b, kCutDone, 1024);
         if (lane == 0 && t + u + 1 == tdt_mid_cut(Tb + Ub)) tdt_tl_start(a.tl, TDT_TL_NODE); /* a first layer's */
     }
+    if (MODE == GS_TRAIL && lengths_ok && t < Tb && u <= Ub)
+        trail_wait(a.fus_alpha + b, a.bwd_progress + b, const_cast<int32_t *>(wait) + b, (unsigned)a.trail);
     const int32_t state = a.ws.state[b];
-    const double ll = FUSED ? a.ws.ll_cut[b] : a.ws.ll[b];
+    const double ll = MODE == GS_FUSED ? a.ws.ll_cut[b] : a.ws.ll[b];
     const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b);
     if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
-        /* group-uniform: outside the lattice, infeasible, or bad data */
-        if (gz) zero_row<DT, G>(gz, V, lane);
-        if (gh)
-            for (int k = lane; k < D; k += G) gh[k] = T(0);
+        zero_node<DT, G>(a, b, t, u, lane); /* group-uniform: outside the lattice, infeasible, or bad data */
         return;
     }
-    if (wait) grad_wait(wait + b, need);
+    if (MODE == GS_PLAIN && wait) grad_wait(wait + b, need);
     const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
@@ -479,7 +512,7 @@ __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_ker
                 }
                 int64_t b, t, u, Ub;
                 if (q < slots && tdt_layer_node(a, k - L0, q, 2, 1, &b, &t, &u, &Ub))
-                    grad_node<DT, G, KD, true>(a, A, b, t, u, lane, NULL, 0);
+                    grad_node<DT, G, KD, GS_FUSED>(a, A, b, t, u, lane, NULL, 0);
             },
             [](int) {});
     } else {
@@ -499,6 +532,92 @@ __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_ker
 #endif
 }
 
+/* ---- the trail schedule's gradient pass (sweep.cuh, "The trail schedule") --------------------
+ * The programmatic dependent of a serial forward's sweeps in a one-shot call: it takes each
+ * sample's lattice nodes once both of that sample's sweeps have ended, beside the sweeps of the
+ * others, so a batch of ragged lengths has most of its gradient written by the time the
+ * longest sample's sweeps end. Its tickets (from *fus_ticket, a warp each, warp-uniform) are
+ * first the rows outside every lattice in memory order, kTrailZeroRows node slots a group,
+ * waiting on nothing; then the lattices' nodes, sample after sample in the order the sweeps
+ * end them: S_b = T_b + U_b ascending (both sweeps of every sample start together and take
+ * about the same time a diagonal), ties by b, each sample's nodes in memory order. Each block
+ * ranks the samples itself (B <= TDT_TRAIL_MAX_BATCH: trail_plan), in shared memory. Every node is
+ * grad_node's, on the values the serial schedule's gradient pass reads: the same bits. */
+const int kTrailZeroRows = 8;
+
+template <int DT, int G, int KD>
+__global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_trail_kernel(const tdt_gpu_args_t a) {
+    enum { THREADS = grad_ordered<DT>::THREADS, PER = 32 / G /* node slots a ticket */ };
+    __shared__ int32_t key[TDT_TRAIL_MAX_BATCH];        /* sample -> S_b, -1 without a lattice */
+    __shared__ int64_t count[TDT_TRAIL_MAX_BATCH];      /* sample -> its lattice's nodes */
+    __shared__ int32_t order[TDT_TRAIL_MAX_BATCH];      /* rank -> sample */
+    __shared__ int64_t first[TDT_TRAIL_MAX_BATCH + 1];  /* rank -> its first slot; [B]: all slots */
+    __shared__ int32_t ready[TDT_TRAIL_MAX_BATCH];      /* sample -> both sweeps seen ended */
+    const int lane = threadIdx.x & (G - 1);
+    const int B = (int)a.B;
+    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    if (threadIdx.x == 0) tdt_tl_start(a.tl, TDT_TL_GRAD);
+    for (int b = threadIdx.x; b < B; b += THREADS) {
+        int64_t Tb, Ub;
+        const bool lattice = tdt_sample_lengths(a, b, &Tb, &Ub) && Tb > 0;
+        key[b] = lattice ? (int32_t)(Tb + Ub) : -1;
+        count[b] = lattice ? Tb * (Ub + 1) : 0;
+        ready[b] = 0;
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < B; b += THREADS) { /* rank b among (S_c, c) ascending */
+        const int32_t kb = key[b];
+        int r = 0;
+        int64_t f = 0;
+        for (int c = 0; c < B; ++c) {
+            if (key[c] < kb || (key[c] == kb && c < b)) {
+                ++r;
+                f += count[c];
+            }
+        }
+        order[r] = b;
+        first[r] = f;
+        if (r == B - 1) first[B] = f + count[b];
+    }
+    __syncthreads();
+    const int64_t zero_tickets = (a.nodes + PER * kTrailZeroRows - 1) / (PER * kTrailZeroRows);
+    const int64_t slots = first[B];
+    const int total = (int)(zero_tickets + (slots + PER - 1) / PER); /* fits: trail_plan */
+    tdt_ticket_loop<G>(
+        a.fus_ticket, total, total > 0 ? total : 1 /* one layer */,
+        [&](int64_t, int64_t q) {
+            const int64_t tk = q / PER, grp = q - tk * PER;
+            if (tk < zero_tickets) { /* warp-uniform */
+                for (int j = 0; j < kTrailZeroRows; ++j) {
+                    const int64_t n = (tk * kTrailZeroRows + j) * PER + grp;
+                    int64_t b, t, u, Tb, Ub;
+                    if (n >= a.nodes) break;
+                    tdt_decode_node(a, n, &b, &t, &u);
+                    if (!(tdt_sample_lengths(a, b, &Tb, &Ub) && t < Tb && u <= Ub))
+                        zero_node<DT, G>(a, b, t, u, lane);
+                }
+                return;
+            }
+            const int64_t s = q - zero_tickets * PER; /* a lattice slot */
+            if (s >= slots) return;
+            int lo = 0, hi = B - 1; /* the last rank whose first slot is at or before s */
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (first[mid] <= s) lo = mid;
+                else hi = mid - 1;
+            }
+            const int64_t b = order[lo], n = s - first[lo];
+            int64_t Tb, Ub;
+            (void)tdt_sample_lengths(a, b, &Tb, &Ub); /* in range: count[b] > 0 */
+            grad_node<DT, G, KD, GS_TRAIL>(a, A, b, n / (Ub + 1), n % (Ub + 1), lane, ready, 0);
+        },
+        [](int) {});
+    if (threadIdx.x == 0) tdt_tl_end(a.tl, TDT_TL_GRAD + 1);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* the stream's next work: after the sweeps */
+#endif
+}
+
 template <int DT, int G, int KD>
 cudaError_t grad_launch_g(const tdt_gpu_args_t &a, int num_sms, cudaStream_t stream) {
     const int64_t per_block = kThreads / G;
@@ -510,7 +629,9 @@ cudaError_t grad_launch_g(const tdt_gpu_args_t &a, int num_sms, cudaStream_t str
     return cudaGetLastError();
 }
 
-template <int DT, int G, int KD, bool FUSED>
+/* The programmatic dependents: grad_ordered_kernel (SCHED GS_PLAIN: the split schedule's,
+ * GS_FUSED: the fused one's) or grad_trail_kernel (GS_TRAIL), `blocks` blocks. */
+template <int DT, int G, int KD, int SCHED>
 cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStream_t stream) {
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -520,7 +641,11 @@ cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStrea
     cudaLaunchAttribute attr = tdt_pdl_attr();
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, grad_ordered_kernel<DT, G, KD, FUSED>, a);
+    cudaError_t e;
+    if constexpr (SCHED == GS_TRAIL) /* only this TU's kernels instantiated */
+        e = cudaLaunchKernelEx(&cfg, grad_trail_kernel<DT, G, KD>, a);
+    else
+        e = cudaLaunchKernelEx(&cfg, grad_ordered_kernel<DT, G, KD, SCHED == GS_FUSED>, a);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -530,31 +655,31 @@ template <int KD> struct grad_plain {
     cudaStream_t stream;
     template <int DT, int G> cudaError_t go() const { return grad_launch_g<DT, G, KD>(a, num_sms, stream); }
 };
-template <int KD, bool FUSED> struct grad_in_order {
+template <int KD, int SCHED> struct grad_in_order {
     const tdt_gpu_args_t &a;
     int blocks;
     cudaStream_t stream;
     template <int DT, int G> cudaError_t go() const {
-        return grad_ordered_launch_g<DT, G, KD, FUSED>(a, blocks, stream);
+        return grad_ordered_launch_g<DT, G, KD, SCHED>(a, blocks, stream);
     }
 };
 
-/* The ordered kernel of the split schedule (FUSED false: grad.cu) or of the fused one
- * (grad_fused.cu, a translation unit of its own, so the two sets of kernels compile in
- * parallel), for the arc counts with their own instantiation. */
-template <bool FUSED> struct ordered_arcs {
+/* The programmatic dependent of the split schedule (GS_PLAIN: grad.cu), of the fused one
+ * (grad_fused.cu) or of the trail one (grad_trail.cu), each a translation unit of its own so
+ * the sets of kernels compile in parallel, for the arc counts with their own instantiation. */
+template <int SCHED> struct ordered_arcs {
     const tdt_gpu_args_t &a;
     tdt_dtype_t dtype;
     int blocks;
     cudaStream_t stream;
     template <int KD> cudaError_t go() const {
-        return tdt_with_dtype(dtype, a.V, grad_in_order<KD, FUSED>{a, blocks, stream});
+        return tdt_with_dtype(dtype, a.V, grad_in_order<KD, SCHED>{a, blocks, stream});
     }
 };
-template <bool FUSED>
+template <int SCHED>
 cudaError_t grad_ordered_launch(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks, cudaStream_t stream) {
     bool done;
-    const cudaError_t e = tdt_with_arcs(a.arcs.count, ordered_arcs<FUSED>{a, dtype, blocks, stream}, &done);
+    const cudaError_t e = tdt_with_arcs(a.arcs.count, ordered_arcs<SCHED>{a, dtype, blocks, stream}, &done);
     return done ? e : cudaErrorInvalidValue;
 }
 

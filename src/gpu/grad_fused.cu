@@ -7,5 +7,5 @@
 
 cudaError_t tdt_launch_grad_fused(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                   cudaStream_t stream) {
-    return grad_ordered_launch<true>(a, dtype, blocks, stream);
+    return grad_ordered_launch<GS_FUSED>(a, dtype, blocks, stream);
 }

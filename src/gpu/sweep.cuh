@@ -743,7 +743,7 @@ __device__ __forceinline__ void staged_alpha(const tdt_gpu_args_t &a, const tdt_
                                              double *ring, double *glob, double *nb) {
     if (a.fwd_ends == 1)
         staged_sweep<false, KD, SPL, G, CLUSTER, 0, 1>(L, g, sl, ring, glob, nb);
-    else if (a.fus_alpha) /* the fused schedule: publishing */
+    else if (a.fus_alpha && !a.trail) /* the fused schedule: publishing */
         staged_sweep<false, KD, SPL, G, CLUSTER, 2>(L, g, sl, ring, glob, nb);
     else
         staged_sweep<false, KD, SPL, G, CLUSTER>(L, g, sl, ring, glob, nb);
@@ -784,8 +784,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
     extern __shared__ double ring[];
     enum { SPL = sweep_shape<KD, G>::SPL };
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* the split backward and the fused schedule: the gradient pass, the programmatic dependent,
-     * may start */
+    /* the split backward, the fused and the trail schedules: the gradient pass, the
+     * programmatic dependent, may start */
     if (a.bwd_progress) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
@@ -798,7 +798,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
     tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
         g.T = (int)L.T;
         g.U = (int)L.U;
-        int32_t *const progress = is_beta ? a.bwd_progress : a.fus_alpha;
+        /* the trail schedule's sweeps publish their final counts only (tdt_sweep_jobs) */
+        int32_t *const progress = a.trail ? NULL : is_beta ? a.bwd_progress : a.fus_alpha;
         g.progress = progress ? progress + b : NULL;
         if (!is_beta) {
             staged_alpha<KD, SPL, G, false>(a, L, g, sl, ring, glob, NULL);
@@ -1074,18 +1075,88 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     return true;
 }
 
+/* ================================================================================================
+ * The trail schedule (TDT_GPU_SCHEDULE_TRAIL; AUTO takes it for a one-shot call with gradients
+ * whose forward is serial and whose sweeps leave SMs free: trail_plan)
+ *
+ * Where both sweeps run after the normaliser (ragged batches: too many sweep blocks for the
+ * overlap, too little per diagonal for the split), the gradient pass used to start once the
+ * longest sample's sweeps had ended, though the others' had ended long before: a sample's
+ * sweeps take about its own S_b = T_b + U_b diagonals. So in a one-shot call the gradient pass
+ * runs as the sweep's programmatic dependent (grad_trail_kernel, grad.cuh) on the SMs the
+ * sweeps leave, and on theirs as they end: first the rows outside every lattice (zeros, waiting
+ * on nothing), then each sample's nodes once both its sweeps have released their final counts
+ * (tdt_sweep_jobs: alpha's in fus_alpha[b], after its log-likelihood, state and cost; beta's in
+ * bwd_progress[b]), samples taken by S_b ascending. The sweeps' loops are the serial
+ * schedule's (no publication on the way), and every gradient node reads the values the serial
+ * gradient pass reads: the same bits as SERIAL.
+ *
+ * Safe whatever the scheduling: the sweeps wait on nothing (the normaliser ended before them);
+ * the gradient pass's blocks start once every block of the sweep has started
+ * (griddepcontrol.launch_dependents), so every sample it waits on is being swept, and it ends
+ * with griddepcontrol.wait, so the stream's next work sees both kernels done.
+ * ============================================================================================== */
+
+/* The trail gradient pass's longest sleep between two polls of a sweep's final count, ns. */
+const int kTrailSleep = 1024;
+
+/* Whether this call runs the trail schedule: gradients asked for (with_grads), a serial forward
+ * (no overlap plan on *a) with the one-block staged sweep `kernel` of `blocks` blocks (sm_90
+ * code), at most TDT_TRAIL_MAX_BATCH samples, its tickets within an int, and the schedule
+ * TRAIL, or AUTO with the sweeps' blocks leaving SMs free. Then a's trail and counters are set.
+ * H200, f+b ms, trail against serial (benchmark/NOTES.md, v15): ragged float32 0.413-0.415 /
+ * 0.526-0.527, bfloat16 0.360-0.370 / 0.460-0.462; but on equal lengths, where no sample ends
+ * early and the trail's gradient pass has only its own overhead to show (a ticket, a rank
+ * search and a flag a node), 40,150,60,257 0.768 / 0.725 (bfloat16 0.625 / 0.585) and
+ * 32,100,20,1025 0.434 / 0.423 (0.335 / 0.313). The host cannot see the lengths; AUTO takes it
+ * for the ragged batches of training. */
+inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_grads,
+                       sweep_fn_t kernel, int64_t blocks) {
+    if (!with_grads || !env.sm90 || a->fwd_tickets != 0 || a->B > TDT_TRAIL_MAX_BATCH) return false;
+    if (env.schedule != TDT_GPU_SCHEDULE_TRAIL &&
+        !(env.schedule == TDT_GPU_SCHEDULE_AUTO && blocks < env.num_sms))
+        return false;
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (fa.ptxVersion < 90) return false; /* no programmatic launch in its code */
+    const int64_t per = tdt_ticket_nodes(a->V, env.dtype, false);
+    if (a->nodes / per + 2 > ((int64_t)1 << 30)) return false; /* zero and lattice tickets */
+    int32_t *const o = a->ws.order + 1 + tdt_ws_layers(a->maxT, a->maxU);
+    a->trail = kTrailSleep;
+#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_TRAIL_SLEEP=ns, the longest sleep */
+    if (const char *env_s = getenv("TDT_TRAIL_SLEEP"))
+        if (atoi(env_s) >= 64) a->trail = atoi(env_s);
+#endif
+    a->bwd_progress = o;
+    a->fus_alpha = o + a->B;
+    a->fus_ticket = o + 3 * a->B;
+    return true;
+}
+
 /* Enqueues the forward: the normaliser, then sweep(a, false); or, when a carries an overlap
  * plan, the layer counters zeroed, the ordered normaliser, and sweep(a, true): the sweep as its
  * programmatic dependent; and with a fused plan (a.fus_alpha), every counter zeroed and the
- * fused gradient pass on grad_blocks blocks as the sweep's programmatic dependent. */
+ * fused gradient pass on grad_blocks blocks as the sweep's programmatic dependent. A trail plan
+ * (a.trail, no overlap plan): every counter zeroed, the normaliser, the sweep, and the trail
+ * gradient pass on grad_blocks blocks as its programmatic dependent. */
 template <typename F>
 cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, cudaStream_t stream,
                             F sweep, int64_t grad_blocks = 0) {
     cudaError_t e;
     if (a.fwd_tickets == 0) {
+        if (a.trail) { /* the sweeps' final counts and the gradient pass's ticket */
+            const int64_t counters = tdt_ws_counters(a.B, a.maxT, a.maxU);
+            e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
+            if (e != cudaSuccess) return e;
+        }
         e = tdt_launch_normalize(a, env.dtype, env.num_sms, stream);
         if (e != cudaSuccess) return e;
-        return sweep(a, false);
+        e = sweep(a, false);
+        if (e != cudaSuccess || !a.trail) return e;
+        return tdt_launch_grad_trail(a, env.dtype, (int)(grad_blocks > 0 ? grad_blocks : 1), stream);
     }
     const int64_t counters = a.fus_alpha ? tdt_ws_counters(a.B, a.maxT, a.maxU) : a.fwd_layers + 1;
     e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
@@ -1322,7 +1393,7 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
     bool split;
     cudaError_t e = split_plan<KD>(&a, c, env, &ob, &split);
     if (e != cudaSuccess) return e;
-    bool fused = false;
+    bool fused = false, trail = false;
     if (split) {
         a.sweep_only = 1; /* beta runs in the backward (or not at all: costs only) */
     } else if (KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, jobs * a.B)) {
@@ -1331,10 +1402,12 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
         if (e != cudaSuccess) return e;
         fused = fused_plan(&a, env, with_grads, false);
     }
+    if (!split && !fused && KD > 0 && c.mode == SWEEP_STAGED)
+        trail = trail_plan(&a, env, with_grads, ob.kernel, jobs * a.B);
     e = forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
         return sweep_launch_k(ob.kernel, x, ob.threads, ob.ring, ob.smem, stream, pdl);
-    }, fused ? env.num_sms - jobs * a.B : 0);
-    if (e == cudaSuccess && fused) *bwd_done = true;
+    }, fused ? env.num_sms - jobs * a.B : trail ? env.num_sms : 0);
+    if (e == cudaSuccess && (fused || trail)) *bwd_done = true;
     return e;
 }
 

@@ -163,7 +163,7 @@ def test_every_gpu_schedule_gives_the_same_bits(monkeypatch, dtype):
     case["target_lengths"].clamp_(min=1)
     monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "serial")
     ref = lib_tdt(case, "cuda", dtype, "joint", "mean")
-    for name in ("auto", "overlap", "split"):
+    for name in ("auto", "overlap", "split", "trail"):
         monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", name)
         got = lib_tdt(case, "cuda", dtype, "joint", "mean")
         for x, y, what in zip(got, ref, ("loss", "token gradient", "duration gradient")):
@@ -313,3 +313,42 @@ def test_gradients_written_ahead_on_long_rows_and_in_a_graph():
     torch.cuda.synchronize()
     assert torch.equal(x.grad, eager), "graph replay of the gradients written ahead"
     assert torch.equal(x.grad, g), "the graph against the first eager step"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_trail_schedule_on_a_ragged_batch(monkeypatch, dtype, reduction):
+    # A ragged batch too large for the overlaps: AUTO takes the trail schedule (sm_90), whose
+    # forward writes the gradients (tdt_forward_ahead) beside the sweeps; its gradients are the
+    # serial pair's bits, the loss too, and a CUDA graph replays them; times 0.5 within one step
+    # of the pair's (the factor is applied afterwards: a subnormal element loses a bit).
+    from warp_tdt import _autograd
+    case = R.random_case(B=40, T=50, U=16, V=257, seed=131)
+    sm90 = torch.cuda.get_device_capability()[0] >= 9
+    _autograd._ahead_plans.clear()
+    got = _step(case, dtype, reduction)
+    got_half = _step(case, dtype, reduction, factor=0.5)
+    assert list(_autograd._ahead_plans.values()) == [sm90], _autograd._ahead_plans
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "trail")
+    assert torch.equal(_step(case, dtype, reduction)[1], got[1]), "TRAIL against AUTO"
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "serial")
+    want = _step(case, dtype, reduction)
+    want_half = _step(case, dtype, reduction, factor=0.5)
+    assert torch.equal(got[0], want[0]), "loss (%s, %s)" % (dtype, reduction)
+    assert torch.equal(got[1], want[1]), "gradient (%s, %s)" % (dtype, reduction)
+    _within_rounding(got_half[1], want_half[1], "gradient x 0.5 (%s, %s)" % (dtype, reduction))
+    monkeypatch.delenv("WARP_TDT_GPU_SCHEDULE")
+    V = case["token_logits"].shape[-1]
+    x = torch.cat([case["token_logits"], case["duration_logits"]], -1).to("cuda", dtype)
+    x.requires_grad_(True)
+    args = (case["targets"].cuda(), case["logit_lengths"].cuda(), case["target_lengths"].cuda(),
+            case["blank_token_id"], case["durations"])
+
+    def step():
+        return warp_tdt.tdt_loss(x[..., :V], x[..., V:], *args, reduction=reduction)
+
+    graph, _, eager = _capture_step(step, x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x.grad, eager), "graph replay of the trail schedule's gradients"
+    assert torch.equal(x.grad, got[1]), "the graph against the eager step"

@@ -92,7 +92,8 @@ def test_gpu_schedule_comes_from_the_environment(monkeypatch):
     spec = _core.Spec("joint", 5, (0, 1, 2), 4, 0.0, 0.0, 0.0, False)
     monkeypatch.delenv("WARP_TDT_GPU_SCHEDULE", raising=False)
     assert _core._options(spec, True, True)[0].gpu_schedule == _lib.GPU_SCHEDULE_AUTO
-    for name, value in (("serial", 1), ("Overlap", 2), ("split", 3), ("auto", 0)):
+    for name, value in (("serial", 1), ("Overlap", 2), ("split", 3), ("fused", 4), ("TRAIL", 5),
+                        ("auto", 0)):
         monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", name)
         assert _core._options(spec, True, True)[0].gpu_schedule == value, name
         assert _core._options(spec, False, True)[0].gpu_schedule == 0, "CPU calls ignore it"
