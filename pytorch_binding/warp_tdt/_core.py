@@ -304,7 +304,7 @@ def scale(spec, factor, logits, duration, labels, frame_lengths, label_lengths, 
     """tdt_scale_gradients(): the gradients forward_ahead() wrote, times ``factor`` (the upstream
     gradient of the costs, 0-d or (B,)), in place; a factor of exactly 1 costs no pass over them
     (the library skips such samples on the device, so no host synchronisation decides it)."""
-    if logits.shape[0] == 0 or logits.numel() == 0:
+    if logits.numel() == 0:  # B == 0 included
         return
     if built is None:
         built = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
