@@ -119,9 +119,9 @@ typedef enum tdt_input_kind {
  * a last-bit difference in an element of the dtype. A schedule the device or the problem cannot
  * take runs as TDT_GPU_SCHEDULE_SERIAL (FUSED: as OVERLAP, in a call that does not compute the
  * gradients with the forward: other than compute_tdt_loss() with gradients and
- * tdt_forward_ahead()). tdt_forward() and tdt_backward() of one pair must be given the same schedule
- * (as they must be given the same options). Any schedule is deterministic: the same call gives
- * the same bits. */
+ * tdt_forward_ahead()). tdt_forward() and tdt_backward() of one pair must be given the same
+ * schedule (as they must be given the same options). Any schedule is deterministic: the same
+ * call gives the same bits. */
 typedef enum tdt_gpu_schedule {
     TDT_GPU_SCHEDULE_AUTO = 0,    /* the library picks one from the shapes and the device
                                      (docs/math.md, section 5) */
@@ -291,10 +291,11 @@ TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_option
  * It does all that tdt_forward() does. Where the library's plan for a one-shot call with
  * gradients is faster than the tdt_forward() / tdt_backward() pair, it also writes the
  * gradients of sum_b grad_costs[b] * costs[b] into grads, in the same launch, and sets
- * *grads_written to 1. That is the GPU's fused and trail schedules: under
- * TDT_GPU_SCHEDULE_AUTO, long rows (fused) and batches too large for the other overlaps (trail);
- * under TDT_GPU_SCHEDULE_FUSED or TRAIL, wherever it can run. Everywhere else (and always on the CPU) it
- * sets *grads_written to 0 and leaves grads untouched, and tdt_backward() follows as usual.
+ * *grads_written to 1. The GPU's fused and trail schedules do: under TDT_GPU_SCHEDULE_AUTO,
+ * long rows (fused) and batches too large for the other overlaps (trail); under
+ * TDT_GPU_SCHEDULE_FUSED or TRAIL, wherever they can run. Everywhere else (and always on the
+ * CPU) it sets *grads_written to 0 and leaves grads untouched, and tdt_backward() follows as
+ * usual.
  *
  * Once written, tdt_scale_gradients() applies the factor that was missing; it reads and writes
  * nothing V-wide for a factor of exactly 1. Either way the workspace serves tdt_backward()
