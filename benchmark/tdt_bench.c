@@ -50,6 +50,11 @@ typedef struct bench_args {
     int own_stream; /* GPU: run on a created non-blocking stream, not the legacy default */
     tdt_gpu_schedule_t schedule; /* GPU: tdt_options_t.gpu_schedule */
     int durations[TDT_MAX_DURATIONS], D;
+    /* GPU, --vary NAME=v1,v2,...: each value in turn (the schedule, or an environment variable
+     * that a TDT_SWEEP_TUNING build of the library reads per call), each checked then timed,
+     * --rounds times over; without --vary one variant, the plain run */
+    char vary_name[64], vary_values[8][32];
+    int num_vary, rounds;
 } bench_args_t;
 
 static int failures = 0;
@@ -349,8 +354,20 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
     BENCH_CUDA(cudaEventCreate(&e0));
     BENCH_CUDA(cudaEventCreate(&e1));
     size_t cost_bytes = (size_t)p->B * (p->dtype == TDT_DTYPE_FLOAT64 ? 8 : 4);
-    for (int pass = 0; pass < 2; ++pass) {
-        char verdict[160];
+    const int variants = a->num_vary > 0 ? a->num_vary : 1;
+    for (int run = 0; run < 2 * a->rounds * variants; ++run) {
+        const int pass = run / (a->rounds * variants), var = run % variants;
+        char verdict[160], label[96];
+        snprintf(label, sizeof label, "%s", s->name);
+        if (a->num_vary > 0) {
+            snprintf(label, sizeof label, "%s %s=%s", s->name, a->vary_name, a->vary_values[var]);
+            if (!strcmp(a->vary_name, "schedule")) {
+                for (int k = 0; k < (int)(sizeof schedule_names / sizeof *schedule_names); ++k)
+                    if (!strcmp(a->vary_values[var], schedule_names[k])) o.gpu_schedule = (tdt_gpu_schedule_t)k;
+            } else {
+                setenv(a->vary_name, a->vary_values[var], 1);
+            }
+        }
         BENCH_CUDA(cudaMemset(d_grad, 0xff, bytes)); /* poison: every element must be written */
         BENCH_CHECK(compute_tdt_loss(&v, &o, d_costs, pass ? &g : NULL, d_ws, ws_bytes));
         BENCH_CUDA(cudaStreamSynchronize(st));
@@ -369,7 +386,7 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
             if (i >= 3) t[i - 3] = ms;
         }
         failures += !ok;
-        print_row(s->name, "gpu", p, pass ? "fwd+bwd" : "fwd", ok ? median(t, iters) : 0.0,
+        print_row(label, "gpu", p, pass ? "fwd+bwd" : "fwd", ok ? median(t, iters) : 0.0,
                   (pass ? 3.0 : 1.0) * (double)bytes, copy_gbs, verdict, ok);
 #ifdef TDT_TIMELINE
         if (ok) timeline_row(&v, &o, d_costs, pass ? &g : NULL, d_ws, ws_bytes);
@@ -388,6 +405,7 @@ static void usage(FILE *f) {
             "usage: tdt_bench [--shapes LIST | --shape B,T,U,V [--ragged]] [--backend cpu|gpu|all]\n"
             "                 [--dtypes LIST] [--durations LIST] [--iters N] [--threads N] [--stream]\n"
             "                 [--schedule auto|serial|overlap|split|fused|trail]\n"
+            "                 [--vary NAME=V1,V2,... [--rounds N]]\n"
             "  --shapes LIST   named shapes of shared/TARGETS.md: base, parakeet, large, long, ragged,\n"
             "                  huge (default: all; on the CPU large and huge are skipped unless named)\n"
             "  --dtypes LIST   f32, f64, f16, bf16 (default f32,bf16)\n"
@@ -396,7 +414,11 @@ static void usage(FILE *f) {
             "                  legacy default stream, the one PyTorch's default stream is\n"
             "  --schedule S    GPU: tdt_options_t.gpu_schedule (default auto; the same costs in\n"
             "                  another kernel order, and gradients bit for bit but for fused's, which\n"
-            "                  agree to rounding)\n");
+            "                  agree to rounding)\n"
+            "  --vary N=LIST   GPU: run each value in turn, each checked, then timed: N schedule (the\n"
+            "                  names above), or an environment variable a TDT_SWEEP_TUNING build of\n"
+            "                  the library reads per call (up to 8 values); --rounds N times over\n"
+            "                  (default 1), interleaved, so the values see the same machine\n");
 }
 
 int main(int argc, char **argv) {
@@ -405,6 +427,7 @@ int main(int argc, char **argv) {
     int named_any = 0;
     a.cpu = a.gpu = 1;
     a.iters = 20;
+    a.rounds = 1;
     a.dtypes[0] = TDT_DTYPE_FLOAT32; a.dtypes[1] = TDT_DTYPE_BFLOAT16; a.num_dtypes = 2;
     a.D = 5;
     for (int k = 0; k < 5; ++k) a.durations[k] = k;
@@ -455,7 +478,22 @@ int main(int argc, char **argv) {
             if (a.D < 1) { fprintf(stderr, "tdt_bench: bad --durations %s\n", v); return 2; }
         } else if (!strcmp(o, "--iters")) a.iters = atoi(v) > 0 ? atoi(v) : 1;
         else if (!strcmp(o, "--threads")) a.threads = atoi(v);
-        else { usage(stderr); return 2; }
+        else if (!strcmp(o, "--rounds")) a.rounds = atoi(v) > 0 ? atoi(v) : 1;
+        else if (!strcmp(o, "--vary")) {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || (size_t)(eq - v) >= sizeof a.vary_name) {
+                fprintf(stderr, "tdt_bench: --vary wants NAME=V1,V2,...\n");
+                return 2;
+            }
+            memcpy(a.vary_name, v, (size_t)(eq - v));
+            a.vary_name[eq - v] = '\0';
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", eq + 1);
+            a.num_vary = 0;
+            for (char *tok = strtok(buf, ","); tok && a.num_vary < 8; tok = strtok(NULL, ","))
+                snprintf(a.vary_values[a.num_vary++], sizeof a.vary_values[0], "%s", tok);
+            if (a.num_vary == 0) { fprintf(stderr, "tdt_bench: --vary wants at least one value\n"); return 2; }
+        } else { usage(stderr); return 2; }
     }
     if (!named_any && !a.have_custom)
         for (int s = 0; s < NUM_SHAPES; ++s) a.shape_on[s] = 1;
