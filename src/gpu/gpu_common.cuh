@@ -89,7 +89,7 @@ typedef struct tdt_gpu_args {
     /* The trail schedule (a one-shot call with gradients and a serial forward: sweep.cuh, "The
      * trail schedule"; 0: not this call): the sweeps publish only each sample's final counts,
      * alpha's in fus_alpha[b], beta's in bwd_progress[b], and the gradient pass takes its
-     * tickets from *fus_ticket, backing off up to `trail` ns between polls of a count. */
+     * tickets from *fus_ticket. */
     int trail;
     unsigned long long *tl; /* -DTDT_TIMELINE benchmark builds: the kernels' timeline (tdt_tl) */
 } tdt_gpu_args_t;
@@ -469,7 +469,7 @@ cudaError_t tdt_launch_grad_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, 
 cudaError_t tdt_launch_grad_fused(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                   cudaStream_t stream);
 /* grad_trail_kernel (the trail schedule, sweep.cuh): the programmatic dependent of the serial
- * forward's sweeps; a.trail and the counters it names set. */
+ * forward's sweeps; the trail flag and the counters it names set. */
 cudaError_t tdt_launch_grad_trail(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                   cudaStream_t stream);
 /* tdt_scale_gradients() (scale.cu): a.tok_g / a.dur_g times the factor in a.grad_costs. */

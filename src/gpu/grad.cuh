@@ -194,15 +194,16 @@ __device__ __noinline__ void fused_wait(const int32_t *p, int64_t need) {
     }
 }
 
-/* A wait backing off to `cap` ns between polls: the fused schedule's for a sample's cut
- * (fus_cut: a count of chunks, then kCutDone), which a node asks for only once the sweeps have
- * passed it, so the cut is done or nearly (1 us); the trail schedule's for a sweep's final count
- * (INT_MAX), which may be a whole sweep away (a.trail). */
-__device__ __noinline__ void wait_backoff(const int32_t *p, int need, unsigned cap) {
+/* A wait backing off to 1 us between polls: the fused schedule's for a sample's cut (fus_cut:
+ * a count of chunks, then kCutDone), which a node asks for only once the sweeps have passed
+ * it, so the cut is done or nearly; the trail schedule's for a sweep's final count (INT_MAX),
+ * which may be a whole sweep away (longest sleeps of 1, 4 and 16 us made no difference there:
+ * benchmark/NOTES.md, v15). */
+__device__ __noinline__ void wait_backoff(const int32_t *p, int need) {
     unsigned ns = 64;
     while (tdt_ld_acquire(p) < need) {
         __nanosleep(ns);
-        ns = ns < cap ? 2 * ns : ns;
+        ns = ns < 1024 ? 2 * ns : ns;
     }
 }
 
@@ -328,14 +329,14 @@ __device__ __forceinline__ void zero_node(const tdt_gpu_args_t &a, int64_t b, in
 }
 
 /* The trail schedule's wait for both sweeps of a sample to have ended (their final counts in
- * alpha and beta, polled backing off to cap ns). ready: the sample's flag in the block's shared
- * memory, raised by the first of its threads to see both counts, so the others skip the two
- * polls of global memory (two L2 round trips a node). Pointers only: a reference to the
- * kernel's arguments here would copy them to local memory. */
-__device__ __noinline__ void trail_wait(const int32_t *alpha, const int32_t *beta, int32_t *ready, unsigned cap) {
+ * alpha and beta). ready: the sample's flag in the block's shared memory, raised by the first
+ * of its threads to see both counts, so the others skip the two polls of global memory (two L2
+ * round trips a node). Pointers only: a reference to the kernel's arguments here would copy
+ * them to local memory. */
+__device__ __noinline__ void trail_wait(const int32_t *alpha, const int32_t *beta, int32_t *ready) {
     if (tdt_ld_acquire_block(ready)) return;
-    wait_backoff(alpha, INT_MAX, cap);
-    wait_backoff(beta, INT_MAX, cap);
+    wait_backoff(alpha, INT_MAX);
+    wait_backoff(beta, INT_MAX);
     tdt_st_release_block(ready, 1);
 }
 
@@ -346,7 +347,7 @@ __device__ __noinline__ void trail_wait(const int32_t *alpha, const int32_t *bet
  * ready flags (trail_wait). */
 template <int DT, int G, int KD, int MODE = GS_PLAIN>
 __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t b,
-                                          int64_t t, int64_t u, int lane, const int32_t *wait,
+                                          int64_t t, int64_t u, int lane, int32_t *wait,
                                           int need) {
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
@@ -372,11 +373,11 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
         /* alpha past diagonal d = t + u and beta past d + 1, then the cut */
         fused_wait(a.fus_alpha + b, t + u + 1);
         fused_wait(a.bwd_progress + b, Tb + Ub - 1 - (t + u));
-        wait_backoff(a.fus_cut + b, kCutDone, 1024);
+        wait_backoff(a.fus_cut + b, kCutDone);
         if (lane == 0 && t + u + 1 == tdt_mid_cut(Tb + Ub)) tdt_tl_start(a.tl, TDT_TL_NODE); /* a first layer's */
     }
     if (MODE == GS_TRAIL && lengths_ok && t < Tb && u <= Ub)
-        trail_wait(a.fus_alpha + b, a.bwd_progress + b, const_cast<int32_t *>(wait) + b, (unsigned)a.trail);
+        trail_wait(a.fus_alpha + b, a.bwd_progress + b, wait + b);
     const int32_t state = a.ws.state[b];
     const double ll = MODE == GS_FUSED ? a.ws.ll_cut[b] : a.ws.ll[b];
     const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b);
@@ -496,7 +497,7 @@ __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_ker
         int64_t b, t, u, Tb, Ub;
         tdt_decode_node(a, n, &b, &t, &u);
         if (tdt_sample_lengths(a, b, &Tb, &Ub) && t < Tb && u <= Ub) continue; /* a layer's */
-        grad_node<DT, G, KD>(a, A, b, t, u, lane, NULL, 0);
+        zero_node<DT, G>(a, b, t, u, lane);
     }
     if (FUSED) {
         const int64_t slots = 2 * a.B * a.fwd_dlen; /* a layer's */

@@ -15,12 +15,13 @@ namespace {
 constexpr int kScaleThreads = 256;
 constexpr int kScaleUnroll = 2; /* 16-byte vectors a lane has in flight */
 
+/* x times s, rounded once to the element type; zeros stay as they are (their sign too). */
 template <int DT>
-__device__ __forceinline__ void scale_one(typename tdt_elem<DT>::T *g,
-                                          typename tdt_elem<DT>::Acc s) {
+__device__ __forceinline__ typename tdt_elem<DT>::T scaled(typename tdt_elem<DT>::T x,
+                                                          typename tdt_elem<DT>::Acc s) {
     typedef tdt_elem<DT> E;
-    const typename E::Acc v = E::to_acc(*g);
-    if (v != 0) *g = E::from_acc(v * s); /* zeros stay */
+    const typename E::Acc v = E::to_acc(x);
+    return v != 0 ? E::from_acc(v * s) : x;
 }
 
 /* A row of n elements times s, by one warp: a scalar head up to the row's first 16-byte
@@ -32,7 +33,7 @@ __device__ __forceinline__ void scale_row(typename tdt_elem<DT>::T *g, int64_t n
     typedef tdt_vec<DT> Vec;
     const int64_t head = tdt_row_head<typename E::T>(g, n);
     const int64_t nv = (n - head) / E::VEC;
-    for (int64_t i = lane; i < head; i += 32) scale_one<DT>(g + i, s);
+    for (int64_t i = lane; i < head; i += 32) g[i] = scaled<DT>(g[i], s);
     typename E::T *body = g + head;
     for (int64_t j0 = lane; j0 < nv; j0 += 32 * kScaleUnroll) {
         Vec x[kScaleUnroll];
@@ -43,14 +44,11 @@ __device__ __forceinline__ void scale_row(typename tdt_elem<DT>::T *g, int64_t n
         for (int k = 0; k < kScaleUnroll; ++k) {
             if (j0 + 32 * k >= nv) continue;
 #pragma unroll
-            for (int e = 0; e < E::VEC; ++e) {
-                const typename E::Acc v = E::to_acc(x[k].v[e]);
-                if (v != 0) x[k].v[e] = E::from_acc(v * s); /* zeros stay */
-            }
+            for (int e = 0; e < E::VEC; ++e) x[k].v[e] = scaled<DT>(x[k].v[e], s);
             x[k].store(body + (j0 + 32 * k) * E::VEC);
         }
     }
-    for (int64_t i = head + nv * E::VEC + lane; i < n; i += 32) scale_one<DT>(g + i, s);
+    for (int64_t i = head + nv * E::VEC + lane; i < n; i += 32) g[i] = scaled<DT>(g[i], s);
 }
 
 template <int DT>

@@ -410,7 +410,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
  * lane 0 of its group, and through to the workspace for the gradient pass.
  * ============================================================================================== */
 
-const int kStageAhead = 2; /* diagonals whose weights are in flight while a step computes */
+/* Diagonals whose weights are in flight while a step computes. 3 bought nothing on the H200
+ * where the ring stays 8 diagonals (base, parakeet, ragged: the sweeps as slow beside the trail
+ * gradient pass either way, so their slowdown there is not the staged copies' latency), and it
+ * doubles the ring of durations 0..4 (span 5), which then no longer fits long's rows: long
+ * 3.47 -> 10.7 ms f+b on the ring kernel (benchmark/NOTES.md, v16). */
+const int kStageAhead = 2;
 
 /* Columns a block of the cluster split (sweep_cluster_kernel) takes: long (401-node diagonals)
  * on the H200, forward ms with clusters of 1 / 4 / 8 / 12 / 16 blocks: 6.80 / 3.86 / 3.23 /
@@ -943,6 +948,17 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
     return cudaSuccess;
 }
 
+/* Whether `kernel`'s code is sm_90's (programmatic launch, griddepcontrol), which every
+ * schedule that runs a kernel beside another needs. */
+inline bool sm90_code(sweep_fn_t kernel) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return fa.ptxVersion >= 90;
+}
+
 /* Whether an overlapped schedule may run, and how (see "The overlapped schedules"): an sm_90
  * device and sm_90 code in `kernel` (programmatic launch, griddepcontrol); the normaliser one
  * block an SM, on the SMs the sweep's `blocks` blocks (in clusters of cl, one an SM) leave it;
@@ -953,13 +969,7 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
  * Sets a's fwd_* when it may. */
 inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
                                 int64_t blocks, int cl, int cluster_fit, int ends, bool block) {
-    if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms) return cudaSuccess;
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return cudaSuccess;
-    }
-    if (fa.ptxVersion < 90) return cudaSuccess;
+    if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms || !sm90_code(kernel)) return cudaSuccess;
     int per_sm = 0, norm_fit = 0;
     cudaError_t e = tdt_normalize_ordered_fit(a->V, env.dtype, 1, &per_sm);
     if (e != cudaSuccess) return e;
@@ -1097,13 +1107,10 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
  * with griddepcontrol.wait, so the stream's next work sees both kernels done.
  * ============================================================================================== */
 
-/* The trail gradient pass's longest sleep between two polls of a sweep's final count, ns. */
-const int kTrailSleep = 1024;
-
 /* Whether this call runs the trail schedule: gradients asked for (with_grads), a serial forward
  * (no overlap plan on *a) with the one-block staged sweep `kernel` of `blocks` blocks (sm_90
  * code), at most TDT_TRAIL_MAX_BATCH samples, its tickets within an int, and the schedule
- * TRAIL, or AUTO with the sweeps' blocks leaving SMs free. Then a's trail and counters are set.
+ * TRAIL, or AUTO with the sweeps' blocks leaving SMs free. Then a's trail flag and counters are set.
  * H200, f+b ms, trail against serial (benchmark/NOTES.md, v15): ragged float32 0.413-0.415 /
  * 0.526-0.527, bfloat16 0.360-0.370 / 0.460-0.462; but on equal lengths, where no sample ends
  * early and the trail's gradient pass has only its own overhead to show (a ticket, a rank
@@ -1116,20 +1123,11 @@ inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     if (env.schedule != TDT_GPU_SCHEDULE_TRAIL &&
         !(env.schedule == TDT_GPU_SCHEDULE_AUTO && blocks < env.num_sms))
         return false;
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    if (fa.ptxVersion < 90) return false; /* no programmatic launch in its code */
+    if (!sm90_code(kernel)) return false;
     const int64_t per = tdt_ticket_nodes(a->V, env.dtype, false);
     if (a->nodes / per + 2 > ((int64_t)1 << 30)) return false; /* zero and lattice tickets */
     int32_t *const o = a->ws.order + 1 + tdt_ws_layers(a->maxT, a->maxU);
-    a->trail = kTrailSleep;
-#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_TRAIL_SLEEP=ns, the longest sleep */
-    if (const char *env_s = getenv("TDT_TRAIL_SLEEP"))
-        if (atoi(env_s) >= 64) a->trail = atoi(env_s);
-#endif
+    a->trail = 1;
     a->bwd_progress = o;
     a->fus_alpha = o + a->B;
     a->fus_ticket = o + 3 * a->B;
