@@ -360,16 +360,20 @@ __device__ __forceinline__ void tdt_st_release(int32_t *p, int v) {
 /* The same pair at block scope, for a flag in shared memory (p: a pointer into it) that one
  * thread of a block raises after its own acquire (tdt_ld_acquire) and the others read: what
  * that acquire made visible to the raising thread is visible to a thread that reads the flag
- * set. */
-__device__ __forceinline__ int tdt_ld_acquire_block(const int32_t *p) {
+ * set. Both are atomics (an OR of 0 reads, an exchange writes), which compute-sanitizer's
+ * racecheck knows to be synchronisation: as a plain ld.acquire / st.release pair, as correct
+ * under the PTX memory model, it reported every use of the flag as a shared-memory hazard. */
+__device__ __forceinline__ int tdt_ld_acquire_block(int32_t *p) {
     int v;
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ld.acquire.cta.shared::cta.s32 %0, [%1];\n" : "=r"(v) : "r"(s) : "memory");
+    asm volatile("atom.acquire.cta.shared::cta.or.b32 %0, [%1], 0;\n" : "=r"(v) : "r"(s) : "memory");
     return v;
 }
 __device__ __forceinline__ void tdt_st_release_block(int32_t *p, int v) {
+    int old;
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("st.release.cta.shared::cta.s32 [%0], %1;\n" ::"r"(s), "r"(v) : "memory");
+    asm volatile("atom.release.cta.shared::cta.exch.b32 %0, [%1], %2;\n" : "=r"(old) : "r"(s), "r"(v) : "memory");
+    (void)old;
 }
 
 /* Slot q of layer k, as (sample b, node t, u): layer k holds, of every sample with S_b =
