@@ -366,14 +366,20 @@ __device__ __forceinline__ void tdt_st_release(int32_t *p, int v) {
 __device__ __forceinline__ int tdt_ld_acquire_block(int32_t *p) {
     int v;
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("atom.acquire.cta.shared::cta.or.b32 %0, [%1], 0;\n" : "=r"(v) : "r"(s) : "memory");
+    asm volatile("atom.acquire.cta.shared::cta.or.b32 %0, [%1], 0;\n"
+                 : "=r"(v)
+                 : "r"(s)
+                 : "memory");
     return v;
 }
-__device__ __forceinline__ void tdt_st_release_block(int32_t *p, int v) {
+__device__ __forceinline__ int tdt_st_release_block(int32_t *p, int v) { /* returns the old value */
     int old;
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("atom.release.cta.shared::cta.exch.b32 %0, [%1], %2;\n" : "=r"(old) : "r"(s), "r"(v) : "memory");
-    (void)old;
+    asm volatile("atom.release.cta.shared::cta.exch.b32 %0, [%1], %2;\n"
+                 : "=r"(old)
+                 : "r"(s), "r"(v)
+                 : "memory");
+    return old;
 }
 
 /* Slot q of layer k, as (sample b, node t, u): layer k holds, of every sample with S_b =

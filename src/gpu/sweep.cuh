@@ -969,7 +969,8 @@ inline bool sm90_code(sweep_fn_t kernel) {
  * Sets a's fwd_* when it may. */
 inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
                                 int64_t blocks, int cl, int cluster_fit, int ends, bool block) {
-    if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms || !sm90_code(kernel)) return cudaSuccess;
+    if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms || !sm90_code(kernel))
+        return cudaSuccess;
     int per_sm = 0, norm_fit = 0;
     cudaError_t e = tdt_normalize_ordered_fit(a->V, env.dtype, 1, &per_sm);
     if (e != cudaSuccess) return e;
@@ -1110,7 +1111,8 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
 /* Whether this call runs the trail schedule: gradients asked for (with_grads), a serial forward
  * (no overlap plan on *a) with the one-block staged sweep `kernel` of `blocks` blocks (sm_90
  * code), at most TDT_TRAIL_MAX_BATCH samples, its tickets within an int, and the schedule
- * TRAIL, or AUTO with the sweeps' blocks leaving SMs free. Then a's trail flag and counters are set.
+ * TRAIL, or AUTO with the sweeps' blocks leaving SMs free. Then a's trail flag and counters are
+ * set.
  * H200, f+b ms, trail against serial (benchmark/NOTES.md, v15): ragged float32 0.413-0.415 /
  * 0.526-0.527, bfloat16 0.360-0.370 / 0.460-0.462; but on equal lengths, where no sample ends
  * early and the trail's gradient pass has only its own overhead to show (a ticket, a rank
