@@ -33,8 +33,9 @@
  * the logit at the same position (same thread, load before store) when the gradient aliases
  * the logits; nothing else reads the logits in this kernel, and the workspace is read-only
  * here (the ordered and trail kernels read a sample's sweep values only after an acquire of the
- * count the sweep releases after writing them; their ticket counter is their one atomic). No
- * atomics on any value: deterministic, whatever the order.
+ * count the sweep releases after writing them; their atomics are the ticket counter and the
+ * trail's ready flags in shared memory). No atomics on any value: deterministic, whatever the
+ * order.
  *
  * Precision: the node's coefficients in float64 (lattice.h). The bulk of each row, p * occ
  * clipped and scaled, in the accumulate precision (float32; float64 for float64), as the CPU
