@@ -547,9 +547,19 @@ __global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_ker
  * grad_node's, on the values the serial schedule's gradient pass reads: the same bits. */
 const int kTrailZeroRows = 8;
 
+/* Threads of a block of grad_trail_kernel: 640, not grad_ordered's 768, whose cap of 80
+ * registers a thread makes ptxas spill 8 bytes of the trail's loop (ncu, v16: 154 K local
+ * requests at 40,150,60,257); at 640 it takes 92-95 and spills none. H200 (benchmark/NOTES.md,
+ * v17): ragged float32 f+b 0.413-0.419 -> 0.405-0.408 ms; 576 threads 0.408; blocks of 320 (two
+ * an SM, one beside a sweep's block) 0.407-0.409, of 224 (three) 0.444-0.450. The split's
+ * grad_ordered_kernel stays at 768: large float32 3.05 -> 3.14-3.15 at 640. */
+template <int DT> struct grad_trail {
+    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : 640 };
+};
+
 template <int DT, int G, int KD>
-__global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_trail_kernel(const tdt_gpu_args_t a) {
-    enum { THREADS = grad_ordered<DT>::THREADS, PER = 32 / G /* node slots a ticket */ };
+__global__ void __launch_bounds__(grad_trail<DT>::THREADS, 1) grad_trail_kernel(const tdt_gpu_args_t a) {
+    enum { THREADS = grad_trail<DT>::THREADS, PER = 32 / G /* node slots a ticket */ };
     __shared__ int32_t key[TDT_TRAIL_MAX_BATCH];        /* sample -> S_b, -1 without a lattice */
     __shared__ int64_t count[TDT_TRAIL_MAX_BATCH];      /* sample -> its lattice's nodes */
     __shared__ int32_t order[TDT_TRAIL_MAX_BATCH];      /* rank -> sample */
@@ -638,7 +648,8 @@ cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStrea
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)blocks, 1, 1);
-    cfg.blockDim = dim3(grad_ordered<DT>::THREADS, 1, 1);
+    const int threads = SCHED == GS_TRAIL ? (int)grad_trail<DT>::THREADS : (int)grad_ordered<DT>::THREADS;
+    cfg.blockDim = dim3((unsigned)threads, 1, 1);
     cfg.stream = stream;
     cudaLaunchAttribute attr = tdt_pdl_attr();
     cfg.attrs = &attr;
