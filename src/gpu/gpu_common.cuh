@@ -545,42 +545,62 @@ template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) 
 /* Lanes per node (G) for the V-wide kernels over rows of V elements, vec to a 16-byte load.
  * Each node costs a fixed latency (lengths, workspace values, a reduction or the occupancies)
  * besides its row, so short rows go several nodes a warp, and only long rows (Parakeet's
- * V = 8193) take a whole warp. Rows of at most 64 vectors go 4 lanes a node (8 nodes a warp in
- * flight): H200, f+b ms against 8 lanes (benchmark/NOTES.md, v11), ragged (V = 257) float32
- * 0.587-0.591 -> 0.519-0.521, bfloat16 0.560-0.562 -> 0.452-0.453. Rows of 65 to 511 vectors
- * stay at 8: with 4, base's forward went 0.128 -> 0.137 and long's gradient pass lost 0.2 ms
- * (large's normaliser gained 0.1 ms). The normaliser and the gradient pass take the same G, so
- * the schedules give the same bits (the lse's lane split is G's) and the split schedule's two
- * ordered kernels the same tickets. */
-static inline int tdt_gpu_group_size(int64_t V, int vec) {
-#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_VWIDE_LANES=2, 4, 8, 16 or 32 */
+ * V = 8193) take a whole warp. Rows of at most 64 vectors go 4 lanes a node in the gradient
+ * pass (8 nodes a warp in flight): H200, f+b ms against 8 lanes (benchmark/NOTES.md, v11),
+ * ragged (V = 257) float32 0.587-0.591 -> 0.519-0.521, bfloat16 0.560-0.562 -> 0.452-0.453; and
+ * 2 lanes in the normaliser (its reads alone, 16 nodes a warp; v17: ragged bfloat16 f+b
+ * 0.361-0.364 -> 0.350, float32 0.408-0.411 -> 0.404-0.405; the gradient pass at 2 lost 50 %,
+ * v16). Rows of 65 to 511 vectors stay at 8 in both: with 4, base's forward went 0.128 ->
+ * 0.137 and long's gradient pass lost 0.2 ms; the normaliser at 2 took large 3.06 -> 3.01 ms
+ * (bfloat16 2.12 -> 2.05) but base 0.199 -> 0.213 (v17). The normaliser's G is a function of V
+ * and the dtype alone, so every schedule gives the same bits (the lse's lane split is G's);
+ * the gradient's elements do not depend on G, so its G is free, and its ordered kernel takes
+ * tickets of its own G's size. */
+enum { TDT_PASS_GRAD = 0, TDT_PASS_NORM = 1 };
+static inline int tdt_gpu_group_size(int64_t V, int vec, int pass) {
+#ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_VWIDE_LANES=2, 4, 8, 16 or 32 (both passes), TDT_NORM_LANES */
+    if (const char *env_s = pass == TDT_PASS_NORM ? getenv("TDT_NORM_LANES") : NULL) {
+        const int g = atoi(env_s);
+        if (g == 2 || g == 4 || g == 8 || g == 16 || g == 32) return g;
+    }
     if (const char *env_s = getenv("TDT_VWIDE_LANES")) {
         const int g = atoi(env_s);
         if (g == 2 || g == 4 || g == 8 || g == 16 || g == 32) return g;
     }
 #endif
     const int64_t n = V / vec;
-    return n >= 512 ? 32 : n > 64 ? 8 : 4;
+    return n >= 512 ? 32 : n > 64 ? 8 : pass == TDT_PASS_NORM ? 2 : 4;
 }
 
-/* f.template go<DT, G>() for the dtype, with the V-wide kernels' G for this V. */
-template <int DT, typename F> cudaError_t tdt_with_g(int64_t V, F f) {
-    switch (tdt_gpu_group_size(V, tdt_elem<DT>::VEC)) {
 #ifdef TDT_SWEEP_TUNING
-    case 2: return f.template go<DT, 2>();
-    case 16: return f.template go<DT, 16>();
+#define TDT_EVERY_G 1 /* the knobs: G = 16, and the G each pass does not take */
+#else
+#define TDT_EVERY_G 0
 #endif
-    case 4: return f.template go<DT, 4>();
+/* f.template go<DT, G>() for the dtype, with pass PASS's G for this V (only the G a pass can
+ * take instantiated). */
+template <int PASS, int DT, typename F> cudaError_t tdt_with_g(int64_t V, F f) {
+    switch (tdt_gpu_group_size(V, tdt_elem<DT>::VEC, PASS)) {
+    case 2:
+        if constexpr (PASS == TDT_PASS_NORM || TDT_EVERY_G) return f.template go<DT, 2>();
+        break;
+    case 4:
+        if constexpr (PASS == TDT_PASS_GRAD || TDT_EVERY_G) return f.template go<DT, 4>();
+        break;
+    case 16:
+        if constexpr (TDT_EVERY_G) return f.template go<DT, 16>();
+        break;
     case 32: return f.template go<DT, 32>();
-    default: return f.template go<DT, 8>();
     }
+    return f.template go<DT, 8>();
 }
-template <typename F> cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F f) {
+template <int PASS = TDT_PASS_GRAD, typename F>
+cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F f) {
     switch (dtype) {
-    case TDT_DTYPE_FLOAT32: return tdt_with_g<TDT_DTYPE_FLOAT32>(V, f);
-    case TDT_DTYPE_FLOAT64: return tdt_with_g<TDT_DTYPE_FLOAT64>(V, f);
-    case TDT_DTYPE_FLOAT16: return tdt_with_g<TDT_DTYPE_FLOAT16>(V, f);
-    case TDT_DTYPE_BFLOAT16: return tdt_with_g<TDT_DTYPE_BFLOAT16>(V, f);
+    case TDT_DTYPE_FLOAT32: return tdt_with_g<PASS, TDT_DTYPE_FLOAT32>(V, f);
+    case TDT_DTYPE_FLOAT64: return tdt_with_g<PASS, TDT_DTYPE_FLOAT64>(V, f);
+    case TDT_DTYPE_FLOAT16: return tdt_with_g<PASS, TDT_DTYPE_FLOAT16>(V, f);
+    case TDT_DTYPE_BFLOAT16: return tdt_with_g<PASS, TDT_DTYPE_BFLOAT16>(V, f);
     }
     return cudaErrorInvalidValue;
 }
@@ -603,9 +623,10 @@ struct tdt_ticket_slots {
         return cudaSuccess;
     }
 };
-static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype, bool block) {
+static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype, bool block, int pass) {
     int n = 1;
-    (void)tdt_with_dtype(dtype, V, tdt_ticket_slots{&n, block});
+    if (pass == TDT_PASS_NORM) (void)tdt_with_dtype<TDT_PASS_NORM>(dtype, V, tdt_ticket_slots{&n, block});
+    else (void)tdt_with_dtype<TDT_PASS_GRAD>(dtype, V, tdt_ticket_slots{&n, block});
     return n;
 }
 
