@@ -1145,22 +1145,21 @@ inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
 template <typename F>
 cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, cudaStream_t stream,
                             F sweep, int64_t grad_blocks = 0) {
-    cudaError_t e;
+    cudaError_t e = cudaSuccess;
+    /* the counters: with a trail or fused plan every one (the sweeps' counts, the gradient
+     * pass's tickets), else the normaliser's layer counts and its ticket */
+    const int64_t counters = a.trail || a.fus_alpha ? tdt_ws_counters(a.B, a.maxT, a.maxU)
+                             : a.fwd_tickets != 0   ? a.fwd_layers + 1
+                                                    : 0;
+    if (counters > 0) e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
+    if (e != cudaSuccess) return e;
     if (a.fwd_tickets == 0) {
-        if (a.trail) { /* the sweeps' final counts and the gradient pass's ticket */
-            const int64_t counters = tdt_ws_counters(a.B, a.maxT, a.maxU);
-            e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
-            if (e != cudaSuccess) return e;
-        }
         e = tdt_launch_normalize(a, env.dtype, env.num_sms, stream);
         if (e != cudaSuccess) return e;
         e = sweep(a, false);
         if (e != cudaSuccess || !a.trail) return e;
         return tdt_launch_grad_trail(a, env.dtype, (int)(grad_blocks > 0 ? grad_blocks : 1), stream);
     }
-    const int64_t counters = a.fus_alpha ? tdt_ws_counters(a.B, a.maxT, a.maxU) : a.fwd_layers + 1;
-    e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
-    if (e != cudaSuccess) return e;
     e = tdt_launch_normalize_ordered(a, env.dtype, a.fwd_blocks, a.fwd_cluster, stream);
     if (e != cudaSuccess) return e;
     e = sweep(a, true);
