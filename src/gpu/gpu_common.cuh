@@ -547,15 +547,16 @@ template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) 
  * besides its row, so short rows go several nodes a warp, and only long rows (Parakeet's
  * V = 8193) take a whole warp. Rows of at most 64 vectors go 4 lanes a node in the gradient
  * pass (8 nodes a warp in flight): H200, f+b ms against 8 lanes (benchmark/NOTES.md, v11),
- * ragged (V = 257) float32 0.587-0.591 -> 0.519-0.521, bfloat16 0.560-0.562 -> 0.452-0.453; and
- * 2 lanes in the normaliser (its reads alone, 16 nodes a warp; v17: ragged bfloat16 f+b
- * 0.361-0.364 -> 0.350, float32 0.408-0.411 -> 0.404-0.405; the gradient pass at 2 lost 50 %,
- * v16). Rows of 65 to 511 vectors stay at 8 in both: with 4, base's forward went 0.128 ->
- * 0.137 and long's gradient pass lost 0.2 ms; the normaliser at 2 took large 3.06 -> 3.01 ms
- * (bfloat16 2.12 -> 2.05) but base 0.199 -> 0.213 (v17). The normaliser's G is a function of V
- * and the dtype alone, so every schedule gives the same bits (the lse's lane split is G's);
- * the gradient's elements do not depend on G, so its G is free, and its ordered kernel takes
- * tickets of its own G's size. */
+ * ragged (V = 257) float32 0.587-0.591 -> 0.519-0.521, bfloat16 0.560-0.562 -> 0.452-0.453;
+ * and 2 lanes in the normaliser (its reads alone, 16 nodes a warp). v17, f+b, 2 against 4 in
+ * one process: ragged float32 0.405-0.406 / 0.412-0.413, bfloat16 0.350-0.353 / 0.362-0.364;
+ * 40,150,60,257 bfloat16 0.621-0.632 / 0.636-0.644, but float32 0.778-0.782 / 0.767-0.775.
+ * The gradient pass at 2 lost 50 % (v16). Rows of 65 to 511 vectors stay at 8 in both: with
+ * 4, base's forward went 0.128 -> 0.137 and long's gradient pass lost 0.2 ms; the normaliser
+ * at 2 took large 3.06 -> 3.01 ms (bfloat16 2.12 -> 2.05) but base 0.199 -> 0.213 (v17).
+ * The normaliser's G is a function of V and the dtype alone, so every schedule gives the same
+ * bits (the lse's lane split is G's). The gradient's elements do not depend on G, so its G is
+ * free, and its ordered kernel takes tickets of its own G's size. */
 enum { TDT_PASS_GRAD = 0, TDT_PASS_NORM = 1 };
 static inline int tdt_gpu_group_size(int64_t V, int vec, int pass) {
 #ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_VWIDE_LANES=2, 4, 8, 16 or 32 (both passes), TDT_NORM_LANES */
