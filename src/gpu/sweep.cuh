@@ -965,7 +965,7 @@ inline bool sm90_code(sweep_fn_t kernel) {
  * for the cluster split, the device holds cluster_fit of the sweep's clusters at once; the
  * normaliser's tickets within an int. ends: the layer form (2 when both sweeps trail the
  * normaliser, 1 for alpha alone). block: the normaliser's tickets a block each, else a warp
- * (the split schedule's, whose gradient pass takes tickets of the same size).
+ * (the split schedule's; its gradient pass sizes its own tickets: split_plan).
  * Sets a's fwd_* when it may. */
 inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
                                 int64_t blocks, int cl, int cluster_fit, int ends, bool block) {
