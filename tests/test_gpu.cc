@@ -1226,6 +1226,8 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
         std::vector<int> durs;
         bool joint;
     };
+    // The last four cases' rows are at most 64 vectors: the normaliser takes 2 lanes a node and
+    // the gradient pass 4, so the split's gradient pass takes tickets of its own size.
     const std::vector<Case> cases = {
         {TDT_DTYPE_FLOAT32, 6, 40, 13, 300, {0, 1, 2, 3, 4}, false},   // 8 lanes a row
         {TDT_DTYPE_FLOAT32, 3, 24, 9, 2100, {0, 1, 2, 3, 4}, true},    // 32 lanes, joint slices
