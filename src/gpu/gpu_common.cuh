@@ -624,10 +624,9 @@ struct tdt_ticket_slots {
         return cudaSuccess;
     }
 };
-static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype, bool block, int pass) {
+template <int PASS> static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype, bool block) {
     int n = 1;
-    if (pass == TDT_PASS_NORM) (void)tdt_with_dtype<TDT_PASS_NORM>(dtype, V, tdt_ticket_slots{&n, block});
-    else (void)tdt_with_dtype<TDT_PASS_GRAD>(dtype, V, tdt_ticket_slots{&n, block});
+    (void)tdt_with_dtype<PASS>(dtype, V, tdt_ticket_slots{&n, block});
     return n;
 }
 
