@@ -202,6 +202,71 @@ template <int DT> struct tdt_vec {
     }
 };
 
+/* Asynchronous copies into shared memory (cp.async): the issuing thread's own copies, made
+ * visible to it by cp_async_wait<N>() (all but its N latest groups complete). 8 bytes through
+ * L1 (the sweeps' staged weights, read again by the block), 16 bytes through L2 only (a
+ * gradient row's logits, read once; both addresses 16-byte aligned). */
+__device__ __forceinline__ void cp_async8(double *dst, const double *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* A row read in batches through shared memory: calls f(raw) for each batch m < nb, in order,
+ * raw[j] (j < U) the 16-byte vector at p + m * step + j * jstride (elements; 16-byte aligned),
+ * copied in by cp.async into this thread's ring of S batch slots in the kernel's dynamic shared
+ * memory (slot s's vector j at [(s * U + j) * blockDim.x + threadIdx.x]: a warp's copies and
+ * reads fall on consecutive 16 bytes), S - 1 batches ahead of the one f gets: S - 1 batches
+ * in flight that hold no register (grad.cuh's rows). The kernel's launch gives it
+ * tdt_stage_bytes<U, S>(threads) of dynamic shared memory (tdt_allow_smem beyond 48 KB). */
+template <int U, int S> static inline size_t tdt_stage_bytes(int threads) {
+    return (size_t)threads * S * U * 16;
+}
+template <int U, int S, typename T, typename F>
+__device__ __forceinline__ void tdt_staged_batches(const T *p, int64_t nb, int64_t step, int64_t jstride,
+                                                   F f) {
+    extern __shared__ uint4 tdt_stage_smem[];
+    const int nt = (int)blockDim.x;
+    uint4 *ring = tdt_stage_smem + threadIdx.x;
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+        if (s < nb)
+#pragma unroll
+            for (int j = 0; j < U; ++j)
+                cp_async16(ring + (s * U + j) * nt, p + s * step + j * jstride);
+        cp_async_commit();
+    }
+    int sm = 0; /* batch m's slot; batch m + S - 1 takes the one batch m - 1 left */
+    for (int64_t m = 0; m < nb; ++m) {
+        const int si = sm == 0 ? S - 1 : sm - 1;
+        if (m + S - 1 < nb)
+#pragma unroll
+            for (int j = 0; j < U; ++j)
+                cp_async16(ring + (si * U + j) * nt, p + (m + S - 1) * step + j * jstride);
+        cp_async_commit();
+        cp_async_wait<S - 1>(); /* batch m's copies done (the groups after it may be empty) */
+        uint4 raw[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) raw[j] = ring[(sm * U + j) * nt];
+        f(raw);
+        sm = sm == S - 1 ? 0 : sm + 1;
+    }
+}
+/* A kernel's dynamic shared memory beyond the default 48 KB, allowed kernel by kernel. */
+template <typename Kernel> cudaError_t tdt_allow_smem(Kernel kernel, size_t bytes) {
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
 /* Elements before the first 16-byte boundary of a row starting at p (V if p is not even
  * element-aligned, so the whole row goes scalar). */
 template <typename T>

@@ -14,19 +14,19 @@
  * t >= T_b or u > U_b, every node of an infeasible sample (LL = -inf) and of a sample with bad
  * device data (state BAD_DATA, or lengths out of range, so no lattice index is ever formed).
  *
- * Parallel mapping: as normalize.cu, a group of G lanes per node, grid-striding over all
- * nodes; each lane covers its share of the row in 16-byte vectors, UNROLL of them a batch
- * (scalar head and tail up to the logits row's 16-byte boundaries). Each lane computes the
- * node's coefficients itself: the lanes of a group run them in lock-step, so this costs the same
- * as one lane and needs no shuffles. The row loop writes every element with the bulk formula;
- * the blank and the label are then overwritten by the lane that wrote them (row_owner), with
- * values that lane computed before its loop from the logits it read there. Three kernels share
- * that per-node work (grad_node): grad_kernel takes the nodes in memory order, after the
- * forward's sweeps; grad_ordered_kernel (the split schedule, sweep.cuh) takes them in layers
- * of diagonals from the last one back, each once the beta sweep running beside it has passed
- * (and for the fused schedule from the lattice's middle out, beside both sweeps);
- * grad_trail_kernel (the trail schedule) takes each sample whole once both its sweeps have
- * ended, beside the others'.
+ * Parallel mapping: as normalize.cu, a group of G lanes per node, grid-striding over all nodes;
+ * each lane covers its share of the row in 16-byte vectors, UNROLL of them a batch (scalar head
+ * and tail up to the logits row's 16-byte boundaries), copied into shared memory by cp.async two
+ * batches ahead of the one it computes (all but the trail kernel). Each lane computes the node's
+ * coefficients itself: the lanes of a group run them in lock-step, so this costs the same as one
+ * lane and needs no shuffles. The row loop writes every element with the bulk formula; the blank
+ * and the label are then overwritten by the lane that wrote them (row_owner), with values that
+ * lane computed before its loop from the logits it read there. Three kernels share that per-node
+ * work (grad_node): grad_kernel takes the nodes in memory order, after the forward's sweeps;
+ * grad_ordered_kernel (the split schedule, sweep.cuh) takes them in layers of diagonals from the
+ * last one back, each once the beta sweep running beside it has passed (and for the fused schedule
+ * from the lattice's middle out, beside both sweeps); grad_trail_kernel (the trail schedule) takes
+ * each sample whole once both its sweeps have ended, beside the others'.
  *
  * Race-free, in place included: every gradient element is written by exactly one lane (the
  * blank and label twice, by the same lane, in program order), and that lane has already read
@@ -59,16 +59,29 @@ namespace {
 
 const int kThreads = 256;
 
-/* Per element type: 16-byte loads in flight per lane (UNROLL) and blocks per SM (MIN_BLOCKS),
- * the knobs to tune on the device. The row loop is a few instructions an element and the blank
- * and label elements are patched after it (no per-vector test, no inlined special path), so
- * unroll 4 is now about 110 (float32) to 340 (bfloat16) PTX instructions a batch; the earlier
- * loop's unrolled special path is what stalled bfloat16 at unroll 4 on instruction fetch (see
- * benchmark/NOTES.md). Registers (sm_90, no spills): 80 for float32 and the 16-bit types (3
- * blocks, 24 warps an SM; 4 blocks would spill in the node's coefficients), 106-126 for float64. */
+/* Per element type: 16-byte vectors a batch per lane (UNROLL), batches in the shared-memory ring
+ * (STAGES: STAGES - 1 batches in flight ahead of the one computed) and blocks per SM (MIN_BLOCKS),
+ * the knobs to tune on the device. The ring, against the register batches (H200, tdt_bench f+b ms,
+ * same run, benchmark/NOTES.md v18): large float32 3.05-3.08 -> 2.85, bfloat16 2.11 -> 2.03, long
+ * float32 3.46 -> 3.18, base float32 0.202 -> 0.199, parakeet unchanged; 4 stages: long 3.19. The
+ * trail kernel keeps the register batches (its ring lost ragged 4 %, 0.41 -> 0.425), and so does
+ * the per-node pass (normalize.cu: its ring lost 4-14 %, large's forward 0.97 -> 1.11 ms). The row
+ * loop is a few instructions an element and the blank and label elements are patched after it (no
+ * per-vector test, no inlined special path), so unroll 4 is now about 110 (float32) to 340
+ * (bfloat16) PTX instructions a batch; the earlier loop's unrolled special path is what stalled
+ * bfloat16 at unroll 4 on instruction fetch (see benchmark/NOTES.md). Registers (sm_90, no
+ * spills): 80 for float32 and the 16-bit types (3 blocks, 24 warps an SM; 4 blocks would spill in
+ * the node's coefficients), 106-126 for float64. */
 template <int DT> struct grad_tuning {
-    enum { UNROLL = 4, MIN_BLOCKS = DT == TDT_DTYPE_FLOAT64 ? 2 : 3 };
+    enum { UNROLL = 4, MIN_BLOCKS = DT == TDT_DTYPE_FLOAT64 ? 2 : 3, STAGES = 3 };
 };
+
+/* Dynamic shared memory of grad_kernel and grad_ordered_kernel, `threads` threads a block:
+ * each thread's ring of STAGES batches of UNROLL 16-byte vectors (grad_row_vec; 48 KB for
+ * grad_kernel's 256 threads, 144 KB for grad_ordered_kernel's 768). */
+template <int DT> static inline size_t grad_stage_bytes(int threads) {
+    return tdt_stage_bytes<grad_tuning<DT>::UNROLL, grad_tuning<DT>::STAGES>(threads);
+}
 
 /* The lane of a G-lane group that writes element v of a row split as the loops below split it:
  * elements [0, head) and [tail, V) one a lane in turn (head first), the vectors between them
@@ -113,32 +126,51 @@ __device__ __forceinline__ typename tdt_elem<DT>::T grad_elem(const row_coef<X> 
 
 /* The row in 16-byte vectors, z and gz with the same alignment modulo 16: the split of
  * row_owner with head and tail from z. Every element is loaded before the same lane stores
- * its gradient (in place safe). */
-template <int DT, int G, typename X>
+ * its gradient (in place safe: with STAGED, a batch's stores come after its copies completed,
+ * and the copies in flight beside them are of later batches' elements). STAGED (grad_kernel,
+ * grad_ordered_kernel): whole batches through the thread's cp.async ring (tdt_staged_batches),
+ * so its dynamic shared memory is grad_stage_bytes; else each batch in registers. */
+template <int DT, int G, bool STAGED, typename X>
 __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, typename tdt_elem<DT>::T *gz,
                                              int64_t V, int lane, const row_coef<X> &c) {
     typedef typename tdt_elem<DT>::T T;
     const int VEC = tdt_elem<DT>::VEC;
-    const int U = grad_tuning<DT>::UNROLL;
+    const int U = grad_tuning<DT>::UNROLL, S = STAGED ? grad_tuning<DT>::STAGES : 0;
     const int64_t head = tdt_row_head<T>(z, V);
     const int64_t nvec = (V - head) / VEC;
     const int64_t tail = head + nvec * VEC;
     const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0; /* vectors of this lane */
     const T *p = z + head + (int64_t)lane * VEC;
     T *q = gz + head + (int64_t)lane * VEC;
-    for (int64_t m = mine / U; m > 0; --m) {
-        tdt_vec<DT> buf[U];
+    if constexpr (S > 0) {
+        const int64_t nb = mine / U, step = (int64_t)U * G * VEC;
+        tdt_staged_batches<U, S>(p, nb, step, (int64_t)G * VEC, [&](const uint4 *raw) {
 #pragma unroll
-        for (int j = 0; j < U; ++j) buf[j] = tdt_vec<DT>::load(p + j * G * VEC);
+            for (int j = 0; j < U; ++j) {
+                tdt_vec<DT> in, o;
+                memcpy(in.v, raw + j, 16);
 #pragma unroll
-        for (int j = 0; j < U; ++j) {
-            tdt_vec<DT> o;
+                for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, in.v[e]);
+                o.store(q + j * G * VEC);
+            }
+            q += step;
+        });
+        p += nb * step;
+    } else {
+        for (int64_t m = mine / U; m > 0; --m) {
+            tdt_vec<DT> buf[U];
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, buf[j].v[e]);
-            o.store(q + j * G * VEC);
+            for (int j = 0; j < U; ++j) buf[j] = tdt_vec<DT>::load(p + j * G * VEC);
+#pragma unroll
+            for (int j = 0; j < U; ++j) {
+                tdt_vec<DT> o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, buf[j].v[e]);
+                o.store(q + j * G * VEC);
+            }
+            p += U * G * VEC;
+            q += U * G * VEC;
         }
-        p += U * G * VEC;
-        q += U * G * VEC;
     }
     for (int64_t m = mine % U; m > 0; --m) {
         const tdt_vec<DT> in = tdt_vec<DT>::load(p);
@@ -439,7 +471,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
             c.occ = (Acc)(ng.tok_occ * fix);
             c.cl = cl;
             c.scale = (Acc)gb;
-            if (same16) grad_row_vec<DT, G>(z, gz, V, lane, c);
+            if (same16) grad_row_vec<DT, G, MODE != GS_TRAIL>(z, gz, V, lane, c);
             else grad_row_scalar<DT, G>(z, gz, V, lane, c);
         } else {
             row_coef<XN> c; /* the previous formula: exp(z - lse) in the accumulate precision */
@@ -637,7 +669,10 @@ cudaError_t grad_launch_g(const tdt_gpu_args_t &a, int num_sms, cudaStream_t str
     const int64_t cap = (int64_t)num_sms * 32;
     if (blocks > cap) blocks = cap;
     if (blocks < 1) blocks = 1;
-    grad_kernel<DT, G, KD><<<(unsigned)blocks, kThreads, 0, stream>>>(a);
+    const size_t smem = grad_stage_bytes<DT>(kThreads);
+    const cudaError_t e = tdt_allow_smem(grad_kernel<DT, G, KD>, smem);
+    if (e != cudaSuccess) return e;
+    grad_kernel<DT, G, KD><<<(unsigned)blocks, kThreads, smem, stream>>>(a);
     return cudaGetLastError();
 }
 
@@ -654,11 +689,15 @@ cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStrea
     cudaLaunchAttribute attr = tdt_pdl_attr();
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    cudaError_t e;
-    if constexpr (SCHED == GS_TRAIL) /* only this TU's kernels instantiated */
-        e = cudaLaunchKernelEx(&cfg, grad_trail_kernel<DT, G, KD>, a);
-    else
-        e = cudaLaunchKernelEx(&cfg, grad_ordered_kernel<DT, G, KD, SCHED == GS_FUSED>, a);
+    void (*kernel)(const tdt_gpu_args_t);
+    if constexpr (SCHED == GS_TRAIL) { /* only this TU's kernels instantiated */
+        kernel = grad_trail_kernel<DT, G, KD>;
+    } else {
+        kernel = grad_ordered_kernel<DT, G, KD, SCHED == GS_FUSED>;
+        cfg.dynamicSmemBytes = grad_stage_bytes<DT>(threads);
+    }
+    cudaError_t e = tdt_allow_smem(kernel, cfg.dynamicSmemBytes);
+    if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, kernel, a);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 

@@ -424,16 +424,6 @@ const int kClusterCols = 26;
 
 enum { F_X = 0, F_BLANK = 1, F_LABEL = 2, F_DUR = 3 }; /* fields of a staged diagonal */
 
-__device__ __forceinline__ void cp_async8(double *dst, const double *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 /* The overlapped schedules' forward: the sweep, the normaliser's programmatic dependent, ends
  * only once the normaliser has ended and its memory is visible, so whatever the stream runs
