@@ -16,7 +16,8 @@
  * synchronisation, no stream or event creation, so the whole call can be captured in a CUDA
  * graph. The only state touched is the calling thread's current device, switched to the
  * device owning the workspace (so pointers of any GPU work) and restored before returning, on
- * every path.
+ * every path, and the library's own kernels' attributes (how much dynamic shared memory, what
+ * cluster size they may take: tdt_allow_smem, tdt_allow_cluster), which only its launches read.
  *
  * Errors: every CUDA call and every launch is checked; a failure returns
  * TDT_STATUS_CUDA_ERROR with CUDA's own name and message in tdt_last_error().
