@@ -758,6 +758,10 @@ std::vector<Config> configs() {
     v.push_back({"SeparateTensors", sep});
     Spec ips = sep; ips.grads = Grads::InPlace; ips.seed = 16;
     v.push_back({"InPlaceSeparateTensors", ips});
+    Spec ipw = w; ipw.grads = Grads::InPlace; ipw.seed = 19;
+    v.push_back({"InPlaceWideRows", ipw});  // in place through the gradient pass's shared-memory ring
+    Spec one = s; one.V = 120; one.seed = 20;
+    v.push_back({"RowsOfFewBatches", one});  // 0-3 batches a lane: fewer than the ring holds
     Spec bm = s; bm.blank = 6; bm.seed = 17;
     v.push_back({"BlankInTheMiddle", bm});
     return v;

@@ -8,9 +8,10 @@ import warp_tdt
 from helpers import lib_tdt, ref_tdt
 
 
+@pytest.mark.parametrize("V", [5, 300])  # 300: rows of several batches a lane on the GPU
 @pytest.mark.parametrize("layout", ["separate", "joint"])
-def test_in_place_gradient_overwrites_the_logits(device, layout):
-    case = R.random_case(B=3, T=6, U=3, V=5, seed=31, dtype=torch.float64)
+def test_in_place_gradient_overwrites_the_logits(device, layout, V):
+    case = R.random_case(B=3, T=6, U=3, V=V, seed=31, dtype=torch.float64)
     _, rgt, rgd = ref_tdt(case, "mean_batch")
     V = case["token_logits"].shape[-1]
     args = (case["targets"], case["logit_lengths"], case["target_lengths"],
