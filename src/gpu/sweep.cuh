@@ -424,7 +424,6 @@ const int kClusterCols = 26;
 
 enum { F_X = 0, F_BLANK = 1, F_LABEL = 2, F_DUR = 3 }; /* fields of a staged diagonal */
 
-
 /* The overlapped schedules' forward: the sweep, the normaliser's programmatic dependent, ends
  * only once the normaliser has ended and its memory is visible, so whatever the stream runs
  * next (the gradient pass) sees both kernels done. Every block, at its end. */
