@@ -76,11 +76,24 @@ template <int DT> struct grad_tuning {
     enum { UNROLL = 4, MIN_BLOCKS = DT == TDT_DTYPE_FLOAT64 ? 2 : 3, STAGES = 3 };
 };
 
-/* Dynamic shared memory of grad_kernel and grad_ordered_kernel, `threads` threads a block:
- * each thread's ring of STAGES batches of UNROLL 16-byte vectors (grad_row_vec; 48 KB for
- * grad_kernel's 256 threads, 144 KB for grad_ordered_kernel's 768). */
-template <int DT> static inline size_t grad_stage_bytes(int threads) {
-    return tdt_stage_bytes<grad_tuning<DT>::UNROLL, grad_tuning<DT>::STAGES>(threads);
+/* What a gradient node inside its lattice waits for before it reads the sweeps' values (and
+ * the sample's state and log-likelihood, which the alpha sweep writes):
+ * GS_PLAIN nothing, the forward has ended (or, given `wait`, the split schedule's beta count);
+ * GS_FUSED (the fused schedule) alpha past its diagonal d, beta past d + 1, then its sample's
+ * cut, whose log-likelihood (ll_cut) it takes;
+ * GS_TRAIL (the trail schedule) both sweeps of its sample ended (their final counts). */
+enum grad_sched { GS_PLAIN = 0, GS_FUSED = 1, GS_TRAIL = 2 };
+
+/* Whether the gradient kernel of schedule MODE reads its rows through the shared-memory ring
+ * (grad_row_vec): all but the trail's (grad_tuning), and its launch's dynamic shared memory,
+ * `threads` threads a block: each thread's ring of STAGES batches of UNROLL 16-byte vectors
+ * (48 KB for grad_kernel's 256 threads, 144 KB for grad_ordered_kernel's 768), else none. */
+template <int MODE> struct grad_staged {
+    enum { ON = MODE != GS_TRAIL };
+};
+template <int DT, int MODE> static inline size_t grad_stage_bytes(int threads) {
+    return grad_staged<MODE>::ON ? tdt_stage_bytes<grad_tuning<DT>::UNROLL, grad_tuning<DT>::STAGES>(threads)
+                                 : 0;
 }
 
 /* The lane of a G-lane group that writes element v of a row split as the loops below split it:
@@ -128,8 +141,8 @@ __device__ __forceinline__ typename tdt_elem<DT>::T grad_elem(const row_coef<X> 
  * row_owner with head and tail from z. Every element is loaded before the same lane stores
  * its gradient (in place safe: with STAGED, a batch's stores come after its copies completed,
  * and the copies in flight beside them are of later batches' elements). STAGED (grad_kernel,
- * grad_ordered_kernel): whole batches through the thread's cp.async ring (tdt_staged_batches),
- * so its dynamic shared memory is grad_stage_bytes; else each batch in registers. */
+ * grad_ordered_kernel: grad_staged): whole batches through the thread's cp.async ring
+ * (tdt_staged_batches), its dynamic shared memory grad_stage_bytes; else each batch in registers. */
 template <int DT, int G, bool STAGED, typename X>
 __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, typename tdt_elem<DT>::T *gz,
                                              int64_t V, int lane, const row_coef<X> &c) {
@@ -142,16 +155,20 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
     const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0; /* vectors of this lane */
     const T *p = z + head + (int64_t)lane * VEC;
     T *q = gz + head + (int64_t)lane * VEC;
+    const auto put = [&](const tdt_vec<DT> &in, T *dst) { /* one vector's gradient */
+        tdt_vec<DT> o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, in.v[e]);
+        o.store(dst);
+    };
     if constexpr (S > 0) {
         const int64_t nb = mine / U, step = (int64_t)U * G * VEC;
         tdt_staged_batches<U, S>(p, nb, step, (int64_t)G * VEC, [&](const uint4 *raw) {
 #pragma unroll
             for (int j = 0; j < U; ++j) {
-                tdt_vec<DT> in, o;
+                tdt_vec<DT> in;
                 memcpy(in.v, raw + j, 16);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, in.v[e]);
-                o.store(q + j * G * VEC);
+                put(in, q + j * G * VEC);
             }
             q += step;
         });
@@ -162,22 +179,13 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
 #pragma unroll
             for (int j = 0; j < U; ++j) buf[j] = tdt_vec<DT>::load(p + j * G * VEC);
 #pragma unroll
-            for (int j = 0; j < U; ++j) {
-                tdt_vec<DT> o;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, buf[j].v[e]);
-                o.store(q + j * G * VEC);
-            }
+            for (int j = 0; j < U; ++j) put(buf[j], q + j * G * VEC);
             p += U * G * VEC;
             q += U * G * VEC;
         }
     }
     for (int64_t m = mine % U; m > 0; --m) {
-        const tdt_vec<DT> in = tdt_vec<DT>::load(p);
-        tdt_vec<DT> o;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) o.v[e] = grad_elem<DT>(c, in.v[e]);
-        o.store(q);
+        put(tdt_vec<DT>::load(p), q);
         p += G * VEC;
         q += G * VEC;
     }
@@ -342,14 +350,6 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
     __syncwarp();
 }
 
-/* What a gradient node inside its lattice waits for before it reads the sweeps' values (and
- * the sample's state and log-likelihood, which the alpha sweep writes):
- * GS_PLAIN nothing, the forward has ended (or, given `wait`, the split schedule's beta count);
- * GS_FUSED (the fused schedule) alpha past its diagonal d, beta past d + 1, then its sample's
- * cut, whose log-likelihood (ll_cut) it takes;
- * GS_TRAIL (the trail schedule) both sweeps of its sample ended (their final counts). */
-enum grad_sched { GS_PLAIN = 0, GS_FUSED = 1, GS_TRAIL = 2 };
-
 /* Zeros over node (b, t, u)'s gradient rows: outside the lattices, or no gradient there. */
 template <int DT, int G>
 __device__ __forceinline__ void zero_node(const tdt_gpu_args_t &a, int64_t b, int64_t t, int64_t u, int lane) {
@@ -471,7 +471,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
             c.occ = (Acc)(ng.tok_occ * fix);
             c.cl = cl;
             c.scale = (Acc)gb;
-            if (same16) grad_row_vec<DT, G, MODE != GS_TRAIL>(z, gz, V, lane, c);
+            if (same16) grad_row_vec<DT, G, grad_staged<MODE>::ON>(z, gz, V, lane, c);
             else grad_row_scalar<DT, G>(z, gz, V, lane, c);
         } else {
             row_coef<XN> c; /* the previous formula: exp(z - lse) in the accumulate precision */
@@ -669,7 +669,7 @@ cudaError_t grad_launch_g(const tdt_gpu_args_t &a, int num_sms, cudaStream_t str
     const int64_t cap = (int64_t)num_sms * 32;
     if (blocks > cap) blocks = cap;
     if (blocks < 1) blocks = 1;
-    const size_t smem = grad_stage_bytes<DT>(kThreads);
+    const size_t smem = grad_stage_bytes<DT, GS_PLAIN>(kThreads);
     const cudaError_t e = tdt_allow_smem(grad_kernel<DT, G, KD>, smem);
     if (e != cudaSuccess) return e;
     grad_kernel<DT, G, KD><<<(unsigned)blocks, kThreads, smem, stream>>>(a);
@@ -689,13 +689,12 @@ cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStrea
     cudaLaunchAttribute attr = tdt_pdl_attr();
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
+    cfg.dynamicSmemBytes = grad_stage_bytes<DT, SCHED>(threads);
     void (*kernel)(const tdt_gpu_args_t);
-    if constexpr (SCHED == GS_TRAIL) { /* only this TU's kernels instantiated */
+    if constexpr (SCHED == GS_TRAIL) /* only this TU's kernels instantiated */
         kernel = grad_trail_kernel<DT, G, KD>;
-    } else {
+    else
         kernel = grad_ordered_kernel<DT, G, KD, SCHED == GS_FUSED>;
-        cfg.dynamicSmemBytes = grad_stage_bytes<DT>(threads);
-    }
     cudaError_t e = tdt_allow_smem(kernel, cfg.dynamicSmemBytes);
     if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, kernel, a);
     return e != cudaSuccess ? e : cudaGetLastError();

@@ -13,7 +13,6 @@ from helpers import lib_tdt, ref_tdt
 def test_in_place_gradient_overwrites_the_logits(device, layout, V):
     case = R.random_case(B=3, T=6, U=3, V=V, seed=31, dtype=torch.float64)
     _, rgt, rgd = ref_tdt(case, "mean_batch")
-    V = case["token_logits"].shape[-1]
     args = (case["targets"], case["logit_lengths"], case["target_lengths"],
             case["blank_token_id"], case["durations"])
     # the logits come out of an op whose backward does not need its output (an add)
