@@ -239,19 +239,24 @@ TEST(LatticeCut, EveryCutGivesTheLogLikelihood) {
 }
 
 // tdt_exp_le0 (the sweeps' exp: the CPU's vectorised chunks, the GPU's staged sweeps) against
-// the C library's exp over [-746, 0]: within 2 ulp where e^x is normal, within 2^-1074 of it in
-// the subnormal range, and exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN).
+// the C library's exp over [-746, 0]: within 2 ulp from -708 up (where e^x is normal), exactly 0
+// below (e^x < 2^-1021: every sum it feeds holds a 1, whose rounding dwarfs such terms), and
+// exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN). And the flush changes no log-sum-exp:
+// 1 plus terms straddling -708, against the same sum with the library's exp.
 TEST(LatticeExp, Le0WithinTwoUlpOfLibm) {
     std::mt19937_64 rng(11);
-    std::uniform_real_distribution<double> wide(-746.0, 0.0), narrow(-1.0, 0.0);
+    std::uniform_real_distribution<double> wide(-746.0, 0.0), narrow(-1.0, 0.0), edge(-712.0, -704.0);
     double worst_ulp = 0.0, worst_x = 0.0;
+    int flushed = 0;
     for (int i = 0; i < 2000000; ++i) {
-        const double x = i % 2 ? wide(rng) : narrow(rng);
+        const double x = i % 3 == 0 ? wide(rng) : i % 3 == 1 ? narrow(rng) : edge(rng);
         const double want = std::exp(x), got = tdt_exp_le0(x);
-        if (want < 2.2250738585072014e-308) {  // subnormal or 0: an absolute bound
-            ASSERT_LE(std::fabs(got - want), 4.9406564584124654e-324) << "x " << x;
+        if (x < -708.0) {
+            ASSERT_EQ(got, 0.0) << "x " << x;
+            ++flushed;
             continue;
         }
+        ASSERT_GE(want, 2.2250738585072014e-308) << "x " << x << ": e^x should be normal here";
         const double ulp = std::nextafter(want, INFINITY) - want;
         const double e = std::fabs(got - want) / ulp;
         if (e > worst_ulp) {
@@ -260,10 +265,22 @@ TEST(LatticeExp, Le0WithinTwoUlpOfLibm) {
         }
     }
     EXPECT_LE(worst_ulp, 2.0) << "worst at x = " << worst_x;
+    EXPECT_GT(flushed, 100000);
     EXPECT_EQ(tdt_exp_le0(0.0), 1.0);
+    EXPECT_NEAR(tdt_exp_le0(-708.0), std::exp(-708.0), 2.0 * 4.9406564584124654e-324)
+        << "the last value kept: within 2 ulp of e^-708, whose ulp is 2^-1074";
     EXPECT_EQ(tdt_exp_le0(-TDT_INF), 0.0);
     EXPECT_EQ(tdt_exp_le0(-800.0), 0.0);
     EXPECT_TRUE(std::isnan(tdt_exp_le0(NAN)));
+    for (int i = 0; i < 100000; ++i) {
+        double ours = 1.0, lib = 1.0;
+        for (int k = 0; k < 9; ++k) {
+            const double x = k % 2 ? edge(rng) : narrow(rng) * 40.0;
+            ours += tdt_exp_le0(x);
+            lib += std::exp(x);
+        }
+        ASSERT_NEAR(ours, lib, 8.0 * 2.220446049250313e-16 * lib) << "sample " << i;
+    }
 }
 
 }  // namespace

@@ -278,11 +278,16 @@ TDT_HD double tdt_pow2i(int k) {
  * arcs and present ones runs one path (a GPU sweep's exp_le0): x = -inf gives exactly 0, NaN
  * gives NaN. Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the Taylor polynomial of
  * degree 13 (TDT_EXP_TAYLOR; truncation error below 5e-18 relative, so the result is within
- * about 2 ulp of e^x), and 2^n applied as two factors 2^n1 2^n2 so that results down to the
- * subnormal range come out right. The host spells two steps its own way, for the vectoriser:
- * the clamp as a select (fmax's value; GCC calls fmax), and FMAs only where the CPU has them
- * (a compiler targeting x86-64 without FMA would call a software fma; a multiply and an add
- * keep the result within the same few ulp). */
+ * about 2 ulp of e^x), and 2^n applied as one factor. Below -708 it gives 0: e^x is then under
+ * 2^-1021, and every sum this exp feeds holds its max term's e^0 = 1, whose own rounding
+ * (2^-53) is 2^968 times larger than what the flushed terms add up to (the sums come out the
+ * same but in a tie of that rounding); from -708 up, n >= -1021 keeps 2^n and the result
+ * normal, the same bits as before. (Until v19 of benchmark/NOTES.md it followed e^x into the
+ * subnormal range with two factors and a second clamp: about 7 more instructions an exp, of
+ * the ~45 of each in a GPU sweep's step.) The
+ * host spells two steps its own way, for the vectoriser: the clamp as a select, and FMAs only
+ * where the CPU has them (a compiler targeting x86-64 without FMA would call a software fma; a
+ * multiply and an add keep the result within the same few ulp). */
 #if defined(__CUDA_ARCH__) || defined(__FMA__)
 #define TDT_EXP_FMA(a, b, c) fma(a, b, c)
 #else
@@ -291,22 +296,19 @@ TDT_HD double tdt_pow2i(int k) {
 TDT_HD double tdt_exp_le0(double x) {
 #if defined(__CUDA_ARCH__)
 #define TDT_EXP_C(i) tdt_exp_taylor_c[i]
-    const double xc = fmax(x, -745.5); /* e^-745.5 rounds to 0; NaN becomes -745.5 here */
 #else
     const double c[14] = TDT_EXP_TAYLOR;
 #define TDT_EXP_C(i) c[i]
-    const double xc = x > -745.5 ? x : -745.5;
 #endif
+    const double xc = x > -708.0 ? x : -708.0; /* NaN too: kept below */
     const double n = rint(xc * 1.4426950408889634);
     double r = TDT_EXP_FMA(n, -6.93147180369123816490e-01, xc); /* ln2 high part: n * it is exact */
     r = TDT_EXP_FMA(n, -1.90821492927058770002e-10, r);         /* ln2 low part */
     double p = TDT_EXP_C(0);
     TDT_UNROLL for (int i = 1; i < 14; ++i) p = TDT_EXP_FMA(p, r, TDT_EXP_C(i));
 #undef TDT_EXP_C
-    const int ni = (int)n, n1 = ni >> 1, n2 = ni - n1; /* both in [-538, 0]: normal powers */
-    const double s1 = tdt_pow2i(n1), s2 = tdt_pow2i(n2);
-    const double e = (p * s1) * s2;
-    return x != x ? x : (x < -745.5 ? 0.0 : e);
+    const double e = p * tdt_pow2i((int)n); /* n in [-1021, 0] */
+    return x != x ? x : (x < -708.0 ? 0.0 : e);
 }
 #undef TDT_EXP_FMA
 
