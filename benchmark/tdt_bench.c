@@ -305,7 +305,8 @@ static double device_copy_gbs(void) {
 int tdt_debug_timeline(unsigned long long *out);
 static void timeline_row(const tdt_problem_t *v, const tdt_options_t *o, void *costs,
                          const tdt_gradients_t *g, void *ws, size_t ws_bytes) {
-    static const char *const names[] = {"norm", "sweep", "grad", "cut", "node"};
+    /* gpu_common.cuh's TDT_TL_*: alpha and beta are the one-block staged sweep's own jobs */
+    static const char *const names[] = {"norm", "sweep", "grad", "cut", "node", "alpha", "beta"};
     unsigned long long tl[16];
     if (tdt_debug_timeline(tl) < 0) return; /* reset */
     if (compute_tdt_loss(v, o, costs, g, ws, ws_bytes) != TDT_STATUS_SUCCESS) return;
@@ -314,7 +315,7 @@ static void timeline_row(const tdt_problem_t *v, const tdt_options_t *o, void *c
     for (int i = 0; i < 10; i += 2)
         if (tl[i] < t0) t0 = tl[i];
     printf("    timeline us:");
-    for (int i = 0; i < 10; i += 2) {
+    for (int i = 0; i < 2 * (int)(sizeof names / sizeof *names); i += 2) {
         if (tl[i] == ~0ull) continue;
         printf(" %s %.1f", names[i / 2], (tl[i] - t0) * 1e-3);
         if (tl[i + 1]) printf("-%.1f", (tl[i + 1] - t0) * 1e-3);

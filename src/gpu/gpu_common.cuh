@@ -105,6 +105,8 @@ enum {
     TDT_TL_GRAD = 4,  /* 4 start, 5 end of its work: the gradient pass (either kernel) */
     TDT_TL_CUT = 6,   /* 6 the first cut chunk past its waits, 7 the last cut merged */
     TDT_TL_NODE = 8,  /* 8 the first fused node past its waits */
+    TDT_TL_ALPHA = 10, /* 10 start, 11 end: the one-block staged sweep's alpha jobs */
+    TDT_TL_BETA = 12,  /* 12 start, 13 end: its beta jobs */
     TDT_TL_N = 16
 };
 #ifdef TDT_TIMELINE

@@ -795,9 +795,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
         /* the trail schedule's sweeps publish their final counts only (tdt_sweep_jobs) */
         int32_t *const progress = a.trail ? NULL : is_beta ? a.bwd_progress : a.fus_alpha;
         g.progress = progress ? progress + b : NULL;
+        if (tid == 0) tdt_tl_start(a.tl, is_beta ? TDT_TL_BETA : TDT_TL_ALPHA);
         if (!is_beta) {
             staged_alpha<KD, SPL, G, false>(a, L, g, sl, ring, glob, NULL);
             if (tid == 0) tdt_sweep_finish(a, b, L, A, glob);
+            if (tid == 0) tdt_tl_end(a.tl, TDT_TL_ALPHA + 1);
         } else {
             /* the split backward's and the fused schedule's: their own copies, so the release
              * stores (whose memory clobbers constrain the compiler) stay out of the forward's
@@ -808,6 +810,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
                 staged_sweep<true, KD, SPL, G, false, 1>(L, g, sl, ring, glob, NULL);
             else
                 staged_sweep<true, KD, SPL, G, false>(L, g, sl, ring, glob, NULL);
+            if (tid == 0) tdt_tl_end(a.tl, TDT_TL_BETA + 1);
         }
     });
     overlap_end(a);
