@@ -241,8 +241,8 @@ TEST(LatticeCut, EveryCutGivesTheLogLikelihood) {
 // tdt_exp_le0 (the sweeps' exp: the CPU's vectorised chunks, the GPU's staged sweeps) against
 // the C library's exp over [-746, 0]: within 2 ulp from -708 up (where e^x is normal), exactly 0
 // below (e^x < 2^-1021: every sum it feeds holds a 1, whose rounding dwarfs such terms), and
-// exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN). And the flush changes no log-sum-exp:
-// 1 plus terms straddling -708, against the same sum with the library's exp.
+// exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN). And sums as the sweeps form them (a 1, the
+// max term's, plus terms in [-40, 0] and around -708) agree with the library's to a few ulp.
 TEST(LatticeExp, Le0WithinTwoUlpOfLibm) {
     std::mt19937_64 rng(11);
     std::uniform_real_distribution<double> wide(-746.0, 0.0), narrow(-1.0, 0.0), edge(-712.0, -704.0);

@@ -284,10 +284,10 @@ TDT_HD double tdt_pow2i(int k) {
  * same but in a tie of that rounding); from -708 up, n >= -1021 keeps 2^n and the result
  * normal, the same bits as before. (Until v19 of benchmark/NOTES.md it followed e^x into the
  * subnormal range with two factors and a second clamp: about 7 more instructions an exp, of
- * the ~45 of each in a GPU sweep's step.) The
- * host spells two steps its own way, for the vectoriser: the clamp as a select, and FMAs only
- * where the CPU has them (a compiler targeting x86-64 without FMA would call a software fma; a
- * multiply and an add keep the result within the same few ulp). */
+ * the ~45 of each in a GPU sweep's step.) The host spells two steps its own way, for the
+ * vectoriser: the clamp as a select, and FMAs only where the CPU has them (a compiler
+ * targeting x86-64 without FMA would call a software fma; a multiply and an add keep the
+ * result within the same few ulp). */
 #if defined(__CUDA_ARCH__) || defined(__FMA__)
 #define TDT_EXP_FMA(a, b, c) fma(a, b, c)
 #else
