@@ -212,6 +212,13 @@ def regressions():
     r["duration_posinf_finite_cost"] = encode(tdt=True, nonfinite=True, B=1, T=3, U=1, V=3,
                                               durations=(1, 2), lengths=[(3, 1)], labels=[[1]],
                                               tok=tok, dur=dur, scale=0.5, dtype="f64")
+    # 4. a row of logits all -inf (here V = 1) under a clang build, whose `omp simd
+    #    reduction(max)` starts from -FLT_MAX: the row's max comes out finite, every element's
+    #    z - max is -inf, and a row-sum exp that gave e^-87 there (not 0) made the row's lse
+    #    finite and the cost +inf instead of NaN (src/cpu/cpu.c, cpu_expf_sum).
+    r["row_all_neg_inf_max_identity"] = encode(tdt=False, neginf=True, B=1, T=2, U=0, V=1,
+                                               blank=0, lengths=[(2, 0)], tok=[0.0, "-inf"],
+                                               scale=0.5, dtype="f32")
     return r
 
 

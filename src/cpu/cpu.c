@@ -68,11 +68,15 @@ static inline float cpu_expf(float x) {
 }
 
 /* exp(x) for a row's log-sum-exp, x = z - max <= 0 and never NaN (row_lse finds NaN and +inf
- * first): below -87 it gives e^-87 ~ 1.6e-38 instead of 0, which a sum holding the max
- * element's 1 cannot tell apart (a row of 10^5 such elements adds 1.6e-33, its ulp is 1.2e-7),
- * and it needs neither the upper clamp nor the two selects: 0.36 -> 0.28 ns an element in a
- * bfloat16 row's sum on this VM's CPU (benchmark/NOTES.md, v19). */
-static inline float cpu_expf_sum(float x) { return cpu_expf_core(x > -87.0f ? x : -87.0f); }
+ * first): cpu_expf's values for every such x, without its upper clamp and its NaN select. It
+ * keeps the 0 below -87: a row of -inf must sum to 0 also where the compiler's max reduction
+ * starts from -FLT_MAX rather than -inf (clang's does), so that its max is finite and x is
+ * -inf - (-FLT_MAX) (fuzz/regressions/row_all_neg_inf_max_identity.bin). 0.337 -> 0.242 ns an
+ * element in a bfloat16 row's sum on this VM's CPU (benchmark/NOTES.md, v19). */
+static inline float cpu_expf_sum(float x) {
+    const float y = cpu_expf_core(x > -87.0f ? x : -87.0f);
+    return x < -87.0f ? 0.0f : y;
+}
 
 /* ---- row kernels per dtype ------------------------------------------------------------------ */
 
