@@ -212,6 +212,12 @@ def regressions():
     r["duration_posinf_finite_cost"] = encode(tdt=True, nonfinite=True, B=1, T=3, U=1, V=3,
                                               durations=(1, 2), lengths=[(3, 1)], labels=[[1]],
                                               tok=tok, dur=dur, scale=0.5, dtype="f64")
+    # 3c. a TDT duration of INT_MAX (durations 2147483647, 2, 0; logits from the fuzzer's PRNG):
+    #    the int sum dt + du overflowed in lattice.h's tdt_sweep_geo_diag (UBSan; fixed in
+    #    176833a by adding in 64 bits)
+    r["duration_int_max_span_overflow"] = encode(tdt=True, B=1, T=4, U=2, V=4, blank=0,
+                                                 durations=(2147483647, 2, 0), scale=2.0,
+                                                 dtype="f64")
     # 4. a row of logits all -inf (here V = 1) under a clang build, whose `omp simd
     #    reduction(max)` starts from -FLT_MAX: the row's max comes out finite, every element's
     #    z - max is -inf, and a row-sum exp that gave e^-87 there (not 0) made the row's lse
