@@ -283,11 +283,11 @@ TDT_HD double tdt_pow2i(int k) {
  * (2^-53) is 2^968 times larger than what the flushed terms add up to (the sums come out the
  * same but in a tie of that rounding); from -708 up, n >= -1021 keeps 2^n and the result
  * normal, the same bits as before. (Until v19 of benchmark/NOTES.md it followed e^x into the
- * subnormal range with two factors and a second clamp: about 7 more instructions an exp, of
- * the ~45 of each in a GPU sweep's step.) The host spells two steps its own way, for the
- * vectoriser: the clamp as a select, and FMAs only where the CPU has them (a compiler
- * targeting x86-64 without FMA would call a software fma; a multiply and an add keep the
- * result within the same few ulp). */
+ * subnormal range with two factors and a second clamp: 15 more instructions a warp a step in
+ * the GPU's staged sweep, whose lanes take three exps each.) The clamp is a select on both
+ * backends (the vectoriser's form); the host spells its FMAs its own way, as FMAs only where
+ * the CPU has them (a compiler targeting x86-64 without FMA would call a software fma; a
+ * multiply and an add keep the result within the same few ulp). */
 #if defined(__CUDA_ARCH__) || defined(__FMA__)
 #define TDT_EXP_FMA(a, b, c) fma(a, b, c)
 #else
