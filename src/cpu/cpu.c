@@ -30,51 +30,45 @@
 
 /* ---- a vectorisable float exp --------------------------------------------------------------- */
 
-/* exp(xc) for -87 <= xc <= 88, within 2 ulp: Cody-Waite range reduction xc = n ln2 + r,
- * |r| <= ln2 / 2, Cephes' degree-6 polynomial for exp(r), and 2^n from its exponent bits.
- * Branch-free, so the compiler vectorises the row loops that call it (through the two below). */
+/* exp(xc) for -87 <= xc <= 88, within 2 ulp (1.19e-7 relative, measured over every float in
+ * that range against libm's double exp): Cody-Waite range reduction xc = n ln2 + r, |r| <=
+ * ln2 / 2, Cephes' degree-6 polynomial for exp(r) in Estrin's order, and 2^n from its exponent
+ * bits. n is rint(xc log2 e) by the magic-number addition (1.5 * 2^23: the sum's low mantissa
+ * bits are n), so no float-to-int conversion and no floor: branch-free in plain SSE2 too, and a
+ * NaN xc only makes NaN (its bits are never converted). Estrin's order halves the polynomial's
+ * chain of dependent FMAs (Horner's six), which bounds the row loops on a core whose FP
+ * scheduler holds only a few iterations in flight (the Zen 3 of benchmark/NOTES.md, v20: a
+ * gradient row 0.60-0.63 -> 0.50-0.53 ns an element from L1). */
 static inline float cpu_expf_core(float xc) {
-    const float y0 = xc * 1.44269504088896341f + 0.5f;
-#if defined(__SSE4_1__) || !defined(__x86_64__)
-    const float n = floorf(y0);
-#else
-    /* x86-64 without SSE4.1 (a portable build) has no roundps: floorf would be a libm call an
-     * element, and the loop scalar. Truncation and a fix-up give floorf's value here (|y0| <
-     * 2^31) in SSE2 vectors: base f+b 242 -> 90 ms at one thread (benchmark/NOTES.md, v11). */
-    const int32_t i0 = (int32_t)y0;
-    const float n = (float)(i0 - (y0 < (float)i0));
-#endif
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    return p * tdt_bits_to_float((uint32_t)((int32_t)n + 127) << 23);
+    const float magic = 12582912.0f;
+    const float t = xc * 1.44269504088896341f + magic;
+    const float n = t - magic;
+    const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    const float r2 = r * r;
+    const float a = 5.0000001201e-1f + 1.6666665459e-1f * r;
+    const float b = 4.1665795894e-2f + 8.3334519073e-3f * r;
+    const float c = 1.3981999507e-3f + 1.9875691500e-4f * r;
+    const float p = (r + 1.0f) + r2 * (a + r2 * b + (r2 * r2) * c);
+    return p * tdt_bits_to_float((tdt_float_to_bits(t) - tdt_float_to_bits(magic) + 127u) << 23);
 }
 
-/* exp(x) for x <= 88, within 2 ulp; 0 below -87 (where exp underflows to the subnormal range),
- * NaN for NaN: the gradient rows, where a -inf logit must get exactly 0. Two compare-selects
- * the compiler maps onto max and min: NaN takes -87 here (so the integer conversion is always
- * defined) and comes back through the last line. */
+/* exp(x) for x <= 88 (88 beyond), within 2 ulp; 0 below -87 (where exp underflows to the
+ * subnormal range), NaN for NaN: the gradient rows, where a -inf logit must get exactly 0. The
+ * clamps are written so that a NaN x passes through them (and through the core) as NaN. */
 static inline float cpu_expf(float x) {
-    float xc = x > -87.0f ? x : -87.0f;
-    xc = xc < 88.0f ? xc : 88.0f;
+    float xc = x < -87.0f ? -87.0f : x;
+    xc = xc > 88.0f ? 88.0f : xc;
     const float y = cpu_expf_core(xc);
-    const float out = x < -87.0f ? 0.0f : y;
-    return x == x ? out : x;
+    return x < -87.0f ? 0.0f : y;
 }
 
 /* exp(x) for a row's log-sum-exp, x = z - max <= 0 and never NaN (row_lse finds NaN and +inf
- * first): cpu_expf's values for every such x, without its upper clamp and its NaN select. It
- * keeps the 0 below -87: a row of -inf must sum to 0 also where the compiler's max reduction
- * starts from -FLT_MAX rather than -inf (clang's does), so that its max is finite and x is
- * -inf - (-FLT_MAX) (fuzz/regressions/row_all_neg_inf_max_identity.bin). 0.337 -> 0.242 ns an
- * element in a bfloat16 row's sum on this VM's CPU (benchmark/NOTES.md, v19). */
+ * first): cpu_expf's values for every such x, without its upper clamp. It keeps the 0 below
+ * -87: a row of -inf must sum to 0 also where the compiler's max reduction starts from
+ * -FLT_MAX rather than -inf (clang's does), so that its max is finite and x is -inf - (-FLT_MAX)
+ * (fuzz/regressions/row_all_neg_inf_max_identity.bin). */
 static inline float cpu_expf_sum(float x) {
-    const float y = cpu_expf_core(x > -87.0f ? x : -87.0f);
+    const float y = cpu_expf_core(x < -87.0f ? -87.0f : x);
     return x < -87.0f ? 0.0f : y;
 }
 
