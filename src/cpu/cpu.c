@@ -34,8 +34,9 @@
  * that range against libm's double exp): Cody-Waite range reduction xc = n ln2 + r, |r| <=
  * ln2 / 2, Cephes' degree-6 polynomial for exp(r) in Estrin's order, and 2^n from its exponent
  * bits. n is rint(xc log2 e) by the magic-number addition (1.5 * 2^23: the sum's low mantissa
- * bits are n), so no float-to-int conversion and no floor: branch-free in plain SSE2 too, and a
- * NaN xc only makes NaN (its bits are never converted). Estrin's order halves the polynomial's
+ * bits are n), so no float-to-int conversion and no floor: branch-free in plain SSE2 too, and
+ * defined for any xc (the infinities and NaN included: its bits are never converted; outside
+ * [-87, 88] its value means nothing, and the callers replace it). Estrin's order halves the polynomial's
  * chain of dependent FMAs (Horner's six), which bounds the row loops on a core whose FP
  * scheduler holds only a few iterations in flight (the Zen 3 of benchmark/NOTES.md, v20: a
  * gradient row 0.60-0.63 -> 0.50-0.53 ns an element from L1). */
@@ -53,12 +54,15 @@ static inline float cpu_expf_core(float xc) {
 }
 
 /* exp(x) for x <= 88 (88 beyond), within 2 ulp; 0 below -87 (where exp underflows to the
- * subnormal range), NaN for NaN: the gradient rows, where a -inf logit must get exactly 0. The
- * clamps are written so that a NaN x passes through them (and through the core) as NaN. */
+ * subnormal range), NaN for NaN: the gradient rows, where a -inf logit must get exactly 0. No
+ * lower clamp: below -87 the core's value (garbage bits, never undefined behaviour: no float
+ * reaches an integer conversion) is replaced by the 0, and GCC if-converts a clamp to a constant
+ * into a select of the core's value at that constant, a compare and a blend a vector (a gradient
+ * row 0.51-0.63 -> 0.43-0.50 ns an element from L1, every value's bits unchanged over all floats
+ * in [-100, 100], the infinities and NaN; benchmark/NOTES.md, v20). A NaN x passes the upper
+ * clamp and the core as NaN. */
 static inline float cpu_expf(float x) {
-    float xc = x < -87.0f ? -87.0f : x;
-    xc = xc > 88.0f ? 88.0f : xc;
-    const float y = cpu_expf_core(xc);
+    const float y = cpu_expf_core(x > 88.0f ? 88.0f : x);
     return x < -87.0f ? 0.0f : y;
 }
 
@@ -68,7 +72,7 @@ static inline float cpu_expf(float x) {
  * -FLT_MAX rather than -inf (clang's does), so that its max is finite and x is -inf - (-FLT_MAX)
  * (fuzz/regressions/row_all_neg_inf_max_identity.bin). */
 static inline float cpu_expf_sum(float x) {
-    const float y = cpu_expf_core(x < -87.0f ? -87.0f : x);
+    const float y = cpu_expf_core(x);
     return x < -87.0f ? 0.0f : y;
 }
 
