@@ -66,8 +66,9 @@ static inline float cpu_expf(float x) {
     return x < -87.0f ? 0.0f : y;
 }
 
-/* exp(x) for a row's log-sum-exp, x = z - max <= 0 and never NaN (row_lse finds NaN and +inf
- * first): cpu_expf's values for every such x, without its upper clamp. It keeps the 0 below
+/* exp(x) for a row's log-sum-exp, x = z - max <= 0 (a row holding NaN or +inf, whose sum
+ * row_lse discards, gives anything): cpu_expf's values for every such x, without its upper
+ * clamp. It keeps the 0 below
  * -87: a row of -inf must sum to 0 also where the compiler's max reduction starts from
  * -FLT_MAX rather than -inf (clang's does), so that its max is finite and x is -inf - (-FLT_MAX)
  * (fuzz/regressions/row_all_neg_inf_max_identity.bin). */
@@ -78,10 +79,22 @@ static inline float cpu_expf_sum(float x) {
 
 /* ---- row kernels per dtype ------------------------------------------------------------------ */
 
+/* A row's scan: its max, and whether it holds NaN or +inf. */
+typedef struct row_scan {
+    float m;
+    int bad;
+} row_scan_t;
+
 /* For each element type E with conversion LOAD(e) -> float:
- *   row_lse_E: log sum_v exp(z_v) over a row, in float32; NaN if the row holds NaN or +inf. */
+ *   row_scan_E: a row's scan;
+ *   row_lse_E: log sum_v exp(z_v) over a row given its scan *sc, in float32; NaN if the row holds
+ *   NaN or +inf, -inf for a row of -inf. With zn (the next row), its scan goes to *sc from the
+ *   same loop, so the next row's loads from memory overlap this row's exps: alone, the scan of
+ *   a row fresh from memory stalled on them (benchmark/NOTES.md, v20). The sum of a bad row is
+ *   computed too (cpu_expf_sum's garbage for NaN and the infinities, defined) and discarded. */
 #define TDT_DEFINE_ROW_LSE(NAME, E, LOAD)                                               \
-    static double row_lse_##NAME(const E *z, int64_t V) {                              \
+    static row_scan_t row_scan_##NAME(const E *z, int64_t V) {                         \
+        row_scan_t r;                                                                    \
         float m = -INFINITY;                                                             \
         int bad = 0;                                                                     \
         _Pragma("omp simd reduction(max : m) reduction(| : bad)")                       \
@@ -90,11 +103,32 @@ static inline float cpu_expf_sum(float x) {
             m = x > m ? x : m;                                                           \
             bad |= (x != x) | (x == INFINITY);                                           \
         }                                                                                \
+        r.m = m;                                                                         \
+        r.bad = bad;                                                                     \
+        return r;                                                                        \
+    }                                                                                    \
+    static double row_lse_##NAME(const E *z, const E *zn, int64_t V, row_scan_t *sc) {  \
+        const float m = sc->m;                                                           \
+        const int bad = sc->bad;                                                         \
+        float s = 0.0f;                                                                  \
+        if (zn) {                                                                        \
+            float mn = -INFINITY;                                                        \
+            int badn = 0;                                                                \
+            _Pragma("omp simd reduction(+ : s) reduction(max : mn) reduction(| : badn)") \
+            for (int64_t v = 0; v < V; ++v) {                                            \
+                s += cpu_expf_sum(LOAD(z[v]) - m);                                       \
+                float x = LOAD(zn[v]);                                                   \
+                mn = x > mn ? x : mn;                                                    \
+                badn |= (x != x) | (x == INFINITY);                                      \
+            }                                                                            \
+            sc->m = mn;                                                                  \
+            sc->bad = badn;                                                              \
+        } else {                                                                         \
+            _Pragma("omp simd reduction(+ : s)")                                        \
+            for (int64_t v = 0; v < V; ++v) s += cpu_expf_sum(LOAD(z[v]) - m);           \
+        }                                                                                \
         if (bad) return NAN;                                                             \
         if (m == -INFINITY) return -INFINITY;                                            \
-        float s = 0.0f;                                                                  \
-        _Pragma("omp simd reduction(+ : s)")                                            \
-        for (int64_t v = 0; v < V; ++v) s += cpu_expf_sum(LOAD(z[v]) - m);               \
         return (double)m + log((double)s);                                               \
     }
 
@@ -217,12 +251,25 @@ static const void *elem_ptr(const void *base, int64_t i, tdt_dtype_t dtype) {
     return (const char *)base + i * (int64_t)dtype_size(dtype);
 }
 
-static double row_lse(const void *z, int64_t V, tdt_dtype_t dtype) {
+/* The scan of row z (float64 rows scan themselves in row_lse_f64: none here). */
+static row_scan_t row_scan(const void *z, int64_t V, tdt_dtype_t dtype) {
+    const row_scan_t none = {0.0f, 0};
+    switch (dtype) {
+    case TDT_DTYPE_FLOAT64: return none;
+    case TDT_DTYPE_FLOAT16: return row_scan_f16((const uint16_t *)z, V);
+    case TDT_DTYPE_BFLOAT16: return row_scan_bf16((const uint16_t *)z, V);
+    default: return row_scan_f32((const float *)z, V);
+    }
+}
+
+/* The log-sum-exp of row z given its scan *sc, and the scan of the next row zn (NULL: none)
+ * into *sc (row_lse_E). */
+static double row_lse(const void *z, const void *zn, int64_t V, tdt_dtype_t dtype, row_scan_t *sc) {
     switch (dtype) {
     case TDT_DTYPE_FLOAT64: return row_lse_f64((const double *)z, V);
-    case TDT_DTYPE_FLOAT16: return row_lse_f16((const uint16_t *)z, V);
-    case TDT_DTYPE_BFLOAT16: return row_lse_bf16((const uint16_t *)z, V);
-    default: return row_lse_f32((const float *)z, V);
+    case TDT_DTYPE_FLOAT16: return row_lse_f16((const uint16_t *)z, (const uint16_t *)zn, V, sc);
+    case TDT_DTYPE_BFLOAT16: return row_lse_bf16((const uint16_t *)z, (const uint16_t *)zn, V, sc);
+    default: return row_lse_f32((const float *)z, (const float *)zn, V, sc);
     }
 }
 
@@ -287,10 +334,17 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
             const int64_t T = p->frame_lengths[b], U = p->label_lengths[b];
             if (t >= T) continue;
             const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
+            row_scan_t sc = {0.0f, 0}; /* row u's, from row u - 1's pass */
             for (int64_t u = 0; u <= U; ++u) {
                 int64_t n = tdt_sample_offset(b, p->max_frames, row) + tdt_node_index(p->max_frames, row, t, u);
                 const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
-                double lse = logits ? row_lse(z, p->vocab_size, p->dtype) : 0.0;
+                double lse = 0.0;
+                if (logits) {
+                    if (u == 0) sc = row_scan(z, p->vocab_size, p->dtype);
+                    const void *zn = u < U ? elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u + 1), p->dtype)
+                                           : NULL;
+                    lse = row_lse(z, zn, p->vocab_size, p->dtype, &sc);
+                }
                 ws->lse[n] = lse;
                 ws->lp_blank[n] = load_one(z, c->o.blank, p->dtype) - lse - c->o.sigma;
                 ws->lp_label[n] = u < U ? load_one(z, y[u], p->dtype) - lse - c->o.sigma : -INFINITY;
