@@ -36,10 +36,10 @@
  * bits. n is rint(xc log2 e) by the magic-number addition (1.5 * 2^23: the sum's low mantissa
  * bits are n), so no float-to-int conversion and no floor: branch-free in plain SSE2 too, and
  * defined for any xc (the infinities and NaN included: its bits are never converted; outside
- * [-87, 88] its value means nothing, and the callers replace it). Estrin's order halves the polynomial's
- * chain of dependent FMAs (Horner's six), which bounds the row loops on a core whose FP
- * scheduler holds only a few iterations in flight (the Zen 3 of benchmark/NOTES.md, v20: a
- * gradient row 0.60-0.63 -> 0.50-0.53 ns an element from L1). */
+ * [-87, 88] its value means nothing, and the callers replace it). Estrin's order halves the
+ * polynomial's chain of dependent FMAs (Horner's six), which bounds the row loops on a core
+ * whose FP scheduler holds only a few iterations in flight (the Zen 3 of benchmark/NOTES.md,
+ * v20: a gradient row 0.60-0.63 -> 0.50-0.53 ns an element from L1). */
 static inline float cpu_expf_core(float xc) {
     const float magic = 12582912.0f;
     const float t = xc * 1.44269504088896341f + magic;
@@ -68,10 +68,9 @@ static inline float cpu_expf(float x) {
 
 /* exp(x) for a row's log-sum-exp, x = z - max <= 0 (a row holding NaN or +inf, whose sum
  * row_lse discards, gives anything): cpu_expf's values for every such x, without its upper
- * clamp. It keeps the 0 below
- * -87: a row of -inf must sum to 0 also where the compiler's max reduction starts from
- * -FLT_MAX rather than -inf (clang's does), so that its max is finite and x is -inf - (-FLT_MAX)
- * (fuzz/regressions/row_all_neg_inf_max_identity.bin). */
+ * clamp. It keeps the 0 below -87: a row of -inf must sum to 0 also where the compiler's max
+ * reduction starts from -FLT_MAX rather than -inf (clang's does), so that its max is finite and
+ * x is -inf - (-FLT_MAX) (fuzz/regressions/row_all_neg_inf_max_identity.bin). */
 static inline float cpu_expf_sum(float x) {
     const float y = cpu_expf_core(x);
     return x < -87.0f ? 0.0f : y;
@@ -84,6 +83,14 @@ typedef struct row_scan {
     float m;
     int bad;
 } row_scan_t;
+
+/* One element x of a row's scan into its max m and flag bad (the scan of row_scan_E and the
+ * one row_lse_E pipelines, spelled once). */
+#define TDT_ROW_SCAN_STEP(x, m, bad)                                                    \
+    do {                                                                                 \
+        (m) = (x) > (m) ? (x) : (m);                                                     \
+        (bad) |= ((x) != (x)) | ((x) == INFINITY);                                       \
+    } while (0)
 
 /* For each element type E with conversion LOAD(e) -> float:
  *   row_scan_E: a row's scan;
@@ -99,9 +106,8 @@ typedef struct row_scan {
         int bad = 0;                                                                     \
         _Pragma("omp simd reduction(max : m) reduction(| : bad)")                       \
         for (int64_t v = 0; v < V; ++v) {                                                \
-            float x = LOAD(z[v]);                                                        \
-            m = x > m ? x : m;                                                           \
-            bad |= (x != x) | (x == INFINITY);                                           \
+            const float x = LOAD(z[v]);                                                  \
+            TDT_ROW_SCAN_STEP(x, m, bad);                                                \
         }                                                                                \
         r.m = m;                                                                         \
         r.bad = bad;                                                                     \
@@ -117,9 +123,8 @@ typedef struct row_scan {
             _Pragma("omp simd reduction(+ : s) reduction(max : mn) reduction(| : badn)") \
             for (int64_t v = 0; v < V; ++v) {                                            \
                 s += cpu_expf_sum(LOAD(z[v]) - m);                                       \
-                float x = LOAD(zn[v]);                                                   \
-                mn = x > mn ? x : mn;                                                    \
-                badn |= (x != x) | (x == INFINITY);                                      \
+                const float x = LOAD(zn[v]);                                             \
+                TDT_ROW_SCAN_STEP(x, mn, badn);                                          \
             }                                                                            \
             sc->m = mn;                                                                  \
             sc->bad = badn;                                                              \
