@@ -181,6 +181,18 @@ __device__ double row_lse_fast(const typename tdt_elem<DT>::T *z, int64_t V, typ
     const int64_t tail = head + nvec * VEC;
     /* This lane's vectors: lane, lane + G, ...; full batches of kUnroll, then one at a time. */
     const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0;
+    /* The scalar head and tail (under 2 VEC elements where the row is element-aligned), loaded
+     * before the vectors so that their latency hides behind the batches' instead of adding one
+     * more round trip to the node's chain; added after the vectors as before (same order, same
+     * bits). A row that is not element-aligned (all scalar) takes the rest in the loop below. */
+    const int64_t nscalar = head + (V - tail);
+    enum { PRE = (2 * (VEC - 1) + G - 1) / G };
+    T pre[PRE];
+#pragma unroll
+    for (int i = 0; i < PRE; ++i) {
+        const int64_t k = lane + (int64_t)i * G;
+        pre[i] = k < nscalar ? z[k < head ? k : tail + (k - head)] : T();
+    }
     const T *p = z + head + (int64_t)lane * VEC;
     for (int64_t m = mine / kUnroll; m > 0; --m) {
         batch<DT, kUnroll> x;
@@ -195,8 +207,15 @@ __device__ double row_lse_fast(const typename tdt_elem<DT>::T *z, int64_t V, typ
         lse_add<X>(st, x);
         p += G * VEC;
     }
-    const int64_t nscalar = head + (V - tail);
-    for (int64_t k = lane; k < nscalar; k += G) {
+#pragma unroll
+    for (int i = 0; i < PRE; ++i) {
+        if (lane + (int64_t)i * G < nscalar) {
+            batch<DT, 0> x;
+            x.x = pre[i];
+            lse_add<X>(st, x);
+        }
+    }
+    for (int64_t k = lane + (int64_t)PRE * G; k < nscalar; k += G) {
         batch<DT, 0> x;
         x.x = z[k < head ? k : tail + (k - head)];
         lse_add<X>(st, x);
@@ -238,6 +257,14 @@ __device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t 
     /* Issued before the row so their latency hides behind it (y: u == U_b has no label). */
     const Acc zb = E::to_acc(z[a.blank]);
     const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1;
+    /* The duration row, read after the token row by one lane: asked into L1 now (no register
+     * held), so its load is not one more memory round trip at the node's end. */
+    const bool dlane = D > 0 && lane == (G > 1 ? 1 : 0);
+    const T *h = dlane ? dur + tdt_row_offset(a.dur_s, b, t, u) : NULL;
+    if (dlane) {
+        tdt_prefetch_l1(h);
+        tdt_prefetch_l1(h + (D - 1));
+    }
     double lse = 0.0;
     if (!a.log_probs) {
         int huge;
@@ -256,9 +283,8 @@ __device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t 
                       : (double)NAN; /* bad label: never indexed; the sweep flags it */
         a.ws.lp_label[nw] = lpl;
     }
-    if (D > 0 && lane == (G > 1 ? 1 : 0)) {
+    if (dlane) {
         /* The duration row is short (D <= 32): one lane, the shared small log-softmax. */
-        const T *h = dur + tdt_row_offset(a.dur_s, b, t, u);
         double hd[TDT_MAX_DURATIONS];
         for (int k = 0; k < D; ++k) hd[k] = (double)E::to_acc(h[k]);
         if (!a.log_probs) tdt_log_softmax_small(hd, D);
