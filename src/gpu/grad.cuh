@@ -434,11 +434,24 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
         return;
     }
     if (MODE == GS_PLAIN && wait) grad_wait(wait + b, need);
+    /* The trail schedule's rows (short ones: ragged's) in registers, not staged: the row's
+     * first lines (lane l asks for its l-th 128 bytes: together the group's first batch) and
+     * its blank and label elements are asked into L1 now, so that their memory latency runs
+     * beside the node's coefficients (tdt_node_grad: its loads and exps) rather than after
+     * them. (Not in the staged kernels: at 80 registers the row pointer held across
+     * tdt_node_grad spills there.) */
+    const T *zr = MODE == GS_TRAIL && tok_g && !a.log_probs ? tok + tdt_row_offset(a.tok_s, b, t, u) : (const T *)0;
+    if (zr) {
+        if ((int64_t)lane * 128 < V * (int64_t)sizeof(T))
+            tdt_prefetch_l1(reinterpret_cast<const char *>(zr) + lane * 128);
+        if (lane == 0) tdt_prefetch_l1(zr + a.blank);
+    }
     const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
     const double lse = a.ws.lse[off + nl];
     const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1; /* compared; indexed only in [0, V) */
+    if (zr && lane == 0 && y >= 0 && y < V) tdt_prefetch_l1(zr + y);
     tdt_node_grad_t ng;
     tdt_node_grad(&L, &A, a.ws.alpha + off, a.ws.beta + off, t, u, ll, a.fastemit_lambda, &ng);
 
