@@ -288,6 +288,29 @@ __device__ __forceinline__ int64_t tdt_row_head(const void *p, int64_t V) {
     return h < V ? h : V;
 }
 
+/* A row's scalar elements: its head up to the first 16-byte boundary (head of them) and its tail
+ * from `tail` on, nscalar = head + (V - tail) in all, numbered k = 0 .. nscalar - 1; lane l of
+ * a group of G takes k = l, l + G, ... Where the row is element-aligned there are under 2 VEC
+ * of them, so a lane's first N (tdt_row_scalars<T, VEC, G>::N) fit registers: load() fetches
+ * them before the row's vectors, so that their latency hides behind the vectors' instead of
+ * adding one more memory round trip at the end of every node (benchmark/NOTES.md, v21); the
+ * caller uses v[i] for k = lane + i * G < nscalar after the vectors, in the order it had, and
+ * any k from lane + N * G on (a row that is not element-aligned) from memory. */
+__device__ __forceinline__ int64_t tdt_row_scalar_at(int64_t k, int64_t head, int64_t tail) {
+    return k < head ? k : tail + (k - head);
+}
+template <typename T, int VEC, int G> struct tdt_row_scalars {
+    enum { N = (2 * (VEC - 1) + G - 1) / G };
+    T v[N];
+    __device__ __forceinline__ void load(const T *z, int64_t head, int64_t tail, int64_t nscalar, int lane) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int64_t k = lane + (int64_t)i * G;
+            v[i] = k < nscalar ? z[tdt_row_scalar_at(k, head, tail)] : T();
+        }
+    }
+};
+
 /* ---- row exponentials of the V-wide passes (normalize.cu, grad.cuh) ----------------------------
  * Both passes sum or scale terms exp(x - c) over a row for one per-row reference c. A unit
  * system X says how a reference is held (X::ref(c)) and how a term is made (X::term(x, r)):

@@ -153,16 +153,10 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
     const int64_t nvec = (V - head) / VEC;
     const int64_t tail = head + nvec * VEC;
     const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0; /* vectors of this lane */
-    /* The scalar head and tail (under 2 VEC elements), loaded before the vectors, as the
-     * normaliser's (normalize.cu, row_lse_fast): their latency behind the batches'. */
+    /* The scalar head and tail loaded before the vectors, written after them: tdt_row_scalars. */
     const int64_t nscalar = head + (V - tail);
-    enum { PRE = (2 * (VEC - 1) + G - 1) / G };
-    T pre[PRE];
-#pragma unroll
-    for (int i = 0; i < PRE; ++i) {
-        const int64_t k = lane + (int64_t)i * G;
-        pre[i] = k < nscalar ? z[k < head ? k : tail + (k - head)] : T();
-    }
+    tdt_row_scalars<T, VEC, G> pre;
+    pre.load(z, head, tail, nscalar, lane);
     const T *p = z + head + (int64_t)lane * VEC;
     T *q = gz + head + (int64_t)lane * VEC;
     const auto put = [&](const tdt_vec<DT> &in, T *dst) { /* one vector's gradient */
@@ -200,12 +194,12 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
         q += G * VEC;
     }
 #pragma unroll
-    for (int i = 0; i < PRE; ++i) {
+    for (int i = 0; i < pre.N; ++i) {
         const int64_t k = lane + (int64_t)i * G;
-        if (k < nscalar) gz[k < head ? k : tail + (k - head)] = grad_elem<DT>(c, pre[i]);
+        if (k < nscalar) gz[tdt_row_scalar_at(k, head, tail)] = grad_elem<DT>(c, pre.v[i]);
     }
-    for (int64_t k = lane + (int64_t)PRE * G; k < nscalar; k += G) {
-        const int64_t v = k < head ? k : tail + (k - head);
+    for (int64_t k = lane + (int64_t)pre.N * G; k < nscalar; k += G) {
+        const int64_t v = tdt_row_scalar_at(k, head, tail);
         gz[v] = grad_elem<DT>(c, z[v]);
     }
 }

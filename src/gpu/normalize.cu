@@ -181,18 +181,11 @@ __device__ double row_lse_fast(const typename tdt_elem<DT>::T *z, int64_t V, typ
     const int64_t tail = head + nvec * VEC;
     /* This lane's vectors: lane, lane + G, ...; full batches of kUnroll, then one at a time. */
     const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0;
-    /* The scalar head and tail (under 2 VEC elements where the row is element-aligned), loaded
-     * before the vectors so that their latency hides behind the batches' instead of adding one
-     * more round trip to the node's chain; added after the vectors as before (same order, same
-     * bits). A row that is not element-aligned (all scalar) takes the rest in the loop below. */
+    /* The scalar head and tail loaded before the vectors, added after them as before (same
+     * order, same bits): tdt_row_scalars. */
     const int64_t nscalar = head + (V - tail);
-    enum { PRE = (2 * (VEC - 1) + G - 1) / G };
-    T pre[PRE];
-#pragma unroll
-    for (int i = 0; i < PRE; ++i) {
-        const int64_t k = lane + (int64_t)i * G;
-        pre[i] = k < nscalar ? z[k < head ? k : tail + (k - head)] : T();
-    }
+    tdt_row_scalars<T, VEC, G> pre;
+    pre.load(z, head, tail, nscalar, lane);
     const T *p = z + head + (int64_t)lane * VEC;
     for (int64_t m = mine / kUnroll; m > 0; --m) {
         batch<DT, kUnroll> x;
@@ -208,16 +201,16 @@ __device__ double row_lse_fast(const typename tdt_elem<DT>::T *z, int64_t V, typ
         p += G * VEC;
     }
 #pragma unroll
-    for (int i = 0; i < PRE; ++i) {
+    for (int i = 0; i < pre.N; ++i) {
         if (lane + (int64_t)i * G < nscalar) {
             batch<DT, 0> x;
-            x.x = pre[i];
+            x.x = pre.v[i];
             lse_add<X>(st, x);
         }
     }
-    for (int64_t k = lane + (int64_t)PRE * G; k < nscalar; k += G) {
+    for (int64_t k = lane + (int64_t)pre.N * G; k < nscalar; k += G) {
         batch<DT, 0> x;
-        x.x = z[k < head ? k : tail + (k - head)];
+        x.x = z[tdt_row_scalar_at(k, head, tail)];
         lse_add<X>(st, x);
     }
     *huge = X::MAY_OVERFLOW ? __any_sync(mask, st.huge) : 0;
