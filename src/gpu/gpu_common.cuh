@@ -204,13 +204,10 @@ template <int DT> struct tdt_vec {
     }
 };
 
-/* Asks for the line holding p (any address: a prefetch never faults) into L1, or into L2 for
- * data read later through L2 only (cp.async.cg), holding no register while it comes. */
+/* Asks for the line holding p into L1 (a prefetch never faults), holding no register while it
+ * comes: for data the thread loads a little later. */
 __device__ __forceinline__ void tdt_prefetch_l1(const void *p) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-__device__ __forceinline__ void tdt_prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 /* Asynchronous copies into shared memory (cp.async): the issuing thread's own copies, made
