@@ -30,60 +30,56 @@
 
 /* ---- a vectorisable float exp --------------------------------------------------------------- */
 
-/* e^r for xc = n ln2 + r (Cody-Waite: ln2 in two parts, |r| <= ln2 / 2), and t, whose low
- * mantissa bits are n (the magic-number addition, 1.5 * 2^23: rint(xc log2 e) with no
+/* e^r for xc = n ln2 + r (Cody-Waite: ln2 in two parts, |r| <= ln2 / 2), and *n23 = n << 23
+ * (as an unsigned 32-bit value: 2^n is the float with bits n23 + (127 << 23)). n is rint(xc
+ * log2 e) by the magic-number addition t = xc log2 e + 1.5 * 2^23, whose low mantissa bits are
+ * n; since 1.5 * 2^23's own low nine bits are zero, t's bits shifted by 23 are n's. No
  * float-to-int conversion and no floor, so branch-free in plain SSE2 too, and defined for any
- * xc, the infinities and NaN included). e^r = 1 + r + r^2 P(r), P of degree 4 with minimax
+ * xc, the infinities and NaN included. e^r = 1 + r + r^2 P(r), P of degree 4 with minimax
  * coefficients for the relative error over |r| <= ln2 / 2 (0.06 x 2^-24 as float32 constants),
  * evaluated as (1 + r) + r^2 ((c0 + c1 r) + r^2 (c2 + c3 r + r^2 c4)): five FMAs and one
  * multiply for Cephes' degree-7 polynomial's seven and two, in the same depth. The row loops
  * are bound by the FMA pipes' share of the exp on the Zen 3 of benchmark/NOTES.md (v21). */
-static inline float cpu_exp_poly(float xc, float *t) {
+static inline float cpu_exp_poly(float xc, uint32_t *n23) {
     const float magic = 12582912.0f;
-    *t = xc * 1.44269504088896341f + magic;
-    const float n = *t - magic;
+    const float t = xc * 1.44269504088896341f + magic;
+    const float n = t - magic;
     const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
     const float r2 = r * r;
     const float a = 4.9999994e-1f + 1.6666521e-1f * r;
     const float b = 4.166839e-2f + 8.368745e-3f * r;
+    *n23 = tdt_float_to_bits(t) << 23;
     return (r + 1.0f) + r2 * (a + r2 * (b + r2 * 1.3814539e-3f));
 }
 
-/* exp(xc) for -87 <= xc <= 88, within 2 ulp (2.00 x 2^-24 relative, measured over every float
- * in that range against libm's double exp): e^r times 2^n, a float made from t's bits. Outside
- * [-87, 88] its value means nothing (never undefined behaviour: no float reaches an integer
- * conversion) and the callers replace it; a NaN xc gives NaN. */
-static inline float cpu_expf_core(float xc) {
-    float t;
-    const float p = cpu_exp_poly(xc, &t);
-    return p * tdt_bits_to_float((tdt_float_to_bits(t) - tdt_float_to_bits(12582912.0f) + 127u) << 23);
-}
-
-/* exp(x) for x <= 88 (88 beyond), within 2 ulp; 0 below -87 (where exp underflows to the
- * subnormal range), NaN for NaN: the gradient rows, where a -inf logit must get exactly 0. No
- * lower clamp: below -87 the core's value is replaced by the 0, and GCC if-converts a clamp to
- * a constant into a select of the core's value at that constant, a compare and a blend a
- * vector (a gradient row 0.51-0.63 -> 0.43-0.50 ns an element from L1, every value's bits
- * unchanged over all floats in [-100, 100], the infinities and NaN; benchmark/NOTES.md, v20). A
- * NaN x passes the upper clamp and the core as NaN. */
+/* exp(x) for x <= 88 (88 beyond), within 2 ulp (2.00 x 2^-24 relative, measured over every
+ * float in [-87, 88] against libm's double exp); 0 below -87 (where exp underflows to the
+ * subnormal range), NaN for NaN: the gradient rows, where a -inf logit must get exactly 0.
+ * e^r times 2^n as a float multiply. No lower clamp: below -87 the polynomial's value (garbage,
+ * never undefined behaviour) is replaced by the 0, and GCC if-converts a clamp to a constant
+ * into a select of the value at that constant, a compare and a blend a vector (a gradient row
+ * 0.51-0.63 -> 0.43-0.50 ns an element from L1, every value's bits unchanged over all floats in
+ * [-100, 100], the infinities and NaN; benchmark/NOTES.md, v20). A NaN x passes the upper clamp
+ * and the polynomial as NaN. */
 static inline float cpu_expf(float x) {
-    const float y = cpu_expf_core(x > 88.0f ? 88.0f : x);
+    uint32_t n23;
+    const float p = cpu_exp_poly(x > 88.0f ? 88.0f : x, &n23);
+    const float y = p * tdt_bits_to_float(n23 + (127u << 23));
     return x < -87.0f ? 0.0f : y;
 }
 
 /* exp(x) for a row's log-sum-exp, x = z - max <= 0 (a row holding NaN or +inf, whose sum
  * row_lse discards, gives anything): cpu_expf's values for every such x, without its upper
- * clamp, and with 2^n applied by an integer addition of n to e^r's exponent field instead of a
- * multiply (the same bits for every x in [-87, 0], where the result is normal; t's bits shifted
- * by 23 are n's, as 1.5 * 2^23's own low nine bits are zero; a NaN's payload could carry into
- * the sign, which is why cpu_expf keeps the multiply). It keeps the 0 below -87: a row of -inf
- * must sum to 0 also where the compiler's max reduction starts from -FLT_MAX rather than -inf
- * (clang's does), so that its max is finite and x is -inf - (-FLT_MAX)
+ * clamp, and with 2^n applied by an integer addition of n23 to e^r's bits instead of a multiply
+ * (the same bits for every x in [-87, 0], where the result is normal; a NaN's payload could
+ * carry into the sign, which is why cpu_expf keeps the multiply). It keeps the 0 below -87: a
+ * row of -inf must sum to 0 also where the compiler's max reduction starts from -FLT_MAX rather
+ * than -inf (clang's does), so that its max is finite and x is -inf - (-FLT_MAX)
  * (fuzz/regressions/row_all_neg_inf_max_identity.bin). */
 static inline float cpu_expf_sum(float x) {
-    float t;
-    const float p = cpu_exp_poly(x, &t);
-    const float y = tdt_bits_to_float(tdt_float_to_bits(p) + (tdt_float_to_bits(t) << 23));
+    uint32_t n23;
+    const float p = cpu_exp_poly(x, &n23);
+    const float y = tdt_bits_to_float(tdt_float_to_bits(p) + n23);
     return x < -87.0f ? 0.0f : y;
 }
 
