@@ -339,6 +339,44 @@ TDT_API tdt_status_t tdt_scale_gradients(const tdt_problem_t *problem, const tdt
  * blank or NULL pointer. */
 TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_options_t *options);
 
+/* ---------------------------------------------------------------------------------------------
+ * Labels and lengths in the caller's integer type. The loss reads them as int32 (tdt_problem_t);
+ * frameworks hold int64 (PyTorch's default). tdt_pack_indices() converts and checks them where
+ * they live, in one pass (one small kernel on the GPU), into one int32 array that a problem's
+ * three pointers then point into.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum tdt_index_type {
+    TDT_INDEX_INT32 = 0,
+    TDT_INDEX_INT64 = 1
+} tdt_index_type_t;
+
+typedef struct tdt_indices {
+    tdt_index_type_t type;     /* of all three arrays */
+    const void *labels;        /* (batch, columns): row b starts at element b * labels_stride.
+                                  May be NULL when no label is read (columns or max_labels 0). */
+    int64_t columns;           /* labels given a sample, >= 0. Rows are zero-padded from columns
+                                  up to max_labels; beyond max_labels nothing is read. */
+    int64_t labels_stride;     /* elements between rows, >= 0 */
+    const void *frame_lengths; /* (batch), contiguous */
+    const void *label_lengths; /* (batch), contiguous */
+} tdt_indices_t;
+
+/* Writes packed[0 .. 2 B + B * max_labels) as int32: the frame lengths, the label lengths, then
+ * the labels row-major (B, max_labels), so that a problem takes frame_lengths = packed,
+ * label_lengths = packed + B and labels = packed + 2 B. With valid non-NULL it also writes
+ * *valid = 1 when every value is one the loss accepts (tdt_check_data's rules, plus a label
+ * length no larger than indices->columns, whose padding would otherwise be read as labels),
+ * else 0; a value outside int32 counts as bad, and its packed entry is then 0. The first bad
+ * element is not named: a caller that finds 0 looks at its own copy for the message.
+ * Reads batch, max_frames, max_labels and vocab_size of problem (nothing dereferenced) and
+ * location, stream and blank of options.
+ * CPU: returns when done. GPU: one kernel of one block on options->stream, on the device that
+ * owns packed; the indices and packed in device memory, valid in memory the device can write
+ * (device memory, or pinned host memory, which holds the flag once the stream has passed the
+ * call); no synchronisation, capturable. */
+TDT_API tdt_status_t tdt_pack_indices(const tdt_problem_t *problem, const tdt_options_t *options,
+                                      const tdt_indices_t *indices, int32_t *packed, int32_t *valid);
+
 /* A static string naming the status, e.g. "TDT_STATUS_INVALID_LABEL: a label is outside
  * [0, vocab_size) or equals blank". Never NULL; unknown values give a generic string. */
 TDT_API const char *tdt_status_string(tdt_status_t status);

@@ -49,6 +49,9 @@ tdt_status_t tdt_gpu_count(int *count);
 tdt_status_t tdt_cpu_scale(const tdt_call_t *call);
 tdt_status_t tdt_gpu_scale(const tdt_call_t *call);
 int tdt_gpu_built(void);
+/* tdt_pack_indices() on the GPU, its arguments checked (indices->type, sizes, pointers). */
+tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_options_t *options,
+                          const tdt_indices_t *indices, int32_t *packed, int32_t *valid);
 
 /* Records the detail returned by tdt_last_error() for this thread (printf-style). */
 void tdt_set_error(const char *fmt, ...)

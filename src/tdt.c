@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/indices.h"
 #include "internal.h"
 
 /* One failed check: record the detail and return its status. */
@@ -347,6 +348,54 @@ TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_opti
     TDT_CHECK(check_blank(problem, options));
     TDT_CHECK(check_data_pointers(problem));
     TDT_CHECK(check_data(problem, options->blank));
+    tdt_clear_error();
+    return TDT_STATUS_SUCCESS;
+}
+
+TDT_API tdt_status_t tdt_pack_indices(const tdt_problem_t *problem, const tdt_options_t *options,
+                                      const tdt_indices_t *indices, int32_t *packed, int32_t *valid) {
+    if (!problem) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem is NULL");
+    if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
+    if (!indices) TDT_FAIL(TDT_STATUS_NULL_POINTER, "indices is NULL");
+    TDT_CHECK(check_options(options));
+    TDT_CHECK(check_sizes(problem));
+    TDT_CHECK(check_blank(problem, options));
+    const tdt_indices_t *in = indices;
+    if (in->type != TDT_INDEX_INT32 && in->type != TDT_INDEX_INT64)
+        TDT_FAIL(TDT_STATUS_INVALID_DTYPE, "indices->type = %d is not a tdt_index_type_t", (int)in->type);
+    if (in->columns < 0)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "indices->columns = %lld must be >= 0", (long long)in->columns);
+    if (in->labels_stride < 0)
+        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "indices->labels_stride = %lld is negative",
+                 (long long)in->labels_stride);
+    const int64_t B = problem->batch, U = problem->max_labels;
+    int64_t n;
+    if (__builtin_mul_overflow(B, U + 2, &n) || n > INT64_MAX / 8)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "batch %lld x (max_labels %lld + 2) overflows 64-bit sizes",
+                 (long long)B, (long long)U);
+    const int64_t read = in->columns < U ? in->columns : U;
+    int64_t reach;
+    if (B > 1 && read > 0 && (__builtin_mul_overflow(in->labels_stride, B - 1, &reach) ||
+                              reach > INT64_MAX / 8 - read))
+        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "indices->labels_stride = %lld overflows 64-bit offsets",
+                 (long long)in->labels_stride);
+    if (B > 0) {
+        if (!in->frame_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "indices->frame_lengths is NULL");
+        if (!in->label_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "indices->label_lengths is NULL");
+        if (read > 0 && !in->labels)
+            TDT_FAIL(TDT_STATUS_NULL_POINTER, "indices->labels is NULL but %lld columns are read",
+                     (long long)read);
+        if (!packed) TDT_FAIL(TDT_STATUS_NULL_POINTER, "packed is NULL");
+    }
+    if (options->location == TDT_LOCATION_GPU) {
+        tdt_status_t s = tdt_gpu_pack(problem, options, in, packed, valid);
+        if (s == TDT_STATUS_SUCCESS) tdt_clear_error();
+        return s;
+    }
+    const tdt_pack_shape_t shape = {B, problem->max_frames, U, problem->vocab_size, options->blank};
+    int ok = 1;
+    for (int64_t i = 0; i < n; ++i) ok &= tdt_pack_one(in, &shape, i, packed + i);
+    if (valid) *valid = ok;
     tdt_clear_error();
     return TDT_STATUS_SUCCESS;
 }

@@ -69,6 +69,21 @@ int main(void) {
     memcpy(grads.duration_strides, prob.token_strides, sizeof grads.duration_strides);
 
     CHECK(tdt_check_data(&prob, &opt) == TDT_STATUS_SUCCESS);
+    {
+        /* int64 labels and lengths packed into the int32 layout, and judged */
+        const int64_t labels64[1] = {1}, frames64[1] = {2}, lens64[1] = {1};
+        int32_t packed[3] = {0, 0, 0}, valid = -1;
+        tdt_indices_t idx = {0};
+        tdt_index_type_t itype = TDT_INDEX_INT64;
+        idx.type = itype;
+        idx.labels = labels64;
+        idx.columns = 1;
+        idx.labels_stride = 1;
+        idx.frame_lengths = frames64;
+        idx.label_lengths = lens64;
+        CHECK(tdt_pack_indices(&prob, &opt, &idx, packed, &valid) == TDT_STATUS_SUCCESS);
+        CHECK(valid == 1 && packed[0] == 2 && packed[1] == 1 && packed[2] == 1);
+    }
     st = tdt_get_workspace_size(&prob, &opt, &bytes);
     CHECK(st == TDT_STATUS_SUCCESS);
     ws = malloc(bytes);

@@ -1480,6 +1480,99 @@ TEST(GpuCalls, CurrentDeviceRestoredAndNonZeroDevice) {
     CUDA_OK(cudaSetDevice(0));
 }
 
+// ---- tdt_pack_indices on the device (the cases of test_indices.cc) -----------------------------------
+
+// Every case, the flag in device memory and in pinned host memory (which the kernel writes over
+// the bus: the flag must be there once the stream has passed the call), on a stream of its own.
+TEST(GpuIndices, EveryCase) {
+    REQUIRE_GPU();
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    int32_t *pinned = nullptr;
+    ASSERT_EQ(cudaHostAlloc((void **)&pinned, sizeof *pinned, cudaHostAllocDefault), cudaSuccess);
+    for (const tdt_test::PackCase &c : tdt_test::pack_cases()) {
+        SCOPED_TRACE(c.name);
+        DevBuf labels, fl, ll, packed, valid;
+        ASSERT_EQ(labels.upload(tdt_test::pack_bytes(c.labels, c.type).data(),
+                                c.labels.size() * (c.type == TDT_INDEX_INT64 ? 8 : 4)), cudaSuccess);
+        ASSERT_EQ(fl.upload(tdt_test::pack_bytes(c.fl, c.type).data(),
+                            c.fl.size() * (c.type == TDT_INDEX_INT64 ? 8 : 4)), cudaSuccess);
+        ASSERT_EQ(ll.upload(tdt_test::pack_bytes(c.ll, c.type).data(),
+                            c.ll.size() * (c.type == TDT_INDEX_INT64 ? 8 : 4)), cudaSuccess);
+        const std::vector<int32_t> want = tdt_test::pack_expected(c);
+        std::vector<int32_t> guard(want.size() + 1, -77);  // one guard element past the end
+        ASSERT_EQ(packed.upload(guard.data(), guard.size() * 4), cudaSuccess);
+        const int32_t minus1 = -1;
+        ASSERT_EQ(valid.upload(&minus1, 4), cudaSuccess);
+        tdt_indices_t in;
+        std::memset(&in, 0, sizeof in);
+        in.type = c.type;
+        in.labels = c.labels.empty() ? nullptr : labels.p;
+        in.columns = c.cols;
+        in.labels_stride = c.stride;
+        in.frame_lengths = c.fl.empty() ? nullptr : fl.p;
+        in.label_lengths = c.ll.empty() ? nullptr : ll.p;
+        tdt_problem_t p = tdt_test::pack_problem(c);
+        tdt_options_t o;
+        std::memset(&o, 0, sizeof o);
+        o.location = TDT_LOCATION_GPU;
+        o.stream = stream;
+        o.blank = c.blank;
+        ASSERT_EQ(tdt_pack_indices(&p, &o, &in, (int32_t *)packed.p, (int32_t *)valid.p),
+                  TDT_STATUS_SUCCESS) << tdt_last_error();
+        *pinned = -1;
+        ASSERT_EQ(tdt_pack_indices(&p, &o, &in, (int32_t *)packed.p, pinned), TDT_STATUS_SUCCESS)
+            << tdt_last_error();
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        EXPECT_EQ(*pinned, c.expect_valid) << "pinned host flag";
+        std::vector<uint8_t> v = valid.download();
+        int32_t flag;
+        std::memcpy(&flag, v.data(), 4);
+        EXPECT_EQ(flag, c.expect_valid) << "device flag";
+        std::vector<uint8_t> raw = packed.download();
+        std::vector<int32_t> got(guard.size());
+        std::memcpy(got.data(), raw.data(), raw.size());
+        for (size_t i = 0; i < want.size(); ++i)
+            EXPECT_EQ(got[i], want[i]) << "packed[" << i << "] of " << want.size();
+        EXPECT_EQ(got[want.size()], -77) << "wrote past 2 B + B U elements";
+    }
+    cudaFreeHost(pinned);
+    cudaStreamDestroy(stream);
+}
+
+// More elements than the block's 1024 threads (each strides), one bad label near the end.
+TEST(GpuIndices, ManyElementsOneBlock) {
+    REQUIRE_GPU();
+    const int64_t B = 37, U = 301, T = 50, V = 1000;
+    std::vector<int64_t> lab(B * U), fl(B, T), ll(B, U);
+    for (int64_t i = 0; i < B * U; ++i) lab[i] = (i * 7919) % (V - 1);
+    tdt_test::PackCase c{"many", B, T, U, V, (int)V - 1, TDT_INDEX_INT64, U, U, lab, fl, ll, 1};
+    for (int bad = 0; bad < 2; ++bad) {
+        if (bad) c.labels[B * U - 2] = V - 1;  // the blank, inside the last sample's labels
+        DevBuf dl, df, dll, packed, valid;
+        ASSERT_EQ(dl.upload(tdt_test::pack_bytes(c.labels, c.type).data(), B * U * 8), cudaSuccess);
+        ASSERT_EQ(df.upload(tdt_test::pack_bytes(c.fl, c.type).data(), B * 8), cudaSuccess);
+        ASSERT_EQ(dll.upload(tdt_test::pack_bytes(c.ll, c.type).data(), B * 8), cudaSuccess);
+        ASSERT_EQ(packed.alloc(B * (U + 2) * 4), cudaSuccess);
+        ASSERT_EQ(valid.alloc(4), cudaSuccess);
+        tdt_indices_t in = {c.type, dl.p, U, U, df.p, dll.p};
+        tdt_problem_t p = tdt_test::pack_problem(c);
+        tdt_options_t o;
+        std::memset(&o, 0, sizeof o);
+        o.location = TDT_LOCATION_GPU;
+        o.blank = c.blank;
+        ASSERT_EQ(tdt_pack_indices(&p, &o, &in, (int32_t *)packed.p, (int32_t *)valid.p),
+                  TDT_STATUS_SUCCESS) << tdt_last_error();
+        std::vector<uint8_t> raw = packed.download(), v = valid.download();
+        std::vector<int32_t> got(B * (U + 2));
+        std::memcpy(got.data(), raw.data(), raw.size());
+        EXPECT_EQ(got, tdt_test::pack_expected(c));
+        int32_t flag;
+        std::memcpy(&flag, v.data(), 4);
+        EXPECT_EQ(flag, bad ? 0 : 1);
+    }
+}
+
 // ---- bad device-resident data ------------------------------------------------------------------------
 
 TEST(GpuBadData, OutOfRangeLengthsAndLabels) {

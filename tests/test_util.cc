@@ -627,4 +627,147 @@ double cost_sum(const Output &o) {
     return s;
 }
 
+// ---- tdt_pack_indices() cases ----------------------------------------------------------------
+
+std::vector<PackCase> pack_cases() {
+    std::vector<PackCase> cs;
+    // B = 3, T = 5, U = 4, V = 7, blank 6: labels row-major, padding past each label length
+    // holding what a framework may leave there (the blank, -1)
+    PackCase ok{"int64, full width", 3, 5, 4, 7, 6, TDT_INDEX_INT64, 4, 4,
+                {0, 1, 2, 3, /**/ 5, 4, 6, -1, /**/ 6, 6, 6, 6}, {5, 3, 0}, {4, 2, 0}, 1};
+    cs.push_back(ok);
+    PackCase c = ok;
+    c.name = "int32, full width";
+    c.type = TDT_INDEX_INT32;
+    cs.push_back(c);
+    c = ok;
+    c.name = "narrow targets, strided rows: zero-padded to U";
+    c.cols = 2;
+    c.stride = 3;
+    c.labels = {1, 2, 99, /**/ 3, 4, 99, /**/ 5, 0, 99};
+    c.ll = {2, 1, 0};
+    cs.push_back(c);
+    c = ok;
+    c.name = "wide targets: columns past U not read";
+    c.cols = 6;
+    c.stride = 6;
+    c.labels = {0, 1, 2, 3, 6, 9, /**/ 5, 4, 6, 6, 6, 6, /**/ 1, 1, 1, 1, 1, 1};
+    cs.push_back(c);
+    c = ok;
+    c.name = "broadcast labels (stride 0)";
+    c.stride = 0;
+    c.labels = {2, 3, 4, 5};
+    cs.push_back(c);
+    c = ok;
+    c.name = "no labels (U = 0)";
+    c.U = 0;
+    c.cols = 0;
+    c.stride = 0;
+    c.labels = {};
+    c.ll = {0, 0, 0};
+    cs.push_back(c);
+    c = ok;
+    c.name = "empty batch";
+    c.B = 0;
+    c.labels = {};
+    c.fl = {};
+    c.ll = {};
+    cs.push_back(c);
+    c = ok;
+    c.name = "blank past the label length is padding";
+    c.labels = {0, 1, 6, 6, /**/ 5, 4, 6, 6, /**/ 6, 6, 6, 6};
+    c.ll = {2, 2, 0};
+    cs.push_back(c);
+    // one bad value a case
+    c = ok;
+    c.name = "frame length over T";
+    c.fl = {5, 6, 0};
+    c.expect_valid = 0;
+    cs.push_back(c);
+    c.name = "negative frame length";
+    c.fl = {5, 3, -1};
+    cs.push_back(c);
+    c = ok;
+    c.expect_valid = 0;
+    c.name = "label length over U";
+    c.ll = {4, 5, 0};
+    cs.push_back(c);
+    c.name = "negative label length";
+    c.ll = {4, 2, -2};
+    cs.push_back(c);
+    c = ok;
+    c.expect_valid = 0;
+    c.name = "label length over the columns given";
+    c.cols = 2;
+    c.stride = 2;
+    c.labels = {1, 2, /**/ 3, 4, /**/ 5, 0};
+    c.ll = {2, 3, 0};
+    cs.push_back(c);
+    c = ok;
+    c.expect_valid = 0;
+    c.name = "label >= V";
+    c.labels[5] = 7;
+    cs.push_back(c);
+    c = ok;
+    c.expect_valid = 0;
+    c.name = "negative label";
+    c.labels[2] = -3;
+    cs.push_back(c);
+    c = ok;
+    c.expect_valid = 0;
+    c.name = "label equals the blank";
+    c.labels[1] = 6;
+    cs.push_back(c);
+    c = ok;
+    c.expect_valid = 0;
+    c.name = "int64 label past int32 (wraps to a valid 1)";
+    c.labels[3] = (int64_t{1} << 32) + 1;
+    cs.push_back(c);
+    c = ok;
+    c.expect_valid = 0;
+    c.name = "int64 frame length past int32";
+    c.T = int64_t{1} << 40;
+    c.fl[0] = (int64_t{1} << 32) + 5;
+    cs.push_back(c);
+    return cs;
+}
+
+std::vector<uint8_t> pack_bytes(const std::vector<int64_t> &values, tdt_index_type_t type) {
+    const size_t w = type == TDT_INDEX_INT64 ? 8 : 4;
+    std::vector<uint8_t> out(values.size() * w);
+    for (size_t i = 0; i < values.size(); ++i) {
+        if (type == TDT_INDEX_INT64) {
+            std::memcpy(&out[i * 8], &values[i], 8);
+        } else {
+            const int32_t v = (int32_t)values[i];
+            std::memcpy(&out[i * 4], &v, 4);
+        }
+    }
+    return out;
+}
+
+std::vector<int32_t> pack_expected(const PackCase &c) {
+    auto narrow = [](int64_t v) {
+        return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max()
+                   ? (int32_t)v : 0;
+    };
+    std::vector<int32_t> out;
+    for (int64_t b = 0; b < c.B; ++b) out.push_back(narrow(c.fl[b]));
+    for (int64_t b = 0; b < c.B; ++b) out.push_back(narrow(c.ll[b]));
+    for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t k = 0; k < c.U; ++k)
+            out.push_back(k < c.cols ? narrow(c.labels[b * c.stride + k]) : 0);
+    return out;
+}
+
+tdt_problem_t pack_problem(const PackCase &c) {
+    tdt_problem_t p;
+    std::memset(&p, 0, sizeof p);
+    p.batch = c.B;
+    p.max_frames = c.T;
+    p.max_labels = c.U;
+    p.vocab_size = c.V;
+    return p;
+}
+
 }  // namespace tdt_test

@@ -126,6 +126,24 @@ void expect_zero_outside_lattices(const Output &got, const Problem &p);
 // Sums of the Problem's costs (for finite differences).
 double cost_sum(const Output &o);
 
+// ---- tdt_pack_indices() cases, shared by the CPU and GPU suites --------------------------------
+struct PackCase {
+    std::string name;
+    int64_t B, T, U, V;
+    int blank;
+    tdt_index_type_t type;
+    int64_t cols, stride;
+    std::vector<int64_t> labels, fl, ll;  // labels: B rows of `stride` (at least cols used)
+    int expect_valid;
+};
+std::vector<PackCase> pack_cases();
+// The raw bytes of values in the case's index type.
+std::vector<uint8_t> pack_bytes(const std::vector<int64_t> &values, tdt_index_type_t type);
+// What tdt_pack_indices() must write, computed here element by element.
+std::vector<int32_t> pack_expected(const PackCase &c);
+// The case's problem and options (location given; blank, sizes).
+tdt_problem_t pack_problem(const PackCase &c);
+
 }  // namespace tdt_test
 
 #endif  // TDT_TESTS_TEST_UTIL_H

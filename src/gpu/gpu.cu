@@ -22,6 +22,7 @@
  * Errors: every CUDA call and every launch is checked; a failure returns
  * TDT_STATUS_CUDA_ERROR with CUDA's own name and message in tdt_last_error().
  */
+#include "common/indices.h"
 #include "gpu_common.cuh"
 
 namespace {
@@ -168,6 +169,21 @@ tdt_status_t on_device(const tdt_call_t *call, const void *ptr, const char *what
     return st;
 }
 
+/* tdt_pack_indices(): one block strides over the packed array, each thread packing and
+ * checking its elements (tdt_pack_one); the block's verdict goes to *valid, fenced for the
+ * system so that pinned host memory holds it when the stream passes the kernel. */
+__global__ void pack_indices_kernel(const tdt_indices_t in, const tdt_pack_shape_t s,
+                                    int32_t *packed, int32_t *valid) {
+    const int64_t n = s.batch * (s.max_labels + 2);
+    int bad = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) bad |= !tdt_pack_one(&in, &s, i, packed + i);
+    bad = __syncthreads_or(bad);
+    if (valid && threadIdx.x == 0) {
+        *valid = !bad;
+        __threadfence_system();
+    }
+}
+
 } /* namespace */
 
 /* ================================================================================================
@@ -184,6 +200,33 @@ extern "C" tdt_status_t tdt_gpu_scale(const tdt_call_t *call) {
     const void *g = call->g.token_grads ? call->g.token_grads : call->g.duration_grads;
     return on_device(call, g, call->g.token_grads ? "grads->token_grads" : "grads->duration_grads",
                      enqueue_scale);
+}
+
+extern "C" tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_options_t *options,
+                                     const tdt_indices_t *indices, int32_t *packed, int32_t *valid) {
+    const int64_t n = problem->batch * (problem->max_labels + 2);
+    if (n == 0 && !valid) return TDT_STATUS_SUCCESS; /* nothing to write */
+    int prev = 0, device = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
+    device = prev; /* no element: the flag alone, on the current device */
+    if (n > 0) {
+        tdt_status_t st = owning_device(packed, "packed", &device);
+        if (st != TDT_STATUS_SUCCESS) return st;
+    }
+    if (device != prev && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+    const tdt_pack_shape_t shape = {problem->batch, problem->max_frames, problem->max_labels,
+                                    problem->vocab_size, options->blank};
+    const int threads = n >= 1024 ? 1024 : (int)((n + 31) / 32 * 32) + (n == 0 ? 32 : 0);
+    pack_indices_kernel<<<1, threads, 0, (cudaStream_t)options->stream>>>(*indices, shape, packed, valid);
+    tdt_status_t st = TDT_STATUS_SUCCESS;
+    e = cudaGetLastError();
+    if (e != cudaSuccess) st = cuda_fail(e, "pack_indices_kernel launch");
+    if (device != prev) {
+        e = cudaSetDevice(prev);
+        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");
+    }
+    return st;
 }
 
 extern "C" tdt_status_t tdt_gpu_count(int *count) {

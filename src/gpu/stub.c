@@ -19,4 +19,16 @@ tdt_status_t tdt_gpu_count(int *count) {
     return TDT_STATUS_BACKEND_NOT_BUILT;
 }
 
+tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_options_t *options,
+                          const tdt_indices_t *indices, int32_t *packed, int32_t *valid) {
+    (void)problem;
+    (void)options;
+    (void)indices;
+    (void)packed;
+    (void)valid;
+    tdt_set_error("options->location = TDT_LOCATION_GPU, but this library was built without "
+                  "CUDA (configure with nvcc available, or -DTDT_CUDA=ON)");
+    return TDT_STATUS_BACKEND_NOT_BUILT;
+}
+
 int tdt_gpu_built(void) { return 0; }
