@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     _np = None
 
 __all__ = ["Spec", "forward", "forward_ahead", "backward", "scale", "grad_buffers",
-           "validate_data", "workspace_bound", "acc_dtype"]
+           "validate_data", "workspace_bound", "acc_dtype", "pack_indices"]
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32,
@@ -492,6 +492,90 @@ def _pinned_slot(device, n):
     return slot
 
 
+_INDEX_TYPES = {torch.int32: _lib.INDEX_INT32, torch.int64: _lib.INDEX_INT64}
+_pack_options = {}  # blank -> tdt_options_t for tdt_pack_indices (location GPU, the blank)
+
+
+def pack_available():
+    """Whether the loaded library has tdt_pack_indices()."""
+    return hasattr(_lib.load(), "tdt_pack_indices")
+
+
+def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_lengths, label_lengths,
+                 packed, check):
+    """tdt_pack_indices() on the current CUDA stream: labels (B, cols) with a contiguous last
+    dimension and lengths (B,), int32 or int64, on packed's device, into the int32 tensor
+    packed = [frame lengths, label lengths, labels (B, max_labels)] (zero-padded from cols).
+    One kernel, where torch's concatenation and cast took two ops and their views three more.
+
+    check: also have the kernel judge the values (tdt_check_data's rules, a label length past
+    cols included) into the calling thread's pinned flag, with an event after it. Returns the
+    _FlagCheck that validation_finish() takes, or None without check.
+    """
+    B = int(frame_lengths.shape[0])
+    p = _lib.Problem()
+    p.batch, p.max_frames, p.max_labels, p.vocab_size = B, max_frames, max_labels, vocab_size
+    o = _pack_options.get(blank)
+    if o is None:
+        o = _lib.Options()
+        o.location = _lib.LOCATION_GPU
+        o.blank = blank
+        if len(_pack_options) >= _CACHE_MAX:
+            _pack_options.clear()
+        _pack_options[blank] = o
+    o = _lib.Options.from_buffer_copy(o)
+    ind = _lib.Indices()
+    ind.type = _INDEX_TYPES[labels.dtype]
+    ind.labels = labels.data_ptr() or None
+    ind.columns = int(labels.shape[1])
+    ind.labels_stride = int(labels.stride(0))
+    ind.frame_lengths = frame_lengths.data_ptr() or None
+    ind.label_lengths = label_lengths.data_ptr() or None
+    done = _pinned_slot(packed.device, 1) if check else None
+    _call("tdt_pack_indices", packed, o, ctypes.byref(p), ctypes.byref(o), ctypes.byref(ind),
+          packed.data_ptr() or None, done.buf.data_ptr() if done is not None else None)
+    if done is None:
+        return None
+    done.event.record(torch.cuda.current_stream(packed.device))
+    return _FlagCheck(done, labels, frame_lengths, label_lengths, max_labels)
+
+
+class _FlagCheck(NamedTuple):
+    """A pending check by tdt_pack_indices(): its verdict lands in done.buf[0] (pinned), the
+    event after it; the sources name the first bad value when the verdict is 0."""
+
+    done: "_PinnedSlot"
+    labels: torch.Tensor
+    frame_lengths: torch.Tensor
+    label_lengths: torch.Tensor
+    max_labels: int
+
+    def finish(self, spec, logits, names):
+        done = self.done
+        done.event.synchronize()
+        try:
+            ok = ctypes.c_int32.from_address(done.buf.data_ptr()).value == 1
+        finally:
+            done.busy = False  # the flag read: the thread's next call may reuse the slot
+        if ok:
+            return
+        # bad data: the sources to the host (one synchronisation; only on this path) and the
+        # first bad value named in the caller's argument names
+        fl, ll, lab = (x.cpu() for x in (self.frame_lengths, self.label_lengths, self.labels))
+        B, U, cols = int(fl.shape[0]), self.max_labels, int(lab.shape[1])
+        if cols < U:
+            over = (ll.to(torch.int64) > cols) & (ll.to(torch.int64) <= U)
+            if bool(over.any()):
+                b = int(over.nonzero()[0, 0])
+                raise ValueError("%s[%d] = %d exceeds %s.shape[1] = %d"
+                                 % (names["target_lengths"], b, int(ll[b]), names["targets"], cols))
+            lab = torch.cat([lab, torch.zeros(B, U - cols, dtype=lab.dtype)], 1)
+        _finish_checks(spec, logits, None, (fl, ll, lab[:, :U].contiguous()), B, U, names,
+                       library=False)
+        raise ValueError("%s, %s or %s holds a value the loss cannot take (outside int32?)"
+                         % (names["targets"], names["logit_lengths"], names["target_lengths"]))
+
+
 def _as_array(x):
     """x as a numpy array (no copy) where numpy and torch's bridge to it are there, else x."""
     if _np is not None:
@@ -539,6 +623,9 @@ def validation_finish(spec, logits, pending, names):
     microseconds where the numpy reductions took ~40; only bad data takes the search for the
     first bad element to name, in the caller's argument names.
     """
+    if isinstance(pending, _FlagCheck):
+        pending.finish(spec, logits, names)
+        return
     host, parts, B, U, done = pending
     if done is None:
         _finish_checks(spec, logits, host, parts, B, U, names)
@@ -550,7 +637,10 @@ def validation_finish(spec, logits, pending, names):
         done.busy = False  # the buffer read: the thread's next call may reuse it
 
 
-def _finish_checks(spec, logits, host, parts, B, U, names):
+def _finish_checks(spec, logits, host, parts, B, U, names, library=True):
+    """Raises ValueError naming the first bad length or label of host (packed int32) or parts
+    (frame lengths, label lengths, labels); library=False skips tdt_check_data (parts of
+    another integer type)."""
     if B == 0:
         return
     T = int(logits.shape[1])
@@ -559,7 +649,7 @@ def _finish_checks(spec, logits, host, parts, B, U, names):
         addresses = (base, base + 4 * B, base + 8 * B)
     else:
         addresses = tuple(x.data_ptr() for x in parts)
-    if _library_says_ok(spec, T, U, B, addresses):
+    if library and _library_says_ok(spec, T, U, B, addresses):
         return
     if parts is None:
         h = _as_array(host)

@@ -72,6 +72,9 @@ GPU_SCHEDULE_TRAIL = 5
 
 MAX_DURATIONS = 32  # TDT_MAX_DURATIONS
 
+INDEX_INT32 = 0  # tdt_index_type_t
+INDEX_INT64 = 1
+
 _c_int64_3 = ctypes.c_int64 * 3
 
 
@@ -121,6 +124,19 @@ class Gradients(ctypes.Structure):
         ("token_strides", _c_int64_3),
         ("duration_grads", ctypes.c_void_p),
         ("duration_strides", _c_int64_3),
+    ]
+
+
+class Indices(ctypes.Structure):
+    """tdt_indices_t: labels and lengths in the caller's integer type, for tdt_pack_indices()."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("labels", ctypes.c_void_p),
+        ("columns", ctypes.c_int64),
+        ("labels_stride", ctypes.c_int64),
+        ("frame_lengths", ctypes.c_void_p),
+        ("label_lengths", ctypes.c_void_p),
     ]
 
 
@@ -210,6 +226,9 @@ def _declare(lib):
         lib.tdt_forward_ahead.restype = c_int
         lib.tdt_scale_gradients.argtypes = [P(Problem), P(Options), c_void_p, P(Gradients)]
         lib.tdt_scale_gradients.restype = c_int
+    if hasattr(lib, "tdt_pack_indices"):  # an older library: torch packs them
+        lib.tdt_pack_indices.argtypes = [P(Problem), P(Options), P(Indices), c_void_p, c_void_p]
+        lib.tdt_pack_indices.restype = c_int
 
 
 def _open(path):

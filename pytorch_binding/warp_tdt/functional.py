@@ -150,11 +150,13 @@ class _Indices(NamedTuple):
     """Labels (B, U) and lengths (B,), int32 and contiguous on the logits' device, for the library.
 
     When they had to be converted for CUDA logits (or zero-padded), all three are views of one
-    int32 tensor [frame lengths, label lengths, labels] made by one concatenation (at most one
-    conversion kernel a call, and one copy to the host for validation); ``packed`` is that tensor
-    (None when the inputs were used as they were, or cast one by one for CPU logits), and
-    ``host`` its CPU twin when it was built on the host (inputs on the CPU), which validation
-    then reads with no copy back.
+    int32 tensor [frame lengths, label lengths, labels]: written by the library's
+    tdt_pack_indices() kernel where the three were on the device in one integer type (``check``
+    then holds its pending verdict when validation is on), else made by one concatenation (at
+    most one conversion kernel a call, and one copy to the host for validation); ``packed`` is
+    that tensor (None when the inputs were used as they were, or cast one by one for CPU
+    logits), and ``host`` its CPU twin when it was built on the host (inputs on the CPU), which
+    validation then reads with no copy back.
     """
 
     labels: torch.Tensor
@@ -163,6 +165,7 @@ class _Indices(NamedTuple):
     cols: int  # targets.shape[1] as given
     packed: Optional[torch.Tensor]
     host: Optional[torch.Tensor]
+    check: Optional[object] = None  # _core._FlagCheck: the device-side check, pending
 
 
 def _ready(t, device):
@@ -173,7 +176,18 @@ def _int32(t):
     return t.to(torch.int32).contiguous()
 
 
-def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device):
+def _packable(x, fl, ll, device):
+    """Whether tdt_pack_indices() can read these three as they are, on the device."""
+    return (x.device == device and fl.device == device and ll.device == device
+            and x.dtype in (torch.int32, torch.int64) and fl.dtype == x.dtype == ll.dtype
+            and (x.shape[1] <= 1 or x.stride(1) == 1)
+            and (fl.shape[0] <= 1 or fl.stride(0) == 1) and (ll.shape[0] <= 1 or ll.stride(0) == 1))
+
+
+def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device, pack=None):
+    """The loss's int32 labels and lengths (_Indices). pack: (max_frames, vocab_size, blank,
+    check) where the library may pack them on a CUDA device itself (tdt_pack_indices: one kernel
+    that also checks them when check is true), None where it may not (torch.compile)."""
     x = _int_tensor(targets, "targets", device, 2)
     if x.shape[0] != batch:
         raise ValueError("targets has shape %s but the batch size is %d" % (tuple(x.shape), batch))
@@ -186,6 +200,19 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device):
         raise ValueError("target_lengths has shape %s but the batch size is %d"
                          % (tuple(ll.shape), batch))
     cols = x.shape[1]
+    if (pack is not None and device.type == "cuda" and (pack[3] or cols < max_labels
+                                                        or not _ready(fl, device)
+                                                        or not _ready(ll, device)
+                                                        or not _ready(x, device))
+            and _packable(x, fl, ll, device) and _core.pack_available()):
+        # on the device: the library's one kernel converts, pads and (with check) judges them,
+        # where torch's concatenation, cast and the check's copy cost ~200 us of host time a
+        # call on an H200's host (benchmark/NOTES.md, v22)
+        packed = torch.empty(batch * (max_labels + 2), dtype=torch.int32, device=device)
+        flag = _core.pack_indices(pack[0], max_labels, pack[1], pack[2], x, fl, ll, packed,
+                                  pack[3])
+        return _Indices(packed[2 * batch:].view(batch, max_labels), packed[:batch],
+                        packed[batch:2 * batch], cols, packed, None, flag)
     if cols > max_labels:
         x = x[:, :max_labels]
     if cols >= max_labels and _ready(x, device) and _ready(fl, device) and _ready(ll, device):
@@ -215,7 +242,8 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device):
 def _check_label_columns(idx, rows, ref, validate):
     """Targets narrower than U: every U_b must fit in them (they were zero-padded to U)."""
     cols = idx.cols
-    if not validate or cols >= rows - 1 or _is_compiling() or _capturing(ref):
+    if not validate or cols >= rows - 1 or idx.check is not None or _is_compiling() \
+            or _capturing(ref):
         return
     B = idx.frame_lengths.shape[0]
     label_lengths = idx.label_lengths if idx.host is None else idx.host[B:2 * B]
@@ -292,6 +320,15 @@ def _joint_of(token, duration):
 # ---- running ----------------------------------------------------------------------------------
 
 
+def _pack_args(ref, T, V, blank, in_place, validate):
+    """_indices()'s pack argument for a call on ref: None on the CPU, under torch.compile (which
+    cannot trace the library call) and where _loss() takes the custom ops (they check on their
+    own)."""
+    if not ref.is_cuda or _is_compiling() or (_ops.AVAILABLE and not in_place and _FORCE_CUSTOM_OPS):
+        return None
+    return (int(T), V, blank, bool(validate) and not _capturing(ref))
+
+
 def _costs_only(logits, duration):
     """Whether a call can be costs-only: no gradient of it can be asked."""
     if not torch.is_grad_enabled():
@@ -315,7 +352,12 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
     # raised here drops their outputs). WARP_TDT_ASYNC_VALIDATION=0: check before the launch.
     later = validate and logits.is_cuda and os.environ.get("WARP_TDT_ASYNC_VALIDATION") != "0"
     pending = None
-    if later:
+    if idx.check is not None:  # tdt_pack_indices judged them on the device: its flag, pending
+        if later:
+            pending = idx.check
+        else:
+            _core.validation_finish(spec, logits, idx.check, names)
+    elif later:
         pending = _core.validation_start(labels, frame_lengths, label_lengths, asynchronous=True,
                                          packed=idx.packed, host=idx.host)
     elif validate:
@@ -382,7 +424,8 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
     clamp = _check_number(clamp, "clamp", allow_negative=True)
     omega = _check_number(omega, "omega", 0.0, 1.0)
     device = ref.device
-    idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device)
+    idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device,
+                   _pack_args(ref, T, V, blank_token_id, in_place, validate))
     _check_label_columns(idx, rows, ref, validate)
 
     if joint is None and fuse_joint and not _is_compiling():
@@ -506,7 +549,8 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     clamp = _check_number(clamp, "clamp", allow_negative=True)
     fastemit_lambda = _check_number(fastemit_lambda, "fastemit_lambda")
     device = logits.device
-    idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device)
+    idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device,
+                   _pack_args(logits, T, V, b, in_place, validate))
     _check_label_columns(idx, rows, logits, validate)
     spec = _core.Spec("rnnt", V, (), b, 0.0, fastemit_lambda, clamp, not fused_log_softmax)
     x = _readable(logits)

@@ -144,16 +144,96 @@ def test_host_lengths_are_checked_on_the_host_without_a_copy_back(monkeypatch):
     on_gpu = dict(case, targets=case["targets"].cuda(), logit_lengths=case["logit_lengths"].cuda(),
                   target_lengths=case["target_lengths"].cuda())
     ref = lib_tdt(on_gpu, "cuda", torch.float32, "joint", "sum")
+    assert hosts == []  # on the device: tdt_pack_indices checks them (the next test)
     got = lib_tdt(case, "cuda", torch.float32, "joint", "sum")
     for x, y in zip(got, ref):
         assert torch.equal(x, y)
-    assert hosts[0] is None and hosts[-1] is not None and hosts[-1].device.type == "cpu"
+    assert len(hosts) == 1 and hosts[0] is not None and hosts[0].device.type == "cpu"
     bad = dict(case, token_logits=case["token_logits"].cuda(),
                duration_logits=case["duration_logits"].cuda(),
                target_lengths=case["target_lengths"].clone())
     bad["target_lengths"][1] = 4
     with pytest.raises(ValueError, match=r"target_lengths\[1\] = 4 is outside \[0, 3\]"):
         warp_tdt.tdt_loss(**bad)
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
+@pytest.mark.parametrize("itype", [torch.int64, torch.int32])
+def test_device_indices_packed_and_checked_by_the_library(monkeypatch, mode, itype):
+    # Targets and lengths on the GPU: one tdt_pack_indices kernel converts, zero-pads and judges
+    # them (no concatenation, cast or copy for the check: validation_start is never called);
+    # the same bits as int32 inputs used as they are with no check, for full, narrow, wide and
+    # strided targets; and each bad value raises the message the host checks give.
+    monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", mode)
+    packs = []
+    real = _core.pack_indices
+
+    def spy(*args):
+        packs.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(_core, "pack_indices", spy)
+    monkeypatch.setattr(_core, "validation_start", None)  # must not be reached
+    case = R.random_case(B=4, T=7, U=3, V=6, seed=91)
+    case["target_lengths"].clamp_(max=2)
+    dev = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    plain = dict(dev, targets=dev["targets"].clamp(min=0).to(torch.int32).contiguous(),
+                 logit_lengths=dev["logit_lengths"].to(torch.int32),
+                 target_lengths=dev["target_lengths"].to(torch.int32))
+    ref = lib_tdt(plain, "cuda", torch.float32, "joint", "mean", validate=False)
+    assert packs == []  # int32, contiguous, unchecked: used as they are
+    typed = dict(dev, targets=dev["targets"].to(itype), logit_lengths=dev["logit_lengths"].to(itype),
+                 target_lengths=dev["target_lengths"].to(itype))
+    wide = torch.full((4, 5), 99, dtype=itype, device="cuda")
+    wide[:, :3] = dev["targets"].to(itype)
+    strided = torch.full((4, 8), 99, dtype=itype, device="cuda")
+    strided[:, :3] = dev["targets"].to(itype)
+    for name, targets in [("full", typed["targets"]), ("narrow", typed["targets"][:, :2]),
+                          ("wide", wide), ("strided", strided[:, :3])]:
+        got = lib_tdt(dict(typed, targets=targets), "cuda", torch.float32, "joint", "mean")
+        for x, y in zip(got, ref):
+            assert torch.equal(x, y), name
+    assert packs == [True] * 4
+    narrow = dict(typed, targets=typed["targets"][:, :2], target_lengths=typed["target_lengths"].clone())
+    narrow["target_lengths"][1] = 3
+    with pytest.raises(ValueError, match=r"target_lengths\[1\] = 3 exceeds targets.shape\[1\] = 2"):
+        warp_tdt.tdt_loss(**narrow)
+    bad = dict(typed, logit_lengths=typed["logit_lengths"].clone())
+    bad["logit_lengths"][3] = 8
+    with pytest.raises(ValueError, match=r"logit_lengths\[3\] = 8 is outside \[0, 7\]"):
+        warp_tdt.tdt_loss(**bad)
+    bad = dict(typed, targets=typed["targets"].clone())
+    bad["targets"][0, 1] = 6
+    with pytest.raises(ValueError, match=r"targets\[0\]\[1\] = 6 is outside \[0, 6\)"):
+        warp_tdt.tdt_loss(**bad)
+    if itype == torch.int64:  # past int32: a cast would wrap it to the valid label 1
+        bad["targets"][0, 1] = 2 ** 32 + 1
+        with pytest.raises(ValueError, match=r"targets\[0\]\[1\] = 4294967297 is outside"):
+            warp_tdt.tdt_loss(**bad)
+    # after the errors the thread's flag is free again, and good data passes
+    got = lib_tdt(typed, "cuda", torch.float32, "joint", "mean")
+    for x, y in zip(got, ref):
+        assert torch.equal(x, y)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_device_indices_of_mixed_types_packed_by_torch(monkeypatch, mode):
+    # int64 targets with int32 lengths: not one tdt_pack_indices type, so torch concatenates and
+    # casts them and the check copies them to the host, as before the library packed them
+    monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", mode)
+    monkeypatch.setattr(_core, "pack_indices", None)  # must not be reached
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=92, device="cuda")
+    mixed = dict(case, logit_lengths=case["logit_lengths"].to(torch.int32),
+                 target_lengths=case["target_lengths"].to(torch.int32))
+    plain = dict(mixed, targets=case["targets"].to(torch.int32))  # used as they are
+    ref = lib_tdt(plain, "cuda", torch.float32, "joint", "sum", validate=False)
+    got = lib_tdt(mixed, "cuda", torch.float32, "joint", "sum")
+    for x, y in zip(got, ref):
+        assert torch.equal(x, y)
+    mixed["logit_lengths"][2] = 7
+    with pytest.raises(ValueError, match=r"logit_lengths\[2\] = 7 is outside \[0, 6\]"):
+        warp_tdt.tdt_loss(**mixed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
