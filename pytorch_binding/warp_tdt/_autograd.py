@@ -37,7 +37,7 @@ def scale_items(label_lengths, reduction, batch, dtype):
     if reduction == "mean_batch":
         return (batch,)
     if reduction == "mean":
-        return (batch, label_lengths.to(dtype))
+        return (batch, label_lengths)  # int32: see reduce()
     return (label_lengths.sum().to(dtype),)
 
 
@@ -57,7 +57,9 @@ def reduce(costs, label_lengths, reduction, with_scale=True, items=None):
     if reduction == "mean_batch":  # costs.mean()
         return costs.mean(), ((costs.shape[0],) if with_scale else None)
     if reduction == "mean":  # (costs / U_b).mean(), NeMo / transformers
-        per = label_lengths.to(costs.dtype) if items is None else items[1]
+        # the int32 lengths as they are: a division promotes them to the costs' dtype inside its
+        # kernel (exactly, below 2^24), the bits of dividing by their cast, without the cast's op
+        per = label_lengths if items is None else items[1]
         return (costs / per).mean(), ((costs.shape[0], per) if with_scale else None)
     # mean_volume: costs.sum() / sum(U_b)
     total = label_lengths.sum().to(costs.dtype) if items is None else items[0]
