@@ -50,7 +50,7 @@ extern "C" {
  * library that was loaded. Compare the two to catch a stale shared library.
  * ------------------------------------------------------------------------------------------- */
 #define TDT_VERSION_MAJOR 0
-#define TDT_VERSION_MINOR 1
+#define TDT_VERSION_MINOR 2
 #define TDT_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
 #define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
@@ -174,6 +174,15 @@ typedef struct tdt_options {
                                 upstream gradient of every sample (what a sum or batch-mean
                                 reduction hands back); 0 = (B) values. Ignored elsewhere. */
     tdt_gpu_schedule_t gpu_schedule; /* GPU: default TDT_GPU_SCHEDULE_AUTO. Ignored on the CPU. */
+    int normalize_costs;     /* nonzero: per-label costs, cost_b / U_b (what NeMo's and
+                                transformers' "mean" reduction averages): costs[b] is the cost
+                                divided by the sample's label length in the accumulate type
+                                (inf or NaN when U_b = 0, as that division gives), and
+                                tdt_backward() (and tdt_forward_ahead()'s gradients) take
+                                grad_costs as the upstream of those, so a sample's upstream is
+                                grad_costs[b] / U_b, divided the same way. The bits of dividing
+                                the plain costs and upstreams in float32 (float64) yourself.
+                                tdt_scale_gradients() ignores it: its scale is a plain factor. */
 } tdt_options_t;
 
 /* ---------------------------------------------------------------------------------------------

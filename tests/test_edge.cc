@@ -2,6 +2,7 @@
  * test_edge.cc - edge cases of the lattice, memory layouts, the call shapes and determinism.
  */
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
@@ -343,6 +344,44 @@ TEST_P(Layouts, UpstreamGradientScaling) {
         ro.grad_costs_scalar = true;
         expect_bitwise(run_lib(p, ro), expected, p, "grad_costs_scalar {-1.5} vs {-1.5} x 4");
         ro.grad_costs_scalar = false;
+    }
+}
+
+// options.normalize_costs: costs[b] / U_b and upstream grad_costs[b] / U_b, each divided in the
+// accumulate type: the bits of a plain call whose costs and upstream the caller divided itself
+// (a sample with U_b = 0 included: an inf cost, and inf upstream), one-shot and two-phase.
+TEST_P(Layouts, NormalizedCosts) {
+    Problem p = random_problem(77, 4, 7, 3, 6, {0, 1, 2}, 0, 1.0, 1, {}, {3, 1, 0, 2});
+    quantize_inputs(p, dtype());
+    const bool dbl = dtype() == TDT_DTYPE_FLOAT64;
+    auto per = [&](double x, int32_t U) {
+        return dbl ? x / (double)U : (double)((float)x / (float)U);
+    };
+    const std::vector<double> g = {0.5, -2.0, 0.75, 3.0};
+    for (bool two_phase : {false, true}) {
+        RunOptions ro;
+        ro.dtype = dtype();
+        ro.layout = two_phase ? Layout::Joint : Layout::Contiguous;
+        ro.two_phase = two_phase;
+        const Output plain = run_lib(p, ro);
+        std::vector<double> up(4);
+        for (int b = 0; b < 4; ++b) up[b] = per(two_phase ? g[b] : 1.0, p.U[b]);
+        if (two_phase) ro.grad_costs = &up;
+        else ro.two_phase = true, ro.grad_costs = &up;  // one-shot's ones, divided by hand
+        Output want = run_lib(p, ro);
+        ro.two_phase = two_phase;
+        ro.grad_costs = two_phase ? &g : nullptr;
+        ro.normalize_costs = true;
+        const Output got = run_lib(p, ro);
+        ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+        for (int b = 0; b < 4; ++b) {
+            const double w = per(plain.costs[b], p.U[b]);
+            EXPECT_EQ(std::memcmp(&got.costs[b], &w, sizeof w), 0)
+                << "cost " << b << ": " << got.costs[b] << " vs " << w << " (U_b " << p.U[b] << ")";
+        }
+        EXPECT_TRUE(std::isinf(got.costs[2]));
+        want.costs = got.costs;
+        expect_bitwise(got, want, p, two_phase ? "normalized, two-phase" : "normalized, one-shot");
     }
 }
 

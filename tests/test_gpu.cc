@@ -277,6 +277,7 @@ struct RunOpts {
     Mode mode = Mode::OneShot;
     std::vector<double> grad_costs;  // FwdBwd: upstream gradients (empty: NULL = ones)
     bool grad_scalar = false;        // grad_costs holds one value for every sample
+    bool normalize = false;          // options.normalize_costs
     cudaStream_t stream = nullptr;
     bool graph = false;              // GPU: capture the calls in a CUDA graph and replay it
     bool want_tok = true, want_dur = true;
@@ -382,6 +383,7 @@ Out run_cpu(const Host &h, const RunOpts &ro) {
     tdt_options_t o;
     fill_options(h, TDT_LOCATION_CPU, &o, nullptr);
     o.grad_costs_scalar = ro.grad_scalar;
+    o.normalize_costs = ro.normalize;
     std::vector<uint8_t> tok = h.tok, dur = h.dur, gtok, gdur;
     std::vector<int32_t> labels = h.labels, T = h.T, U = h.U;
     Ptrs p;
@@ -512,6 +514,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     tdt_options_t o;
     fill_options(h, TDT_LOCATION_GPU, &o, ro.stream);
     o.grad_costs_scalar = ro.grad_scalar;
+    o.normalize_costs = ro.normalize;
     o.gpu_schedule = ro.schedule;
     tdt_problem_t pr;
     tdt_gradients_t g;
@@ -1077,6 +1080,52 @@ TEST(GpuCalls, UpstreamGradientScaling) {
         EXPECT_EQ(one.raw_gtok, rep.raw_gtok) << dt_name(dt) << ": grad_costs_scalar, token gradient";
         EXPECT_EQ(one.raw_gdur, rep.raw_gdur) << dt_name(dt) << ": grad_costs_scalar, duration gradient";
         ro.grad_scalar = false;
+    }
+}
+
+// options.normalize_costs on the device: costs[b] / U_b and upstream / U_b, the bits of a plain
+// call whose upstream was divided by hand; the pair, the one-shot call, and the trail schedule's
+// tdt_forward_ahead() (the gradients written in the forward) alike; and the CPU's values.
+TEST(GpuCalls, NormalizedCosts) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64}) {
+        const Spec s = medium(dt);
+        Host h = make_host(s);
+        const bool dbl = dt == TDT_DTYPE_FLOAT64;
+        auto per = [&](double x, int32_t U) {
+            return dbl ? x / (double)U : (double)((float)x / (float)U);
+        };
+        const std::vector<double> g = {0.5, -2.0, 0.75};
+        RunOpts plain;
+        plain.mode = Mode::FwdBwd;
+        const Out p0 = run_gpu(h, plain);
+        RunOpts by_hand = plain, ones_by_hand = plain;
+        for (int64_t b = 0; b < s.B; ++b) {
+            by_hand.grad_costs.push_back(per(g[b], h.U[b]));
+            ones_by_hand.grad_costs.push_back(per(1.0, h.U[b]));
+        }
+        const Out want = run_gpu(h, by_hand), want_ones = run_gpu(h, ones_by_hand);
+        RunOpts norm = plain;
+        norm.grad_costs = g;
+        norm.normalize = true;
+        const Out got = run_gpu(h, norm);
+        for (int64_t b = 0; b < s.B; ++b)
+            EXPECT_EQ(got.costs[b], per(p0.costs[b], h.U[b])) << dt_name(dt) << ": cost " << b;
+        EXPECT_EQ(got.raw_gtok, want.raw_gtok) << dt_name(dt) << ": token gradient";
+        EXPECT_EQ(got.raw_gdur, want.raw_gdur) << dt_name(dt) << ": duration gradient";
+        expect_match(got, run_cpu(h, norm), s);
+        RunOpts one;
+        one.normalize = true;
+        const Out o = run_gpu(h, one);
+        EXPECT_EQ(o.raw_costs, got.raw_costs) << dt_name(dt) << ": one-shot costs";
+        EXPECT_EQ(o.raw_gtok, want_ones.raw_gtok) << dt_name(dt) << ": one-shot token gradient";
+        RunOpts ahead = norm;
+        ahead.mode = Mode::Ahead;
+        ahead.schedule = TDT_GPU_SCHEDULE_TRAIL;
+        const Out a = run_gpu(h, ahead);
+        EXPECT_EQ(a.raw_costs, got.raw_costs) << dt_name(dt) << ": trail, ahead: costs";
+        EXPECT_EQ(a.raw_gtok, got.raw_gtok) << dt_name(dt) << ": trail, ahead: token gradient (written "
+                                            << a.written << ")";
     }
 }
 

@@ -3,8 +3,10 @@
 Forward runs tdt_forward() into a workspace allocated through torch's allocator on the logits'
 device and keeps it (with the logits) for backward. Backward passes the upstream per-sample
 gradient straight to tdt_backward(), which folds it into the one pass that writes each gradient
-element: reductions (mean over U_b, sum, ...) reach the library as per-sample weights, and no
-second pass over the gradient happens in Python.
+element: reductions (sum, batch mean, ...) reach the library as per-sample weights, and no
+second pass over the gradient happens in Python. The "mean" reduction's division by U_b is the
+library's own (options.normalize_costs: the costs it returns are cost_b / U_b, and it divides
+the upstream of each by U_b), torch's part being a batch mean.
 
 On CUDA, where the library's plan runs the gradient pass with the forward (the fused schedule:
 long rows, where it overlaps both lattice sweeps), forward calls tdt_forward_ahead() instead,
@@ -107,6 +109,12 @@ class LossFunction(torch.autograd.Function):
                 reduction="none"):
         built = []
         ctx.ahead = ctx.buffers = items = None
+        # "mean" = (costs / U_b).mean(): the library divides (options.normalize_costs, the same
+        # bits in both directions), so torch's part is the batch mean, one op here and one
+        # division in backward instead of three ops (benchmark/NOTES.md, v22)
+        per_label = reduction == "mean" and _core.per_label_available()
+        if per_label:
+            reduction = "mean_batch"
         key = _ahead_key(ctx, logits, spec, as_rnnt, in_place)
         if key is not None and _ahead_plans.get(key, True):
             # the gradients for a loss gradient of 1: the reduction's weights, by the very
@@ -119,7 +127,7 @@ class LossFunction(torch.autograd.Function):
                                          ctx.needs_input_grad[1])
             costs, workspace, written = _core.forward_ahead(
                 spec, logits, duration, labels, frame_lengths, label_lengths, weights, *buffers,
-                as_rnnt=as_rnnt, built=built)
+                as_rnnt=as_rnnt, built=built, per_label=per_label)
             if len(_ahead_plans) >= _PLANS_MAX:
                 _ahead_plans.clear()
             _ahead_plans[key] = written
@@ -129,7 +137,8 @@ class LossFunction(torch.autograd.Function):
                 ctx.buffers = buffers
         else:
             costs, workspace = _core.forward(spec, logits, duration, labels, frame_lengths,
-                                             label_lengths, as_rnnt, built=built)
+                                             label_lengths, as_rnnt, built=built,
+                                             per_label=per_label)
         ctx.save_for_backward(logits, duration)
         ctx.labels, ctx.frame_lengths, ctx.label_lengths = labels, frame_lengths, label_lengths
         ctx.workspace = workspace

@@ -202,11 +202,14 @@ def _call(fn_name, logits, o, *args):
 
 
 def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt,
-                   workspace_bytes, zero_workspace, built):
-    """A forward call's (problem, options, keep), workspace and costs, allocated."""
+                   workspace_bytes, zero_workspace, built, per_label=False):
+    """A forward call's (problem, options, keep), workspace and costs, allocated. per_label:
+    options.normalize_costs (costs / U_b, and the backward's upstream divided likewise)."""
     B = int(logits.shape[0])
     acc = acc_dtype(logits.dtype)
     p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
+    if per_label:
+        o.normalize_costs = 1
     if built is not None:
         built.append((p, o, keep))
     need = _workspace_size(p, o)
@@ -239,7 +242,8 @@ def _nothing_to_read(logits, costs):
 
 
 def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
-            workspace_bytes=None, zero_workspace=False, built=None, costs_only=False):
+            workspace_bytes=None, zero_workspace=False, built=None, costs_only=False,
+            per_label=False):
     """Costs (B,) in the accumulate type, and the workspace that backward() needs.
 
     costs_only: no backward() will follow; the call is compute_tdt_loss() without gradients,
@@ -250,10 +254,12 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     zero_workspace: zero-fill it first, so its bytes are a function of the inputs alone.
     built: a list to which the call's (problem, options, keep) are appended, for backward() to
     reuse (the same tensors, so the same pointers).
+    per_label: costs divided by the label lengths by the library (options.normalize_costs), and
+    a backward() on built takes the upstream of those.
     """
     p, o, keep, size, workspace, costs = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, workspace_bytes,
-        zero_workspace, built)
+        zero_workspace, built, per_label)
     if _nothing_to_read(logits, costs):
         return costs, workspace
     if costs_only:
@@ -265,13 +271,24 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     return costs, workspace
 
 
+_per_label = []
+
+
+def per_label_available():
+    """Whether the loaded library has options.normalize_costs (0.2.0 and later; an older one
+    would read past its shorter tdt_options_t nothing of it, and return plain costs)."""
+    if not _per_label:
+        _per_label.append(_lib.version() >= 200)
+    return _per_label[0]
+
+
 def ahead_available():
     """Whether the loaded library has tdt_forward_ahead() and tdt_scale_gradients()."""
     return hasattr(_lib.load(), "tdt_forward_ahead")
 
 
 def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, weights,
-                  g_logits, g_dur, as_rnnt=False, built=None):
+                  g_logits, g_dur, as_rnnt=False, built=None, per_label=False):
     """forward() through tdt_forward_ahead(): (costs, workspace, written).
 
     Where the library's plan runs the gradient pass with the forward (the GPU's fused schedule:
@@ -281,7 +298,8 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     is False, the buffers are untouched, and backward() follows on the workspace as usual.
     """
     p, o, keep, size, workspace, costs = _forward_setup(
-        spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built)
+        spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built,
+        per_label)
     if _nothing_to_read(logits, costs):
         return costs, workspace, False
     w = None

@@ -94,6 +94,7 @@ class Options(ctypes.Structure):
         ("input_kind", ctypes.c_int),
         ("grad_costs_scalar", ctypes.c_int),
         ("gpu_schedule", ctypes.c_int),
+        ("normalize_costs", ctypes.c_int),
     ]
 
 

@@ -403,16 +403,25 @@ TDT_HD double tdt_cut_slot_term(const tdt_lattice_t *L, const tdt_arcs_t *A, con
 
 /* ---- gradients ---------------------------------------------------------------------------- */
 
+/* x / U in the accumulate type (options.normalize_costs): a float64 division, or for the
+ * 32-bit accumulate type the float32 division of x rounded to float32, as a caller dividing the
+ * stored cost or upstream by its label count would get. */
+TDT_HD double tdt_per_label(double x, int acc_double, int64_t U) {
+    return acc_double ? x / (double)U : (double)((float)x / (float)U);
+}
+
 /* The upstream gradient of sample b (tdt_backward()'s grad_costs): 1 without one; else element
  * b, or element 0 for every sample with options.grad_costs_scalar (scalar); double or float by
- * the accumulate type (acc_double). */
-TDT_HD double tdt_upstream(const void *grad_costs, int acc_double, int scalar, int64_t b) {
+ * the accumulate type (acc_double); with per_label (options.normalize_costs) divided by the
+ * sample's label count U (tdt_per_label). */
+TDT_HD double tdt_upstream(const void *grad_costs, int acc_double, int scalar, int64_t b,
+                           int per_label, int64_t U) {
     double g = 1.0;
     if (grad_costs) {
         const int64_t i = scalar ? 0 : b;
         g = acc_double ? ((const double *)grad_costs)[i] : (double)((const float *)grad_costs)[i];
     }
-    return g;
+    return per_label ? tdt_per_label(g, acc_double, U) : g;
 }
 
 /* Arc occupancy exp(alpha + w + beta(dst) - LL); exactly 0 when any term is -inf. */

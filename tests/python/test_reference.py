@@ -171,6 +171,29 @@ def test_reduction_inside_the_node_is_the_torch_expression_bitwise(device, reduc
             % (what, reduction, a.flatten()[:4].tolist(), b.flatten()[:4].tolist())
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_mean_reduction_divides_by_the_label_lengths_in_the_library(device, reduction, monkeypatch):
+    """reduction="mean" asks the library for per-label costs (options.normalize_costs) in the
+    forward and the backward alike, so torch's part is a batch mean (the test above holds its
+    bits to the torch expression's); every other reduction gets plain costs."""
+    from warp_tdt import _core
+    seen = []
+    real = _core._call
+
+    def spy(fn_name, logits, o, *args):
+        seen.append((fn_name, o.normalize_costs))
+        return real(fn_name, logits, o, *args)
+
+    monkeypatch.setattr(_core, "_call", spy)
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=31)
+    tok = case["token_logits"].to(device).requires_grad_(True)
+    dur = case["duration_logits"].to(device).requires_grad_(True)
+    warp_tdt.tdt_loss(tok, dur, case["targets"], case["logit_lengths"], case["target_lengths"],
+                      case["blank_token_id"], case["durations"], reduction=reduction).backward()
+    loss_calls = [n for f, n in seen if f != "tdt_pack_indices"]
+    assert len(loss_calls) >= 2 and set(loss_calls) == {1 if reduction == "mean" else 0}, seen
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_ahead_weights_are_the_reductions_gradient_bitwise(reduction, dtype):
