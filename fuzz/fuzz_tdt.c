@@ -46,6 +46,8 @@
  *     sample alone gives the bits it gets in the batch (bad samples do not spread); the
  *     in-place gradient equals the out-of-place one bitwise; backward with grad_costs_scalar
  *     equals backward with that one value repeated for every sample, bitwise;
+ *   - tdt_pack_indices on the call's labels and lengths (int32, or int64 copies) gives them back
+ *     in its packed layout, with tdt_check_data's verdict;
  *   - tdt_forward_ahead on the CPU writes no gradient and the costs of tdt_forward;
  *     tdt_scale_gradients gives each element inside a lattice times its factor, rounded once,
  *     and touches nothing else.
@@ -739,6 +741,44 @@ static int avoid(const char *tag) {
     return e && strstr(e, tag) != NULL;
 }
 
+/* tdt_pack_indices() on the call's int32 labels and lengths, as int64 copies (wide) or as they
+ * are: SUCCESS, the same arrays back in the packed layout, nothing written past it, and a
+ * verdict that is tdt_check_data's (ok). */
+static void check_pack(const tdt_problem_t *p, const tdt_options_t *o, int ok, int wide) {
+    const int64_t B = p->batch, U = p->max_labels, n = B * (U + 2);
+    int64_t *l64 = (int64_t *)malloc((size_t)(B * U + 1) * 8), *f64 = (int64_t *)malloc((size_t)(B + 1) * 8),
+            *u64 = (int64_t *)malloc((size_t)(B + 1) * 8);
+    int32_t *packed = (int32_t *)malloc((size_t)(n + 1) * 4), valid = -1;
+    for (int64_t i = 0; i < B * U; ++i) l64[i] = p->labels[i];
+    for (int64_t b = 0; b < B; ++b) {
+        f64[b] = p->frame_lengths[b];
+        u64[b] = p->label_lengths[b];
+    }
+    for (int64_t i = 0; i <= n; ++i) packed[i] = -77;
+    tdt_indices_t in;
+    memset(&in, 0, sizeof in);
+    in.type = wide ? TDT_INDEX_INT64 : TDT_INDEX_INT32;
+    in.labels = wide ? (const void *)l64 : (const void *)p->labels;
+    in.columns = U;
+    in.labels_stride = U;
+    in.frame_lengths = wide ? (const void *)f64 : (const void *)p->frame_lengths;
+    in.label_lengths = wide ? (const void *)u64 : (const void *)p->label_lengths;
+    const tdt_status_t s = tdt_pack_indices(p, o, &in, packed, &valid);
+    REQUIRE(s == TDT_STATUS_SUCCESS, "tdt_pack_indices %d (%s): %s", (int)s, tdt_status_string(s),
+            tdt_last_error());
+    REQUIRE(valid == ok, "tdt_pack_indices says valid %d, tdt_check_data %d", (int)valid, ok);
+    for (int64_t b = 0; b < B; ++b)
+        REQUIRE(packed[b] == p->frame_lengths[b] && packed[B + b] == p->label_lengths[b],
+                "tdt_pack_indices: lengths of sample %lld", (long long)b);
+    for (int64_t i = 0; i < B * U; ++i)
+        REQUIRE(packed[2 * B + i] == p->labels[i], "tdt_pack_indices: label %lld", (long long)i);
+    REQUIRE(packed[n] == -77, "tdt_pack_indices wrote past 2 B + B U elements");
+    free(l64);
+    free(f64);
+    free(u64);
+    free(packed);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -1144,6 +1184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *err = tdt_last_error();
     REQUIRE(err != NULL, "tdt_last_error() NULL");
     tdt_status_t want = TDT_STATUS_SUCCESS;
+    int pack_verdict = -1; /* tdt_check_data's verdict where it ran: check_pack's expectation */
     if (kind == K_ONESHOT) want = pre != TDT_STATUS_SUCCESS ? pre : post;
     else if (kind == K_COSTS) want = pre;
     else want = pre != TDT_STATUS_SUCCESS ? pre : post;
@@ -1167,6 +1208,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 (int)s, tdt_status_string(s));
         REQUIRE(strcmp(said, tdt_last_error()) == 0, "tdt_check_data says \"%s\", the call \"%s\"",
                 tdt_last_error(), said);
+        pack_verdict = d == TDT_STATUS_SUCCESS;
     }
 
     /* inputs never change (the in-place fault was refused, so it wrote nothing either) */
@@ -1177,6 +1219,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     if (s != TDT_STATUS_SUCCESS) {
         REQUIRE(err[0] != 0, "status %d without a tdt_last_error() message", (int)s);
+        if (pack_verdict >= 0) check_pack(&iv.p, &iv.o, pack_verdict, (int)(B & 1)); /* clears it */
         /* nothing written: costs (unless the forward succeeded before a failing backward) and
            gradients */
         if (phase == 1) REQUIRE(memcmp(costs0, costs_mem, (size_t)(B + 2) * as) == 0, "costs written on failure");
@@ -1185,6 +1228,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         goto cleanup;
     }
     REQUIRE(err[0] == 0, "SUCCESS but tdt_last_error() = \"%s\"", err);
+    if (pack_verdict >= 0) check_pack(&iv.p, &iv.o, pack_verdict, (int)(B & 1));
     /* a fault that turned out harmless (RNN-T ignoring durations, empty tensors) is a
        valid call from here on; carry its options */
     O = iv.o;
