@@ -679,57 +679,33 @@ std::vector<PackCase> pack_cases() {
     c.labels = {0, 1, 6, 6, /**/ 5, 4, 6, 6, /**/ 6, 6, 6, 6};
     c.ll = {2, 2, 0};
     cs.push_back(c);
-    // one bad value a case
-    c = ok;
-    c.name = "frame length over T";
-    c.fl = {5, 6, 0};
-    c.expect_valid = 0;
-    cs.push_back(c);
-    c.name = "negative frame length";
-    c.fl = {5, 3, -1};
-    cs.push_back(c);
-    c = ok;
-    c.expect_valid = 0;
-    c.name = "label length over U";
-    c.ll = {4, 5, 0};
-    cs.push_back(c);
-    c.name = "negative label length";
-    c.ll = {4, 2, -2};
-    cs.push_back(c);
-    c = ok;
-    c.expect_valid = 0;
-    c.name = "label length over the columns given";
-    c.cols = 2;
-    c.stride = 2;
-    c.labels = {1, 2, /**/ 3, 4, /**/ 5, 0};
-    c.ll = {2, 3, 0};
-    cs.push_back(c);
-    c = ok;
-    c.expect_valid = 0;
-    c.name = "label >= V";
-    c.labels[5] = 7;
-    cs.push_back(c);
-    c = ok;
-    c.expect_valid = 0;
-    c.name = "negative label";
-    c.labels[2] = -3;
-    cs.push_back(c);
-    c = ok;
-    c.expect_valid = 0;
-    c.name = "label equals the blank";
-    c.labels[1] = 6;
-    cs.push_back(c);
-    c = ok;
-    c.expect_valid = 0;
-    c.name = "int64 label past int32 (wraps to a valid 1)";
-    c.labels[3] = (int64_t{1} << 32) + 1;
-    cs.push_back(c);
-    c = ok;
-    c.expect_valid = 0;
-    c.name = "int64 frame length past int32";
-    c.T = int64_t{1} << 40;
-    c.fl[0] = (int64_t{1} << 32) + 5;
-    cs.push_back(c);
+    // one bad value a case: ok's, changed by `change`
+    auto bad = [&](const char *name, void (*change)(PackCase &)) {
+        PackCase b = ok;
+        b.name = name;
+        b.expect_valid = 0;
+        change(b);
+        cs.push_back(b);
+    };
+    bad("frame length over T", [](PackCase &b) { b.fl = {5, 6, 0}; });
+    bad("negative frame length", [](PackCase &b) { b.fl = {5, 3, -1}; });
+    bad("label length over U", [](PackCase &b) { b.ll = {4, 5, 0}; });
+    bad("negative label length", [](PackCase &b) { b.ll = {4, 2, -2}; });
+    bad("label length over the columns given", [](PackCase &b) {
+        b.cols = 2;
+        b.stride = 2;
+        b.labels = {1, 2, /**/ 3, 4, /**/ 5, 0};
+        b.ll = {2, 3, 0};
+    });
+    bad("label >= V", [](PackCase &b) { b.labels[5] = 7; });
+    bad("negative label", [](PackCase &b) { b.labels[2] = -3; });
+    bad("label equals the blank", [](PackCase &b) { b.labels[1] = 6; });
+    bad("int64 label past int32 (wraps to a valid 1)",
+        [](PackCase &b) { b.labels[3] = (int64_t{1} << 32) + 1; });
+    bad("int64 frame length past int32", [](PackCase &b) {
+        b.T = int64_t{1} << 40;
+        b.fl[0] = (int64_t{1} << 32) + 5;
+    });
     return cs;
 }
 
