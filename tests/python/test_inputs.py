@@ -195,12 +195,14 @@ def test_expanded_upstream_gradient_is_read_as_one_value(device, monkeypatch):
         "max |difference| %g" % (grads[0] - grads[1]).abs().max().item()
 
 
+@pytest.mark.parametrize("validate", [True, False])
 @pytest.mark.parametrize("int_dtype", [torch.int32, torch.int64])
-def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, monkeypatch):
-    """int32 contiguous labels and lengths on the logits' device are passed as they are; other
-    integer tensors are converted: for CUDA logits together, into one int32 tensor, by one
-    concatenation (one kernel, and one copy to the host for the check); for CPU logits each on
-    its own (three casts cost less than the concatenation there)."""
+def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, validate, monkeypatch):
+    """int32 contiguous labels and lengths on the logits' device are passed as they are where
+    nothing is to be done with them (CPU logits, or CUDA without the check); otherwise they are
+    packed: for CUDA logits together, into one int32 tensor [frame lengths, label lengths,
+    labels], by the library's tdt_pack_indices kernel (which also judges them for the check);
+    for CPU logits each cast on its own (three casts cost less than a concatenation there)."""
     seen = []
     real = _core._build
 
@@ -215,16 +217,18 @@ def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, mon
     ll = case["target_lengths"].to(device=device, dtype=int_dtype)
     loss = warp_tdt.tdt_loss(case["token_logits"].to(device), case["duration_logits"].to(device),
                              targets, fl, ll, case["blank_token_id"], case["durations"],
-                             reduction="none")
+                             reduction="none", validate=validate)
     labels, f, l = seen[0]
     assert labels.dtype == f.dtype == l.dtype == torch.int32
-    if int_dtype == torch.int32:
+    if int_dtype == torch.int32 and (device == "cpu" or not validate):
         assert (labels.data_ptr(), f.data_ptr(), l.data_ptr()) == \
             (targets.data_ptr(), fl.data_ptr(), ll.data_ptr())
     elif device == "cuda":
         base = f.data_ptr()
         assert l.data_ptr() == base + 4 * 3 and labels.data_ptr() == base + 4 * 6
         assert labels.is_contiguous() and torch.equal(labels.cpu(), case["targets"].int())
+        assert torch.equal(f.cpu(), case["logit_lengths"].int())
+        assert torch.equal(l.cpu(), case["target_lengths"].int())
     else:
         for got, want in ((labels, case["targets"]), (f, case["logit_lengths"]),
                           (l, case["target_lengths"])):
