@@ -511,7 +511,22 @@ def _pinned_slot(device, n):
 
 
 _INDEX_TYPES = {torch.int32: _lib.INDEX_INT32, torch.int64: _lib.INDEX_INT64}
-_pack_options = {}  # blank -> tdt_options_t for tdt_pack_indices (location GPU, the blank)
+_blank_options = {}  # (blank, location) -> tdt_options_t of the data checks (they read only these)
+
+
+def _blank_opts(blank, location):
+    """The tdt_options_t that tdt_check_data (CPU) and tdt_pack_indices (GPU; the caller copies
+    it to set the stream) take: only the blank and the location set."""
+    key = (blank, location)
+    o = _blank_options.get(key)
+    if o is None:
+        o = _lib.Options()
+        o.location = location
+        o.blank = blank
+        if len(_blank_options) >= _CACHE_MAX:
+            _blank_options.clear()
+        _blank_options[key] = o
+    return o
 
 
 def pack_available():
@@ -533,15 +548,7 @@ def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_length
     B = int(frame_lengths.shape[0])
     p = _lib.Problem()
     p.batch, p.max_frames, p.max_labels, p.vocab_size = B, max_frames, max_labels, vocab_size
-    o = _pack_options.get(blank)
-    if o is None:
-        o = _lib.Options()
-        o.location = _lib.LOCATION_GPU
-        o.blank = blank
-        if len(_pack_options) >= _CACHE_MAX:
-            _pack_options.clear()
-        _pack_options[blank] = o
-    o = _lib.Options.from_buffer_copy(o)
+    o = _lib.Options.from_buffer_copy(_blank_opts(blank, _lib.LOCATION_GPU))
     ind = _lib.Indices()
     ind.type = _INDEX_TYPES[labels.dtype]
     ind.labels = labels.data_ptr() or None
@@ -611,7 +618,6 @@ def _first(mask):
     return tuple(int(i) for i in mask.nonzero()[0])
 
 
-_blank_options = {}  # blank -> tdt_options_t for tdt_check_data (it reads only the blank)
 
 
 def _library_says_ok(spec, T, U, B, lengths_labels):
@@ -624,13 +630,7 @@ def _library_says_ok(spec, T, U, B, lengths_labels):
     p = _lib.Problem()
     p.batch, p.max_frames, p.max_labels, p.vocab_size = B, T, U, spec.vocab_size
     p.frame_lengths, p.label_lengths, p.labels = lengths_labels
-    o = _blank_options.get(spec.blank)
-    if o is None:
-        o = _lib.Options()
-        o.blank = spec.blank
-        if len(_blank_options) >= _CACHE_MAX:
-            _blank_options.clear()
-        _blank_options[spec.blank] = o
+    o = _blank_opts(spec.blank, _lib.LOCATION_CPU)
     return fn(ctypes.byref(p), ctypes.byref(o)) == 0
 
 
