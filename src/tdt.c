@@ -171,15 +171,15 @@ static tdt_status_t check_data_pointers(const tdt_problem_t *p) {
 static tdt_status_t check_data(const tdt_problem_t *p, int blank) {
     for (int64_t b = 0; b < p->batch; ++b) {
         int32_t T = p->frame_lengths[b], U = p->label_lengths[b];
-        if (T < 0 || T > p->max_frames)
+        if (!tdt_length_ok(T, p->max_frames))
             TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "frame_lengths[%lld] = %d is outside [0, %lld] (max_frames)",
                      (long long)b, T, (long long)p->max_frames);
-        if (U < 0 || U > p->max_labels)
+        if (!tdt_length_ok(U, p->max_labels))
             TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "label_lengths[%lld] = %d is outside [0, %lld] (max_labels)",
                      (long long)b, U, (long long)p->max_labels);
         const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
         for (int32_t i = 0; i < U; ++i) {
-            if (y[i] < 0 || y[i] >= p->vocab_size)
+            if (!tdt_label_in_vocab(y[i], p->vocab_size))
                 TDT_FAIL(TDT_STATUS_INVALID_LABEL, "labels[%lld][%d] = %d is outside [0, %lld) (vocab_size)",
                          (long long)b, i, y[i], (long long)p->vocab_size);
             if (y[i] == blank)

@@ -10,6 +10,12 @@
 
 #include "hd.h"
 
+/* The loss's rules for one value, written once for tdt_check_data (src/tdt.c, which names the
+ * first bad one) and tdt_pack_one: a length in [0, hi]; a label in [0, vocab_size) (and not
+ * the blank, a plain comparison at both). */
+TDT_HD int tdt_length_ok(int64_t v, int64_t hi) { return v >= 0 && v <= hi; }
+TDT_HD int tdt_label_in_vocab(int64_t y, int64_t vocab_size) { return y >= 0 && y < vocab_size; }
+
 /* Element i of an int32 or int64 array. */
 TDT_HD int64_t tdt_index_at(const void *a, int64_t i, tdt_index_type_t type) {
     return type == TDT_INDEX_INT64 ? ((const int64_t *)a)[i] : (int64_t)((const int32_t *)a)[i];
@@ -36,12 +42,12 @@ TDT_HD int tdt_pack_one(const tdt_indices_t *in, const tdt_pack_shape_t *s, int6
                          second ? i - s->batch : i, in->type);
         const int64_t hi = !second ? s->max_frames
                                    : (in->columns < s->max_labels ? in->columns : s->max_labels);
-        ok = v >= 0 && v <= hi;
+        ok = tdt_length_ok(v, hi);
     } else {
         const int64_t j = i - 2 * s->batch, b = j / s->max_labels, k = j - b * s->max_labels;
         v = k < in->columns ? tdt_index_at(in->labels, b * in->labels_stride + k, in->type) : 0;
         ok = k >= tdt_index_at(in->label_lengths, b, in->type) ||
-             (v >= 0 && v < s->vocab_size && v != s->blank);
+             (tdt_label_in_vocab(v, s->vocab_size) && v != s->blank);
     }
     const int fits = v >= INT32_MIN && v <= INT32_MAX;
     *out = fits ? (int32_t)v : 0;
