@@ -361,9 +361,20 @@ TDT_HD void tdt_diagonal_range(const tdt_lattice_t *L, int64_t s, int64_t *u_lo,
     *u_hi = s < L->U ? s : L->U;
 }
 
+/* x / U in the accumulate type (options.normalize_costs): a float64 division, or for the
+ * 32-bit accumulate type the float32 division of x rounded to float32, as a caller dividing the
+ * stored cost or upstream by its label count would get. */
+TDT_HD double tdt_per_label(double x, int acc_double, int64_t U) {
+    return acc_double ? x / (double)U : (double)((float)x / (float)U);
+}
+
 /* The reported cost from log p(y|x): -(1 + lambda) log p (FastEmit scales the cost too);
- * +inf for an infeasible sample (ll = -inf), NaN for NaN. */
-TDT_HD double tdt_cost(double ll, double fastemit_lambda) { return -(1.0 + fastemit_lambda) * ll; }
+ * +inf for an infeasible sample (ll = -inf), NaN for NaN; with per_label
+ * (options.normalize_costs) divided by the sample's label count U (tdt_per_label). */
+TDT_HD double tdt_cost(double ll, double fastemit_lambda, int per_label, int acc_double, int64_t U) {
+    const double cost = -(1.0 + fastemit_lambda) * ll;
+    return per_label ? tdt_per_label(cost, acc_double, U) : cost;
+}
 
 /* ---- log p(y|x) at a cut ------------------------------------------------------------------ */
 
@@ -402,13 +413,6 @@ TDT_HD double tdt_cut_slot_term(const tdt_lattice_t *L, const tdt_arcs_t *A, con
 }
 
 /* ---- gradients ---------------------------------------------------------------------------- */
-
-/* x / U in the accumulate type (options.normalize_costs): a float64 division, or for the
- * 32-bit accumulate type the float32 division of x rounded to float32, as a caller dividing the
- * stored cost or upstream by its label count would get. */
-TDT_HD double tdt_per_label(double x, int acc_double, int64_t U) {
-    return acc_double ? x / (double)U : (double)((float)x / (float)U);
-}
 
 /* The upstream gradient of sample b (tdt_backward()'s grad_costs): 1 without one; else element
  * b, or element 0 for every sample with options.grad_costs_scalar (scalar); double or float by

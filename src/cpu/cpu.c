@@ -419,9 +419,8 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
     }
     for (int64_t b = 0; b < B; ++b) {
         double ll = ws->ll[b];
-        double cost = tdt_cost(ll, c->o.fastemit_lambda);
-        if (c->o.normalize_costs)
-            cost = tdt_per_label(cost, tdt_acc_is_double(c->p.dtype), c->p.label_lengths[b]);
+        const double cost = tdt_cost(ll, c->o.fastemit_lambda, c->o.normalize_costs != 0,
+                                     tdt_acc_is_double(c->p.dtype), c->p.label_lengths[b]);
         if (tdt_acc_is_double(c->p.dtype))
             ((double *)c->costs)[b] = cost;
         else

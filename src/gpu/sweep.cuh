@@ -307,8 +307,8 @@ __device__ __forceinline__ void tdt_sweep_finish(const tdt_gpu_args_t &a, int64_
                                                  const tdt_lattice_t &L, const tdt_arcs_t &A,
                                                  const double *alpha) {
     const double ll = tdt_log_likelihood(&L, &A, alpha);  /* -inf when T == 0 */
-    double cost = tdt_cost(ll, a.fastemit_lambda); /* +inf when infeasible */
-    if (a.normalize_costs) cost = tdt_per_label(cost, a.acc_double, L.U);
+    const double cost = tdt_cost(ll, a.fastemit_lambda, a.normalize_costs, a.acc_double,
+                                 L.U); /* +inf when infeasible */
     a.ws.ll[b] = ll;
     a.ws.state[b] = TDT_GPU_STATE_OK;
     if (a.acc_double)
