@@ -50,7 +50,7 @@ extern "C" {
  * library that was loaded. Compare the two to catch a stale shared library.
  * ------------------------------------------------------------------------------------------- */
 #define TDT_VERSION_MAJOR 0
-#define TDT_VERSION_MINOR 2
+#define TDT_VERSION_MINOR 3
 #define TDT_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
 #define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
@@ -183,6 +183,15 @@ typedef struct tdt_options {
                                 grad_costs[b] / U_b, divided the same way. The bits of dividing
                                 the plain costs and upstreams in float32 (float64) yourself.
                                 tdt_scale_gradients() ignores it: its scale is a plain factor. */
+    int batch_mean;          /* nonzero: grad_costs is the upstream gradient of the batch mean of
+                                the costs (the mean over all B samples), so tdt_backward() takes
+                                a sample's upstream as grad_costs[b] / B, and tdt_forward_ahead()
+                                without grad_costs as 1 / B, before normalize_costs divides it by
+                                U_b. The division is a product with the reciprocal, 1 / B rounded
+                                to the accumulate type, then x * (1 / B) rounded: within an ulp of
+                                x / B, and the bits of torch's mean backward on CUDA. The costs
+                                are not averaged: costs[] is as without it.
+                                tdt_scale_gradients() ignores it. */
 } tdt_options_t;
 
 /* ---------------------------------------------------------------------------------------------

@@ -385,6 +385,57 @@ TEST_P(Layouts, NormalizedCosts) {
     }
 }
 
+// options.batch_mean: the upstream is that of the batch mean, so each sample's is grad_costs
+// times 1 / B, then (with normalize_costs) divided by U_b, each rounded to the accumulate type:
+// the bits of a call whose upstream the caller divided by hand that way; the costs are not
+// averaged. A scalar upstream and a (B) one, the pair and the one-shot call (upstream 1 / B).
+// B = 3 and these upstreams: the reciprocal's product differs from a division here.
+TEST_P(Layouts, BatchMean) {
+    Problem p = random_problem(78, 3, 7, 3, 6, {0, 1, 2}, 0, 1.0, 1, {}, {3, 1, 2});
+    quantize_inputs(p, dtype());
+    const bool dbl = dtype() == TDT_DTYPE_FLOAT64;
+    auto div = [&](double x, int64_t n) {
+        return dbl ? x / (double)n : (double)((float)x / (float)n);
+    };
+    auto recip = [&](double x, int64_t n) {
+        return dbl ? x * (1.0 / (double)n) : (double)((float)x * (1.0f / (float)n));
+    };
+    const std::vector<double> g = {1.25, -1.75, 2.45}, one_g = {2.5};
+    for (bool per_label : {false, true})
+        for (int call = 0; call < 3; ++call) {  // one-shot, pair with (B), pair with a scalar
+            const std::vector<double> &up0 = call == 2 ? one_g : g;
+            RunOptions ro;
+            ro.dtype = dtype();
+            ro.layout = call == 1 ? Layout::Joint : Layout::Contiguous;
+            ro.normalize_costs = per_label;
+            std::vector<double> up(3);
+            for (int b = 0; b < 3; ++b) {
+                const double x = recip(call == 0 ? 1.0 : up0[call == 2 ? 0 : b], p.B);
+                up[b] = per_label ? div(x, p.U[b]) : x;
+            }
+            ro.two_phase = true;
+            ro.grad_costs = &up;
+            ro.normalize_costs = false;
+            Output want = run_lib(p, ro);
+            ro.normalize_costs = per_label;
+            ro.two_phase = call != 0;
+            ro.grad_costs = call == 0 ? nullptr : &up0;
+            ro.grad_costs_scalar = call == 2;
+            ro.batch_mean = true;
+            const Output got = run_lib(p, ro);
+            ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+            ro.batch_mean = false;
+            ro.grad_costs = nullptr;
+            ro.grad_costs_scalar = false;
+            const Output costs = run_lib(p, ro);  // the costs with no batch mean asked
+            EXPECT_EQ(std::memcmp(got.costs.data(), costs.costs.data(), 3 * sizeof(double)), 0)
+                << "batch_mean changed the costs (per_label " << per_label << ", call " << call << ")";
+            want.costs = got.costs;
+            expect_bitwise(got, want, p, std::string("batch mean, ") + (per_label ? "per label, " : "") +
+                                             (call == 0 ? "one-shot" : call == 1 ? "pair" : "pair, scalar"));
+        }
+}
+
 // tdt_scale_gradients: each element inside sample b's lattice times scale[b], rounded once to the
 // dtype; zeros (an infeasible sample's gradient, whatever its factor) and everything outside the
 // lattices stay as they were; in every layout, padded gaps untouched (run_lib checks them).

@@ -278,6 +278,7 @@ struct RunOpts {
     std::vector<double> grad_costs;  // FwdBwd: upstream gradients (empty: NULL = ones)
     bool grad_scalar = false;        // grad_costs holds one value for every sample
     bool normalize = false;          // options.normalize_costs
+    bool batch_mean = false;         // options.batch_mean
     cudaStream_t stream = nullptr;
     bool graph = false;              // GPU: capture the calls in a CUDA graph and replay it
     bool want_tok = true, want_dur = true;
@@ -384,6 +385,7 @@ Out run_cpu(const Host &h, const RunOpts &ro) {
     fill_options(h, TDT_LOCATION_CPU, &o, nullptr);
     o.grad_costs_scalar = ro.grad_scalar;
     o.normalize_costs = ro.normalize;
+    o.batch_mean = ro.batch_mean;
     std::vector<uint8_t> tok = h.tok, dur = h.dur, gtok, gdur;
     std::vector<int32_t> labels = h.labels, T = h.T, U = h.U;
     Ptrs p;
@@ -515,6 +517,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     fill_options(h, TDT_LOCATION_GPU, &o, ro.stream);
     o.grad_costs_scalar = ro.grad_scalar;
     o.normalize_costs = ro.normalize;
+    o.batch_mean = ro.batch_mean;
     o.gpu_schedule = ro.schedule;
     tdt_problem_t pr;
     tdt_gradients_t g;
@@ -1126,6 +1129,60 @@ TEST(GpuCalls, NormalizedCosts) {
         EXPECT_EQ(a.raw_costs, got.raw_costs) << dt_name(dt) << ": trail, ahead: costs";
         EXPECT_EQ(a.raw_gtok, got.raw_gtok) << dt_name(dt) << ": trail, ahead: token gradient (written "
                                             << a.written << ")";
+    }
+}
+
+// options.batch_mean on the device: each upstream times 1 / B, then divided by U_b
+// (normalize_costs), the bits of a call whose upstream was made by hand that way (2.5 / 3: the
+// product differs from the division in both accumulate types); the costs unaveraged; the pair
+// with a scalar upstream, the one-shot call (1 / B) and the trail schedule's tdt_forward_ahead()
+// (the gradients written in the forward, for an upstream of 1 / B) alike.
+TEST(GpuCalls, BatchMean) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64}) {
+        const Spec s = medium(dt);
+        Host h = make_host(s);
+        const bool dbl = dt == TDT_DTYPE_FLOAT64;
+        auto div = [&](double x, int64_t n) {
+            return dbl ? x / (double)n : (double)((float)x / (float)n);
+        };
+        auto recip = [&](double x, int64_t n) {
+            return dbl ? x * (1.0 / (double)n) : (double)((float)x * (1.0f / (float)n));
+        };
+        ASSERT_EQ(s.B, 3);
+        RunOpts by_hand, ones_by_hand;
+        by_hand.mode = ones_by_hand.mode = Mode::FwdBwd;
+        for (int64_t b = 0; b < s.B; ++b) {
+            by_hand.grad_costs.push_back(div(recip(2.5, s.B), h.U[b]));
+            ones_by_hand.grad_costs.push_back(div(recip(1.0, s.B), h.U[b]));
+        }
+        const Out want = run_gpu(h, by_hand), want_ones = run_gpu(h, ones_by_hand);
+        RunOpts mean;
+        mean.mode = Mode::FwdBwd;
+        mean.grad_costs = {2.5};
+        mean.grad_scalar = true;
+        mean.normalize = mean.batch_mean = true;
+        const Out got = run_gpu(h, mean);
+        RunOpts norm;
+        norm.normalize = true;
+        norm.mode = Mode::FwdOnly;
+        const Out costs = run_gpu(h, norm);
+        EXPECT_EQ(got.raw_costs, costs.raw_costs) << dt_name(dt) << ": batch_mean changed the costs";
+        EXPECT_EQ(got.raw_gtok, want.raw_gtok) << dt_name(dt) << ": token gradient";
+        EXPECT_EQ(got.raw_gdur, want.raw_gdur) << dt_name(dt) << ": duration gradient";
+        expect_match(got, run_cpu(h, mean), s);
+        RunOpts one;
+        one.normalize = one.batch_mean = true;
+        const Out o = run_gpu(h, one);
+        EXPECT_EQ(o.raw_gtok, want_ones.raw_gtok) << dt_name(dt) << ": one-shot token gradient";
+        EXPECT_EQ(o.raw_gdur, want_ones.raw_gdur) << dt_name(dt) << ": one-shot duration gradient";
+        RunOpts ahead = one;
+        ahead.mode = Mode::Ahead;
+        ahead.schedule = TDT_GPU_SCHEDULE_TRAIL;
+        const Out a = run_gpu(h, ahead);
+        EXPECT_EQ(a.raw_gtok, want_ones.raw_gtok) << dt_name(dt) << ": trail, ahead: token gradient (written "
+                                                  << a.written << ")";
+        EXPECT_EQ(a.raw_gdur, want_ones.raw_gdur) << dt_name(dt) << ": trail, ahead: duration gradient";
     }
 }
 

@@ -365,6 +365,7 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     opt.input_kind = p.log_probs ? TDT_INPUT_LOG_PROBS : TDT_INPUT_LOGITS;
     opt.grad_costs_scalar = ro.grad_costs_scalar;
     opt.normalize_costs = ro.normalize_costs;
+    opt.batch_mean = ro.batch_mean;
 
     tdt_gradients_t grads;
     std::memset(&grads, 0, sizeof grads);

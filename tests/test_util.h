@@ -100,6 +100,7 @@ struct RunOptions {
     const std::vector<double> *grad_costs = nullptr;  // two_phase only; NULL = ones
     bool grad_costs_scalar = false;                   // grad_costs holds one value for all
     bool normalize_costs = false;                     // options.normalize_costs
+    bool batch_mean = false;                          // options.batch_mean
     bool want_tok = true, want_dur = true;            // which gradients to request
     size_t misalign = 0;                              // bytes added to the workspace pointer
 };

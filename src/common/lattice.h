@@ -361,19 +361,28 @@ TDT_HD void tdt_diagonal_range(const tdt_lattice_t *L, int64_t s, int64_t *u_lo,
     *u_hi = s < L->U ? s : L->U;
 }
 
-/* x / U in the accumulate type (options.normalize_costs): a float64 division, or for the
+/* x / n in the accumulate type (options.normalize_costs): a float64 division, or for the
  * 32-bit accumulate type the float32 division of x rounded to float32, as a caller dividing the
  * stored cost or upstream by its label count would get. */
-TDT_HD double tdt_per_label(double x, int acc_double, int64_t U) {
-    return acc_double ? x / (double)U : (double)((float)x / (float)U);
+TDT_HD double tdt_acc_div(double x, int acc_double, int64_t n) {
+    return acc_double ? x / (double)n : (double)((float)x / (float)n);
+}
+
+/* x / n as x times the reciprocal of n, each rounded to the accumulate type
+ * (options.batch_mean): how torch divides a CUDA tensor by a number (its mean backward
+ * included), within an ulp of tdt_acc_div. */
+TDT_HD double tdt_acc_div_recip(double x, int acc_double, int64_t n) {
+    if (acc_double) return x * (1.0 / (double)n);
+    const float r = 1.0f / (float)n;
+    return (double)((float)x * r);
 }
 
 /* The reported cost from log p(y|x): -(1 + lambda) log p (FastEmit scales the cost too);
  * +inf for an infeasible sample (ll = -inf), NaN for NaN; with per_label
- * (options.normalize_costs) divided by the sample's label count U (tdt_per_label). */
+ * (options.normalize_costs) divided by the sample's label count U (tdt_acc_div). */
 TDT_HD double tdt_cost(double ll, double fastemit_lambda, int per_label, int acc_double, int64_t U) {
     const double cost = -(1.0 + fastemit_lambda) * ll;
-    return per_label ? tdt_per_label(cost, acc_double, U) : cost;
+    return per_label ? tdt_acc_div(cost, acc_double, U) : cost;
 }
 
 /* ---- log p(y|x) at a cut ------------------------------------------------------------------ */
@@ -416,16 +425,18 @@ TDT_HD double tdt_cut_slot_term(const tdt_lattice_t *L, const tdt_arcs_t *A, con
 
 /* The upstream gradient of sample b (tdt_backward()'s grad_costs): 1 without one; else element
  * b, or element 0 for every sample with options.grad_costs_scalar (scalar); double or float by
- * the accumulate type (acc_double); with per_label (options.normalize_costs) divided by the
- * sample's label count U (tdt_per_label). */
+ * the accumulate type (acc_double); with mean_of > 0 (options.batch_mean: the batch size B)
+ * times its reciprocal (tdt_acc_div_recip), then with per_label (options.normalize_costs)
+ * divided by the sample's label count U (tdt_acc_div). */
 TDT_HD double tdt_upstream(const void *grad_costs, int acc_double, int scalar, int64_t b,
-                           int per_label, int64_t U) {
+                           int64_t mean_of, int per_label, int64_t U) {
     double g = 1.0;
     if (grad_costs) {
         const int64_t i = scalar ? 0 : b;
         g = acc_double ? ((const double *)grad_costs)[i] : (double)((const float *)grad_costs)[i];
     }
-    return per_label ? tdt_per_label(g, acc_double, U) : g;
+    if (mean_of > 0) g = tdt_acc_div_recip(g, acc_double, mean_of);
+    return per_label ? tdt_acc_div(g, acc_double, U) : g;
 }
 
 /* Arc occupancy exp(alpha + w + beta(dst) - LL); exactly 0 when any term is -inf. */

@@ -444,7 +444,9 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
             const int64_t T = p->frame_lengths[b], U = p->label_lengths[b];
             const double ll = ws->ll[b];
             const double scale = tdt_upstream(c->grad_costs, tdt_acc_is_double(p->dtype),
-                                              c->o.grad_costs_scalar, b, c->o.normalize_costs != 0, U);
+                                              c->o.grad_costs_scalar, b,
+                                              c->o.batch_mean ? p->batch : 0,
+                                              c->o.normalize_costs != 0, U);
             const int feasible = ll != -INFINITY;
             tdt_lattice_t L = sample_lattice(c, ws, b);
             const int64_t off = tdt_sample_offset(b, p->max_frames, row);
@@ -510,7 +512,7 @@ tdt_status_t tdt_cpu_scale(const tdt_call_t *c) {
     for (int64_t b = 0; b < p->batch; ++b) {
         for (int64_t t = 0; t < p->max_frames; ++t) {
             const double s = tdt_upstream(c->grad_costs, tdt_acc_is_double(p->dtype),
-                                          c->o.grad_costs_scalar, b, 0, 0);
+                                          c->o.grad_costs_scalar, b, 0, 0, 0);
             if (s == 1.0 || t >= p->frame_lengths[b]) continue;
             for (int64_t u = 0; u <= p->label_lengths[b] && u < row; ++u) {
                 if (c->g.token_grads)

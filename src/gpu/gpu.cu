@@ -86,6 +86,7 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
     a->grad_costs = c->grad_costs;
     a->grad_costs_scalar = c->o.grad_costs_scalar != 0;
     a->normalize_costs = c->o.normalize_costs != 0;
+    a->batch_mean = c->o.batch_mean != 0;
     a->arcs = c->arcs;
     a->sweep_only = c->costs_only ? 1 : 0; /* no backward follows: alpha alone gives the costs */
     if (c->workspace) tdt_workspace_carve(&c->layout, c->workspace, &a->ws); /* none: scaling */

@@ -58,6 +58,7 @@ typedef struct tdt_gpu_args {
     const void *grad_costs;        /* (B) float or double, or NULL for ones */
     int grad_costs_scalar;         /* grad_costs is one value for every sample */
     int normalize_costs;           /* options.normalize_costs: per-label costs and upstreams */
+    int batch_mean;                /* options.batch_mean: upstreams divided by B */
     tdt_arcs_t arcs;
     tdt_ws_t ws;
     /* Which (sample, direction) jobs the sweep kernels run: 0 alpha and beta, 1 alpha only

@@ -423,7 +423,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     const int32_t state = a.ws.state[b];
     const double ll = MODE == GS_FUSED ? a.ws.ll_cut[b] : a.ws.ll[b];
     const double gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b,
-                                   a.normalize_costs, lengths_ok ? Ub : 1);
+                                   a.batch_mean ? a.B : 0, a.normalize_costs, lengths_ok ? Ub : 1);
     if (!lengths_ok || state != TDT_GPU_STATE_OK || ll == -TDT_INF || t >= Tb || u > Ub) {
         zero_node<DT, G>(a, b, t, u, lane); /* group-uniform: outside the lattice, infeasible, or bad data */
         return;

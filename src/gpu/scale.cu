@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kScaleThreads) scale_kernel(tdt_gpu_args_t a) 
     typedef tdt_elem<DT> E;
     const int lane = threadIdx.x & 31, warps = kScaleThreads / 32;
     for (int64_t b = blockIdx.y; b < a.B; b += gridDim.y) {
-        const double s = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b, 0, 0);
+        const double s = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b, 0, 0, 0);
         int64_t T, U;
         if (s == 1.0 || !tdt_sample_lengths(a, b, &T, &U)) continue; /* bad lengths: grads 0 */
         const int64_t rows = U + 1, nodes = T * rows;
