@@ -17,7 +17,7 @@ from ._lib import LibraryNotFoundError, WarpTDTError, WarpTDTValueError
 from .functional import rnnt_loss, tdt_loss, tdt_loss_joint
 from .modules import RNNTLoss, TDTLoss
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "tdt_loss",
@@ -51,7 +51,7 @@ def library_path():
 
 
 def library_version():
-    """Version string of the loaded library, e.g. "0.2.0"."""
+    """Version string of the loaded library, e.g. "0.3.0"."""
     return _lib.version_string()
 
 

@@ -115,19 +115,26 @@ class LossFunction(torch.autograd.Function):
         per_label = reduction == "mean" and _core.per_label_available()
         if per_label:
             reduction = "mean_batch"
+        # on CUDA a batch mean's division of the upstream by B is the library's too
+        # (options.batch_mean: a product with 1 / B, as torch's CUDA division by a number, so
+        # the same bits; the CPU's torch divides): no torch op in backward (NOTES v23)
+        batch_mean = (reduction == "mean_batch" and logits.is_cuda
+                      and _core.batch_mean_available())
         key = _ahead_key(ctx, logits, spec, as_rnnt, in_place)
         if key is not None and _ahead_plans.get(key, True):
             # the gradients for a loss gradient of 1: the reduction's weights, by the very
-            # divisions backward's _upstream() runs, so the same bits when it is 1
+            # divisions backward's _upstream() runs (or the library's, with batch_mean: none
+            # here), so the same bits when it is 1
             acc = _core.acc_dtype(logits.dtype)
-            items = scale_items(label_lengths, reduction, int(logits.shape[0]), acc)
+            items = None if batch_mean else scale_items(label_lengths, reduction,
+                                                        int(logits.shape[0]), acc)
             weights = None if items is None else _upstream(
                 torch.ones((), dtype=acc, device=logits.device), items)
             buffers = _core.grad_buffers(spec, logits, duration, ctx.needs_input_grad[0],
                                          ctx.needs_input_grad[1])
             costs, workspace, written = _core.forward_ahead(
                 spec, logits, duration, labels, frame_lengths, label_lengths, weights, *buffers,
-                as_rnnt=as_rnnt, built=built, per_label=per_label)
+                as_rnnt=as_rnnt, built=built, per_label=per_label, batch_mean=batch_mean)
             if len(_ahead_plans) >= _PLANS_MAX:
                 _ahead_plans.clear()
             _ahead_plans[key] = written
@@ -138,7 +145,7 @@ class LossFunction(torch.autograd.Function):
         else:
             costs, workspace = _core.forward(spec, logits, duration, labels, frame_lengths,
                                              label_lengths, as_rnnt, built=built,
-                                             per_label=per_label)
+                                             per_label=per_label, batch_mean=batch_mean)
         ctx.save_for_backward(logits, duration)
         ctx.labels, ctx.frame_lengths, ctx.label_lengths = labels, frame_lengths, label_lengths
         ctx.workspace = workspace
@@ -146,6 +153,8 @@ class LossFunction(torch.autograd.Function):
         ctx.spec, ctx.as_rnnt, ctx.in_place = spec, as_rnnt, in_place
         ctx.spent = False
         out, ctx.scale = reduce(costs, label_lengths, reduction, items=items)
+        if batch_mean:
+            ctx.scale = None  # the library divides the upstream by B (ctx.built's options)
         return out
 
     @staticmethod

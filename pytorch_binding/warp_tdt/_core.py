@@ -202,14 +202,17 @@ def _call(fn_name, logits, o, *args):
 
 
 def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt,
-                   workspace_bytes, zero_workspace, built, per_label=False):
+                   workspace_bytes, zero_workspace, built, per_label=False, batch_mean=False):
     """A forward call's (problem, options, keep), workspace and costs, allocated. per_label:
-    options.normalize_costs (costs / U_b, and the backward's upstream divided likewise)."""
+    options.normalize_costs (costs / U_b, and the backward's upstream divided likewise);
+    batch_mean: options.batch_mean (the backward's upstream is the batch mean's, divided by B)."""
     B = int(logits.shape[0])
     acc = acc_dtype(logits.dtype)
     p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
     if per_label:
         o.normalize_costs = 1
+    if batch_mean:
+        o.batch_mean = 1
     if built is not None:
         built.append((p, o, keep))
     need = _workspace_size(p, o)
@@ -243,7 +246,7 @@ def _nothing_to_read(logits, costs):
 
 def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
             workspace_bytes=None, zero_workspace=False, built=None, costs_only=False,
-            per_label=False):
+            per_label=False, batch_mean=False):
     """Costs (B,) in the accumulate type, and the workspace that backward() needs.
 
     costs_only: no backward() will follow; the call is compute_tdt_loss() without gradients,
@@ -256,10 +259,12 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     reuse (the same tensors, so the same pointers).
     per_label: costs divided by the label lengths by the library (options.normalize_costs), and
     a backward() on built takes the upstream of those.
+    batch_mean: a backward() on built takes the upstream of the costs' batch mean, and the
+    library divides it by B (options.batch_mean).
     """
     p, o, keep, size, workspace, costs = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, workspace_bytes,
-        zero_workspace, built, per_label)
+        zero_workspace, built, per_label, batch_mean)
     if _nothing_to_read(logits, costs):
         return costs, workspace
     if costs_only:
@@ -271,15 +276,21 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     return costs, workspace
 
 
-_per_label = []
+_versions = []
 
 
 def per_label_available():
     """Whether the loaded library has options.normalize_costs (0.2.0 and later; an older one
-    would read past its shorter tdt_options_t nothing of it, and return plain costs)."""
-    if not _per_label:
-        _per_label.append(_lib.version() >= 200)
-    return _per_label[0]
+    would read nothing of it past its shorter tdt_options_t, and return plain costs)."""
+    if not _versions:
+        _versions.append(_lib.version())
+    return _versions[0] >= 200
+
+
+def batch_mean_available():
+    """Whether the loaded library has options.batch_mean (0.3.0 and later)."""
+    per_label_available()
+    return _versions[0] >= 300
 
 
 def ahead_available():
@@ -288,7 +299,7 @@ def ahead_available():
 
 
 def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, weights,
-                  g_logits, g_dur, as_rnnt=False, built=None, per_label=False):
+                  g_logits, g_dur, as_rnnt=False, built=None, per_label=False, batch_mean=False):
     """forward() through tdt_forward_ahead(): (costs, workspace, written).
 
     Where the library's plan runs the gradient pass with the forward (the GPU's fused schedule:
@@ -296,10 +307,12 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     upstream ``weights`` (None: ones; a 0-d or (B,) tensor of the accumulate type on the logits'
     device), and written is True: scale() applies the factor the backward brings. Else written
     is False, the buffers are untouched, and backward() follows on the workspace as usual.
+    per_label, batch_mean: as in forward(); with batch_mean the weights are those of the
+    batch mean (None: 1 / B a sample, divided by the library).
     """
     p, o, keep, size, workspace, costs = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built,
-        per_label)
+        per_label, batch_mean)
     if _nothing_to_read(logits, costs):
         return costs, workspace, False
     w = None

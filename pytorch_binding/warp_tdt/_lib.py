@@ -95,6 +95,7 @@ class Options(ctypes.Structure):
         ("grad_costs_scalar", ctypes.c_int),
         ("gpu_schedule", ctypes.c_int),
         ("normalize_costs", ctypes.c_int),
+        ("batch_mean", ctypes.c_int),
     ]
 
 

@@ -151,7 +151,7 @@ def test_reduction_inside_the_node_is_the_torch_expression_bitwise(device, reduc
     """The reduction runs inside the loss's one autograd node (_autograd.reduce): its value and
     the gradient it sends back are those of the documented torch expression applied to
     reduction="none", to the bit (a U_b = 0 sample included: its mean term is inf)."""
-    case = R.random_case(B=4, T=7, U=3, V=6, seed=23)
+    case = R.random_case(B=3, T=7, U=3, V=6, seed=23)  # B = 3: 1.7 / 3 is not 1.7 * (1 / 3)
     case["target_lengths"][2] = 0 if reduction != "mean" else case["target_lengths"][2]
     args = (case["targets"], case["logit_lengths"], case["target_lengths"],
             case["blank_token_id"], case["durations"])
@@ -171,17 +171,19 @@ def test_reduction_inside_the_node_is_the_torch_expression_bitwise(device, reduc
             % (what, reduction, a.flatten()[:4].tolist(), b.flatten()[:4].tolist())
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("reduction", ["mean", "mean_batch", "sum"])
 def test_mean_reduction_divides_by_the_label_lengths_in_the_library(device, reduction, monkeypatch):
     """reduction="mean" asks the library for per-label costs (options.normalize_costs) in the
-    forward and the backward alike, so torch's part is a batch mean (the test above holds its
-    bits to the torch expression's); every other reduction gets plain costs."""
+    forward and the backward alike, and on CUDA both batch means have the library divide the
+    upstream by B (options.batch_mean, the product with 1 / B that torch's CUDA division is), so
+    torch's part is the forward's batch mean (the test above holds the bits to the torch
+    expression's); every other reduction gets plain costs and upstreams."""
     from warp_tdt import _core
     seen = []
     real = _core._call
 
     def spy(fn_name, logits, o, *args):
-        seen.append((fn_name, o.normalize_costs))
+        seen.append((fn_name, (o.normalize_costs, o.batch_mean)))
         return real(fn_name, logits, o, *args)
 
     monkeypatch.setattr(_core, "_call", spy)
@@ -191,7 +193,8 @@ def test_mean_reduction_divides_by_the_label_lengths_in_the_library(device, redu
     warp_tdt.tdt_loss(tok, dur, case["targets"], case["logit_lengths"], case["target_lengths"],
                       case["blank_token_id"], case["durations"], reduction=reduction).backward()
     loss_calls = [n for f, n in seen if f != "tdt_pack_indices"]
-    assert len(loss_calls) >= 2 and set(loss_calls) == {1 if reduction == "mean" else 0}, seen
+    want = (int(reduction == "mean"), int(reduction != "sum" and device == "cuda"))
+    assert len(loss_calls) >= 2 and set(loss_calls) == {want}, seen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
