@@ -354,9 +354,7 @@ TEST_P(Layouts, NormalizedCosts) {
     Problem p = random_problem(77, 4, 7, 3, 6, {0, 1, 2}, 0, 1.0, 1, {}, {3, 1, 0, 2});
     quantize_inputs(p, dtype());
     const bool dbl = dtype() == TDT_DTYPE_FLOAT64;
-    auto per = [&](double x, int32_t U) {
-        return dbl ? x / (double)U : (double)((float)x / (float)U);
-    };
+    auto per = [&](double x, int32_t U) { return acc_div(x, U, dbl); };
     const std::vector<double> g = {0.5, -2.0, 0.75, 3.0};
     for (bool two_phase : {false, true}) {
         RunOptions ro;
@@ -394,12 +392,8 @@ TEST_P(Layouts, BatchMean) {
     Problem p = random_problem(78, 3, 7, 3, 6, {0, 1, 2}, 0, 1.0, 1, {}, {3, 1, 2});
     quantize_inputs(p, dtype());
     const bool dbl = dtype() == TDT_DTYPE_FLOAT64;
-    auto div = [&](double x, int64_t n) {
-        return dbl ? x / (double)n : (double)((float)x / (float)n);
-    };
-    auto recip = [&](double x, int64_t n) {
-        return dbl ? x * (1.0 / (double)n) : (double)((float)x * (1.0f / (float)n));
-    };
+    auto div = [&](double x, int64_t n) { return acc_div(x, n, dbl); };
+    auto recip = [&](double x, int64_t n) { return acc_div_recip(x, n, dbl); };
     const std::vector<double> g = {1.25, -1.75, 2.45}, one_g = {2.5};
     for (bool per_label : {false, true})
         for (int call = 0; call < 3; ++call) {  // one-shot, pair with (B), pair with a scalar

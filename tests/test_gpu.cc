@@ -1095,9 +1095,7 @@ TEST(GpuCalls, NormalizedCosts) {
         const Spec s = medium(dt);
         Host h = make_host(s);
         const bool dbl = dt == TDT_DTYPE_FLOAT64;
-        auto per = [&](double x, int32_t U) {
-            return dbl ? x / (double)U : (double)((float)x / (float)U);
-        };
+        auto per = [&](double x, int32_t U) { return tdt_test::acc_div(x, U, dbl); };
         const std::vector<double> g = {0.5, -2.0, 0.75};
         RunOpts plain;
         plain.mode = Mode::FwdBwd;
@@ -1143,12 +1141,8 @@ TEST(GpuCalls, BatchMean) {
         const Spec s = medium(dt);
         Host h = make_host(s);
         const bool dbl = dt == TDT_DTYPE_FLOAT64;
-        auto div = [&](double x, int64_t n) {
-            return dbl ? x / (double)n : (double)((float)x / (float)n);
-        };
-        auto recip = [&](double x, int64_t n) {
-            return dbl ? x * (1.0 / (double)n) : (double)((float)x * (1.0f / (float)n));
-        };
+        auto div = [&](double x, int64_t n) { return tdt_test::acc_div(x, n, dbl); };
+        auto recip = [&](double x, int64_t n) { return tdt_test::acc_div_recip(x, n, dbl); };
         ASSERT_EQ(s.B, 3);
         RunOpts by_hand, ones_by_hand;
         by_hand.mode = ones_by_hand.mode = Mode::FwdBwd;

@@ -108,6 +108,17 @@ struct RunOptions {
 Output run_lib(const Problem &p, const RunOptions &ro = RunOptions());
 Output run_ref(const Problem &p, const std::vector<double> *grad_costs = nullptr);
 
+// ---- the upstream's divisions, by hand ------------------------------------------------------
+// x / n as a caller dividing in the accumulate type gets it (dbl: float64, else float32), and
+// x / n as the product with the reciprocal 1 / n, each rounded (options.batch_mean's, and
+// torch's CUDA division by a number).
+inline double acc_div(double x, int64_t n, bool dbl) {
+    return dbl ? x / (double)n : (double)((float)x / (float)n);
+}
+inline double acc_div_recip(double x, int64_t n, bool dbl) {
+    return dbl ? x * (1.0 / (double)n) : (double)((float)x * (1.0f / (float)n));
+}
+
 // ---- comparisons ---------------------------------------------------------------------------
 struct Tol {
     double cost_rel, cost_abs;     // |got - want| <= cost_abs + cost_rel * |want|
