@@ -26,6 +26,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/workspace.h"  // the counters of the overlapped schedules (which one ran)
@@ -1233,6 +1234,39 @@ TEST(GpuCalls, SecondStreamAndGraphCapture) {
         expect_match(a, c, s);
     }
     CUDA_OK(cudaStreamDestroy(st));
+}
+
+// Threads calling the library at once, each on its own stream, as a multi-threaded trainer
+// does: every call the single thread's bits. The launchers read and fill the table of CUDA's
+// kept answers (gpu.cu) from all of them.
+TEST(GpuCalls, ThreadsAtOnce) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16}) {
+        Spec s = medium(dt);
+        Host h = make_host(s);
+        RunOpts base;
+        base.mode = Mode::FwdBwd;
+        base.grad_costs = {1.0, 0.25, 3.0};
+        const Out ref = run_gpu(h, base);
+        const int kThreads = 4, kRuns = 3;
+        std::vector<Out> got(kThreads * kRuns);
+        std::vector<std::thread> pool;
+        for (int i = 0; i < kThreads; ++i)
+            pool.emplace_back([&, i]() {
+                cudaStream_t st = nullptr;
+                if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return;
+                RunOpts ro = base;
+                ro.stream = st;
+                ro.schedule = i % 2 ? TDT_GPU_SCHEDULE_AUTO : TDT_GPU_SCHEDULE_OVERLAP;
+                for (int r = 0; r < kRuns; ++r) got[i * kRuns + r] = run_gpu(h, ro);
+                cudaStreamDestroy(st);
+            });
+        for (std::thread &t : pool) t.join();
+        for (int i = 0; i < kThreads * kRuns; ++i) {
+            EXPECT_EQ(got[i].raw_costs, ref.raw_costs) << dt_name(dt) << ": thread " << i / kRuns << ", run " << i % kRuns;
+            EXPECT_EQ(got[i].raw_gtok, ref.raw_gtok) << dt_name(dt) << ": thread " << i / kRuns << ", run " << i % kRuns;
+        }
+    }
 }
 
 // Sample b of a batch as a batch of one: the same bytes of logits, labels and lengths.

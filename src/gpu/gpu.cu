@@ -18,6 +18,8 @@
  * device owning the workspace (so pointers of any GPU work) and restored before returning, on
  * every path, and the library's own kernels' attributes (how much dynamic shared memory, what
  * cluster size they may take: tdt_allow_smem, tdt_allow_cluster), which only its launches read.
+ * CUDA's answers about a device and the library's kernels are kept in a table of the process
+ * (tdt_kept_get, below), which only the library reads.
  *
  * Errors: every CUDA call and every launch is checked; a failure returns
  * TDT_STATUS_CUDA_ERROR with CUDA's own name and message in tdt_last_error().
@@ -118,7 +120,7 @@ tdt_status_t owning_device(const void *ptr, const char *what, int *device) {
 tdt_status_t enqueue(const tdt_call_t *c, int device) {
     cudaStream_t stream = (cudaStream_t)c->o.stream;
     int num_sms = 0;
-    cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+    cudaError_t e = tdt_device_attribute(cudaDevAttrMultiProcessorCount, device, &num_sms);
     if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
     if (num_sms < 1) num_sms = 1;
 
@@ -143,7 +145,7 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
 
 tdt_status_t enqueue_scale(const tdt_call_t *c, int device) {
     int num_sms = 0;
-    cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+    cudaError_t e = tdt_device_attribute(cudaDevAttrMultiProcessorCount, device, &num_sms);
     if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
     tdt_gpu_args_t a;
     build_args(c, &a);
@@ -171,6 +173,19 @@ tdt_status_t on_device(const tdt_call_t *call, const void *ptr, const char *what
     return st;
 }
 
+/* The kept answers (gpu_common.cuh): a table of the process. An entry is claimed by a
+ * compare-and-swap of its state from free to being written, filled, and published by a release
+ * store of the state "kept"; entries are claimed in index order, so the first free one ends a
+ * search. Two threads asking at once may both ask CUDA and keep the same answer twice; a full
+ * table keeps nothing more, and its callers ask CUDA each time. */
+enum { KEPT_FREE = 0, KEPT_WRITING = 1, KEPT_DONE = 2, KEPT_ENTRIES = 256 };
+struct kept_entry {
+    const void *key;
+    int arg, device, value;
+    int state;
+};
+kept_entry g_kept[KEPT_ENTRIES];
+
 /* tdt_pack_indices(): one block strides over the packed array, each thread packing and
  * checking its elements (tdt_pack_one); the block's verdict goes to *valid, fenced for the
  * system so that pinned host memory holds it when the stream passes the kernel. */
@@ -187,6 +202,47 @@ __global__ void pack_indices_kernel(const tdt_indices_t in, const tdt_pack_shape
 }
 
 } /* namespace */
+
+/* ================================================================================================
+ * kept answers (gpu_common.cuh)
+ * ============================================================================================== */
+
+int tdt_kept_get(const void *key, int arg, int device, int *value) {
+    for (int i = 0; i < KEPT_ENTRIES; ++i) {
+        const kept_entry &k = g_kept[i];
+        const int state = __atomic_load_n(&k.state, __ATOMIC_ACQUIRE);
+        if (state == KEPT_FREE) return 0;
+        if (state == KEPT_DONE && k.key == key && k.arg == arg && k.device == device) {
+            *value = k.value;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void tdt_kept_put(const void *key, int arg, int device, int value) {
+    for (int i = 0; i < KEPT_ENTRIES; ++i) {
+        kept_entry &k = g_kept[i];
+        int expected = KEPT_FREE;
+        if (__atomic_compare_exchange_n(&k.state, &expected, (int)KEPT_WRITING, false,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            k.key = key;
+            k.arg = arg;
+            k.device = device;
+            k.value = value;
+            __atomic_store_n(&k.state, (int)KEPT_DONE, __ATOMIC_RELEASE);
+            return;
+        }
+    }
+}
+
+cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value) {
+    const void *key = (const void *)&tdt_device_attribute;
+    if (tdt_kept_get(key, (int)attr, device, value)) return cudaSuccess;
+    const cudaError_t e = cudaDeviceGetAttribute(value, attr, device);
+    if (e == cudaSuccess) tdt_kept_put(key, (int)attr, device, *value);
+    return e;
+}
 
 /* ================================================================================================
  * backend entry points (internal.h)

@@ -544,6 +544,18 @@ template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
     return ((1u << (G & 31)) - 1u) << (lane & ~(unsigned)(G - 1));
 }
 
+/* ---- CUDA's answers, kept (gpu.cu) ------------------------------------------------------------
+ * The answers of CUDA queries that depend on nothing but the device and what is asked (a device
+ * attribute; a kernel's PTX version or its occupancy at a block size fixed by the code), kept
+ * for the process: each query costs the host 0.5-8 us, together ~12 us of each call's ~35 on
+ * the H200's host (benchmark/NOTES.md, v23). Keyed by (key, arg, device): key the kernel's
+ * address, or the address of tdt_device_attribute for a device attribute. Only answers CUDA
+ * gave without an error are kept. tdt_kept_get: 1 and *value when kept, else 0. */
+int tdt_kept_get(const void *key, int arg, int device, int *value);
+void tdt_kept_put(const void *key, int arg, int device, int value);
+/* cudaDeviceGetAttribute, kept. */
+cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value);
+
 /* ---- launchers (each in its kernel's file) ---------------------------------------------------
  * Each enqueues its kernels on stream and returns the first error of a launch. */
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
@@ -591,6 +603,7 @@ typedef struct tdt_fwd_env {
     size_t smem_max; /* per-block opt-in shared memory */
     int sm90;        /* compute capability 9.0 or above */
     tdt_gpu_schedule_t schedule; /* as asked (tdt_options_t.gpu_schedule) */
+    int device;      /* the current device, where the launches go */
 } tdt_fwd_env_t;
 /* generic.cu: the same kernels for arc counts without their own instantiation. */
 cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env,

@@ -403,8 +403,9 @@ cudaError_t launch_ordered(const tdt_gpu_args_t &a, int blocks, int cl, cudaStre
 }
 
 /* How many blocks of the ordered kernel fit an SM (cl <= 1), or how many clusters of cl of them
- * the device holds at once (0 where none, or before sm_90). */
-template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
+ * the device holds at once (0 where none, or before sm_90), as CUDA answers it (ordered_fit:
+ * the answer kept). */
+template <int DT, int G> cudaError_t ordered_fit_asked(int cl, int *fit) {
     void (*kernel)(const tdt_gpu_args_t) = normalize_ordered_kernel<DT, G>;
     *fit = 0;
     if (cl <= 1) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(fit, kernel, tdt_norm_ordered<DT>::THREADS, 0);
@@ -424,6 +425,18 @@ template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
         *fit = 0;
     }
     return cudaSuccess;
+}
+
+/* ordered_fit_asked's answer for the current device, kept (tdt_kept_get). */
+template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
+    const void *key = (const void *)normalize_ordered_kernel<DT, G>;
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return e;
+    if (tdt_kept_get(key, cl, device, fit)) return cudaSuccess;
+    e = ordered_fit_asked<DT, G>(cl, fit);
+    if (e == cudaSuccess) tdt_kept_put(key, cl, device, *fit);
+    return e;
 }
 
 struct classic_launch {

@@ -18,15 +18,16 @@ cudaError_t env_of(tdt_dtype_t dtype, int num_sms, tdt_gpu_schedule_t schedule, 
     int device = 0, smem_max = 0, major = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return e;
-    e = cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    e = tdt_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &smem_max);
     if (e != cudaSuccess) return e;
-    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    e = tdt_device_attribute(cudaDevAttrComputeCapabilityMajor, device, &major);
     if (e != cudaSuccess) return e;
     env->dtype = dtype;
     env->num_sms = num_sms;
     env->smem_max = smem_max > 0 ? (size_t)smem_max : 0;
     env->sm90 = major >= 9;
     env->schedule = schedule;
+    env->device = device;
     return cudaSuccess;
 }
 

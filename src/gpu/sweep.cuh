@@ -942,14 +942,19 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
 }
 
 /* Whether `kernel`'s code is sm_90's (programmatic launch, griddepcontrol), which every
- * schedule that runs a kernel beside another needs. */
-inline bool sm90_code(sweep_fn_t kernel) {
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
+ * schedule that runs a kernel beside another needs; its PTX version kept (tdt_kept_get). */
+inline bool sm90_code(sweep_fn_t kernel, int device) {
+    int ptx = 0;
+    if (!tdt_kept_get((const void *)kernel, 0, device, &ptx)) {
+        cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        ptx = fa.ptxVersion;
+        tdt_kept_put((const void *)kernel, 0, device, ptx);
     }
-    return fa.ptxVersion >= 90;
+    return ptx >= 90;
 }
 
 /* Whether an overlapped schedule may run, and how (see "The overlapped schedules"): an sm_90
@@ -962,7 +967,7 @@ inline bool sm90_code(sweep_fn_t kernel) {
  * Sets a's fwd_* when it may. */
 inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, sweep_fn_t kernel,
                                 int64_t blocks, int cl, int cluster_fit, int ends, bool block) {
-    if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms || !sm90_code(kernel))
+    if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms || !sm90_code(kernel, env.device))
         return cudaSuccess;
     int per_sm = 0, norm_fit = 0;
     cudaError_t e = tdt_normalize_ordered_fit(a->V, env.dtype, 1, &per_sm);
@@ -1118,7 +1123,7 @@ inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     if (env.schedule != TDT_GPU_SCHEDULE_TRAIL &&
         !(env.schedule == TDT_GPU_SCHEDULE_AUTO && blocks < env.num_sms))
         return false;
-    if (!sm90_code(kernel)) return false;
+    if (!sm90_code(kernel, env.device)) return false;
     const int64_t per = tdt_ticket_nodes<TDT_PASS_GRAD>(a->V, env.dtype, false);
     if (a->nodes / per + 2 > ((int64_t)1 << 30)) return false; /* zero and lattice tickets */
     int32_t *const o = a->ws.order + 1 + tdt_ws_layers(a->maxT, a->maxU);
