@@ -276,21 +276,25 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     return costs, workspace
 
 
-_versions = []
+_version = []  # the loaded library's TDT_VERSION_NUMBER, asked once
+
+
+def _has_version(number):
+    """Whether the loaded library is version `number` (TDT_VERSION_NUMBER) or later. An older
+    one reads nothing of the options fields it lacks, past its shorter tdt_options_t."""
+    if not _version:
+        _version.append(_lib.version())
+    return _version[0] >= number
 
 
 def per_label_available():
-    """Whether the loaded library has options.normalize_costs (0.2.0 and later; an older one
-    would read nothing of it past its shorter tdt_options_t, and return plain costs)."""
-    if not _versions:
-        _versions.append(_lib.version())
-    return _versions[0] >= 200
+    """Whether the loaded library has options.normalize_costs (0.2.0 and later)."""
+    return _has_version(200)
 
 
 def batch_mean_available():
     """Whether the loaded library has options.batch_mean (0.3.0 and later)."""
-    per_label_available()
-    return _versions[0] >= 300
+    return _has_version(300)
 
 
 def ahead_available():
