@@ -237,11 +237,8 @@ void tdt_kept_put(const void *key, int arg, int device, int value) {
 }
 
 cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value) {
-    const void *key = (const void *)&tdt_device_attribute;
-    if (tdt_kept_get(key, (int)attr, device, value)) return cudaSuccess;
-    const cudaError_t e = cudaDeviceGetAttribute(value, attr, device);
-    if (e == cudaSuccess) tdt_kept_put(key, (int)attr, device, *value);
-    return e;
+    return tdt_kept((const void *)&tdt_device_attribute, (int)attr, device, value,
+                    [&](int *v) { return cudaDeviceGetAttribute(v, attr, device); });
 }
 
 /* ================================================================================================

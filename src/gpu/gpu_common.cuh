@@ -553,6 +553,15 @@ template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
  * gave without an error are kept. tdt_kept_get: 1 and *value when kept, else 0. */
 int tdt_kept_get(const void *key, int arg, int device, int *value);
 void tdt_kept_put(const void *key, int arg, int device, int value);
+/* The kept answer to (key, arg, device), else ask(value)'s, kept when it returns cudaSuccess:
+ * every kept query goes through here. */
+template <typename Ask>
+cudaError_t tdt_kept(const void *key, int arg, int device, int *value, Ask ask) {
+    if (tdt_kept_get(key, arg, device, value)) return cudaSuccess;
+    const cudaError_t e = ask(value);
+    if (e == cudaSuccess) tdt_kept_put(key, arg, device, *value);
+    return e;
+}
 /* cudaDeviceGetAttribute, kept. */
 cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value);
 
@@ -564,8 +573,9 @@ cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int
  * cl (1: no cluster), as the programmatic primary of the sweep enqueued next; a.fwd_* set. */
 cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                          int cl, cudaStream_t stream);
-/* Its blocks a device SM holds (cl <= 1), or its clusters of cl blocks the device holds. */
-cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit);
+/* Its blocks an SM of `device` (the current device) holds (cl <= 1), or its clusters of cl
+ * blocks the device holds. */
+cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int device, int *fit);
 /* The forward: the normaliser and the sweep, one after the other or overlapped (sweep.cuh);
  * a.fwd_* are set here, on a copy. bwd_done (NULL: none) for a one-shot call whose backward
  * follows: set when the fused schedule (sweep.cuh) ran the gradient pass here as well. */

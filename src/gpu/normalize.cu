@@ -427,16 +427,10 @@ template <int DT, int G> cudaError_t ordered_fit_asked(int cl, int *fit) {
     return cudaSuccess;
 }
 
-/* ordered_fit_asked's answer for the current device, kept (tdt_kept_get). */
-template <int DT, int G> cudaError_t ordered_fit(int cl, int *fit) {
-    const void *key = (const void *)normalize_ordered_kernel<DT, G>;
-    int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) return e;
-    if (tdt_kept_get(key, cl, device, fit)) return cudaSuccess;
-    e = ordered_fit_asked<DT, G>(cl, fit);
-    if (e == cudaSuccess) tdt_kept_put(key, cl, device, *fit);
-    return e;
+/* ordered_fit_asked's answer for `device`, the current device, kept (tdt_kept). */
+template <int DT, int G> cudaError_t ordered_fit(int cl, int device, int *fit) {
+    return tdt_kept((const void *)normalize_ordered_kernel<DT, G>, cl, device, fit,
+                    [&](int *v) { return ordered_fit_asked<DT, G>(cl, v); });
 }
 
 struct classic_launch {
@@ -452,9 +446,9 @@ struct ordered_launch {
     template <int DT, int G> cudaError_t go() const { return launch_ordered<DT, G>(a, blocks, cl, stream); }
 };
 struct ordered_fitting {
-    int cl;
+    int cl, device;
     int *fit;
-    template <int DT, int G> cudaError_t go() const { return ordered_fit<DT, G>(cl, fit); }
+    template <int DT, int G> cudaError_t go() const { return ordered_fit<DT, G>(cl, device, fit); }
 };
 
 } /* namespace */
@@ -463,8 +457,8 @@ struct ordered_fitting {
  * launcher
  * ============================================================================================== */
 
-cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int *fit) {
-    return tdt_with_dtype<TDT_PASS_NORM>(dtype, V, ordered_fitting{cl, fit});
+cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int device, int *fit) {
+    return tdt_with_dtype<TDT_PASS_NORM>(dtype, V, ordered_fitting{cl, device, fit});
 }
 
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,

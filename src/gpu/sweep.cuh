@@ -945,16 +945,14 @@ cudaError_t cluster_config(const tdt_gpu_args_t &a, int threads, size_t smem_byt
  * schedule that runs a kernel beside another needs; its PTX version kept (tdt_kept_get). */
 inline bool sm90_code(sweep_fn_t kernel, int device) {
     int ptx = 0;
-    if (!tdt_kept_get((const void *)kernel, 0, device, &ptx)) {
+    const cudaError_t e = tdt_kept((const void *)kernel, 0, device, &ptx, [&](int *v) {
         cudaFuncAttributes fa;
-        if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return false;
-        }
-        ptx = fa.ptxVersion;
-        tdt_kept_put((const void *)kernel, 0, device, ptx);
-    }
-    return ptx >= 90;
+        const cudaError_t e2 = cudaFuncGetAttributes(&fa, kernel);
+        if (e2 == cudaSuccess) *v = fa.ptxVersion;
+        return e2;
+    });
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e == cudaSuccess && ptx >= 90;
 }
 
 /* Whether an overlapped schedule may run, and how (see "The overlapped schedules"): an sm_90
@@ -970,7 +968,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
     if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms || !sm90_code(kernel, env.device))
         return cudaSuccess;
     int per_sm = 0, norm_fit = 0;
-    cudaError_t e = tdt_normalize_ordered_fit(a->V, env.dtype, 1, &per_sm);
+    cudaError_t e = tdt_normalize_ordered_fit(a->V, env.dtype, 1, env.device, &per_sm);
     if (e != cudaSuccess) return e;
     if (per_sm != 1) return cudaSuccess; /* its blocks would not leave whole SMs free */
     int64_t norm_blocks;
@@ -979,7 +977,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
     } else {
         /* clusters of the normaliser as large as the sweep's, so the SMs left free come as
          * whole clusters (a cluster's blocks share one GPC) */
-        e = tdt_normalize_ordered_fit(a->V, env.dtype, cl, &norm_fit);
+        e = tdt_normalize_ordered_fit(a->V, env.dtype, cl, env.device, &norm_fit);
         if (e != cudaSuccess) return e;
         const int64_t sweep_clusters = blocks / cl;
         if (sweep_clusters > cluster_fit || 2 * sweep_clusters > norm_fit) return cudaSuccess;
