@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -238,7 +239,7 @@ TEST(LatticeCut, EveryCutGivesTheLogLikelihood) {
     EXPECT_GT(infeasible, 0) << "no infeasible lattice drawn: the -inf case went untested";
 }
 
-// tdt_exp_le0 (the sweeps' exp: the CPU's vectorised chunks, the GPU's staged sweeps) against
+// tdt_exp_le0 (the CPU sweeps' exp, in their vectorised chunks) against
 // the C library's exp over [-746, 0]: within 2 ulp from -708 up (where e^x is normal), exactly 0
 // below (e^x < 2^-1021: every sum it feeds holds a 1, whose rounding dwarfs such terms), and
 // exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN). And sums as the sweeps form them (a 1, the
@@ -281,6 +282,46 @@ TEST(LatticeExp, Le0WithinTwoUlpOfLibm) {
         }
         ASSERT_NEAR(ours, lib, 8.0 * 2.220446049250313e-16 * lib) << "sample " << i;
     }
+}
+
+// The GPU sweeps' exp and log, from TDT_LSE_TAB (lattice.h): the exp within 2 ulp of the C
+// library's from -708 up and tdt_exp_le0's values at the ends; the log within 4 ulp, and 2^-50
+// absolutely, of the C library's over the sums a log-sum-exp takes ([1, 64), dense near 1), exact
+// at 1 (a node with one term keeps its term's bits), NaN kept.
+TEST(LatticeExp, TablesWithinUlpsOfLibm) {
+    const double tab[TDT_LSE_TAB_N] = TDT_LSE_TAB;
+    std::mt19937_64 rng(12);
+    std::uniform_real_distribution<double> wide(-746.0, 0.0), narrow(-1.0, 0.0), edge(-712.0, -704.0);
+    std::uniform_real_distribution<double> sums(1.0, 64.0), near1(0.0, 1e-6);
+    double worst_exp = 0.0, worst_x = 0.0, worst_log = 0.0, worst_abs = 0.0, worst_y = 0.0;
+    for (int i = 0; i < 2000000; ++i) {
+        const double x = i % 3 == 0 ? wide(rng) : i % 3 == 1 ? narrow(rng) : edge(rng);
+        const double got = tdt_exp_le0_tab(x, tab);
+        if (x < -708.0) {
+            ASSERT_EQ(got, 0.0) << "x " << x;
+        } else {
+            const double want = std::exp(x);
+            const double e = std::fabs(got - want) / (std::nextafter(want, INFINITY) - want);
+            if (e > worst_exp) worst_exp = e, worst_x = x;
+        }
+        const double y = i % 2 ? sums(rng) : 1.0 + near1(rng);
+        const double lw = std::log(y), lg = tdt_log_ge1_tab(y, tab);
+        const double d = std::fabs(lg - lw);
+        if (lw > 0.0 && d / (std::nextafter(lw, INFINITY) - lw) > worst_log) worst_log = d / (std::nextafter(lw, INFINITY) - lw), worst_y = y;
+        worst_abs = std::max(worst_abs, d);
+    }
+    EXPECT_LE(worst_exp, 2.0) << "exp: worst at x = " << worst_x;
+    EXPECT_LE(worst_log, 4.0) << "log: worst at y = " << worst_y;
+    EXPECT_LE(worst_abs, 8.881784197001252e-16) << "log: absolute error";
+    EXPECT_EQ(tdt_exp_le0_tab(0.0, tab), 1.0);
+    EXPECT_NEAR(tdt_exp_le0_tab(-708.0, tab), std::exp(-708.0), 2.0 * 4.9406564584124654e-324)
+        << "the last value kept: within 2 ulp of e^-708, whose ulp is 2^-1074";
+    EXPECT_EQ(tdt_exp_le0_tab(-TDT_INF, tab), 0.0);
+    EXPECT_EQ(tdt_exp_le0_tab(-800.0, tab), 0.0);
+    EXPECT_TRUE(std::isnan(tdt_exp_le0_tab(NAN, tab)));
+    EXPECT_EQ(tdt_log_ge1_tab(1.0, tab), 0.0);
+    EXPECT_EQ(tdt_log_ge1_tab(2.0, tab), std::log(2.0));
+    EXPECT_TRUE(std::isnan(tdt_log_ge1_tab(NAN, tab)));
 }
 
 }  // namespace

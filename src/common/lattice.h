@@ -30,9 +30,12 @@
  * max, then independent exps and one log, with no branch between them), so the exps of one
  * node do not wait on each other. NaN in any term gives NaN; a node whose terms are all -inf
  * (or that has no arc) gets -inf; an absent arc is a -inf term and contributes exactly 0.
- * The sweeps themselves, on both backends, take their exps from tdt_exp_le0 (branch-free: a
- * CPU chunk vectorises it over its nodes, a GPU warp runs one path); the log-likelihood, the
- * occupancies and the duration softmax use the math library's exp.
+ * The sweeps themselves take their exps from branch-free functions here: the CPU's from
+ * tdt_exp_le0 (a chunk vectorises it over its nodes), a GPU's from tdt_exp_le0_tab and its
+ * logs from tdt_log_ge1_tab (short polynomials and a table lookup, one shared-memory load a
+ * lane; as a CPU vector gather it was 3x slower than tdt_exp_le0), each within a few ulp of the
+ * math library's; the log-likelihood, the occupancies and the duration softmax use the math
+ * library's exp.
  *
  * Sweeps by arc slot (tdt_slot_t: the 2 * count arcs of a node as data): per slot, the weights
  * of its arc (tdt_alpha_slot_weight / tdt_beta_slot_weight: the normaliser's output, known
@@ -53,6 +56,8 @@
 #define TDT_COMMON_LATTICE_H
 
 #include "tdt.h"
+
+#include <string.h>
 
 #include "hd.h"
 
@@ -310,6 +315,151 @@ TDT_HD double tdt_exp_le0(double x) {
     const double e = p * tdt_pow2i((int)n); /* n in [-1021, 0] */
     return x != x ? x : (x < -708.0 ? 0.0 : e);
 }
+
+/* ---- the GPU sweeps' exp and log, from tables ---------------------------------------------
+ * A GPU sweep's step is bound by its instruction stream (benchmark/NOTES.md, v19), and its
+ * exps and log were ~200 of a warp's ~450 instructions a step. With small tables both take
+ * short polynomials (benchmark/NOTES.md, v24: the staged step 10 % faster at base and
+ * parakeet). The tables, TDT_LSE_TAB (rounded to nearest from 60-digit values):
+ *   [0, 32)    2^(j / 32)
+ *   [32, 96)   inv_j = 1 / (1 + j / 64), rounded (so inv_0 = 1)
+ *   [96, 160)  -log(inv_j) of that rounded inv_j (so 0 for j = 0)
+ * A GPU kernel copies them into shared memory (src/gpu/sweep.cuh); the host tests read them
+ * as a local array. */
+#define TDT_LSE_TAB_N 160
+#define TDT_LSE_TAB                                                                                \
+    {0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,       \
+     0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,       \
+     0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,       \
+     0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,       \
+     0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,       \
+     0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,       \
+     0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,       \
+     0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,       \
+     0x1.0000000000000p+0, 0x1.f81f81f81f820p-1, 0x1.f07c1f07c1f08p-1, 0x1.e9131abf0b767p-1,       \
+     0x1.e1e1e1e1e1e1ep-1, 0x1.dae6076b981dbp-1, 0x1.d41d41d41d41dp-1, 0x1.cd85689039b0bp-1,       \
+     0x1.c71c71c71c71cp-1, 0x1.c0e070381c0e0p-1, 0x1.bacf914c1bad0p-1, 0x1.b4e81b4e81b4fp-1,       \
+     0x1.af286bca1af28p-1, 0x1.a98ef606a63bep-1, 0x1.a41a41a41a41ap-1, 0x1.9ec8e951033d9p-1,       \
+     0x1.999999999999ap-1, 0x1.948b0fcd6e9e0p-1, 0x1.8f9c18f9c18fap-1, 0x1.8acb90f6bf3aap-1,       \
+     0x1.8618618618618p-1, 0x1.8181818181818p-1, 0x1.7d05f417d05f4p-1, 0x1.78a4c8178a4c8p-1,       \
+     0x1.745d1745d1746p-1, 0x1.702e05c0b8170p-1, 0x1.6c16c16c16c17p-1, 0x1.6816816816817p-1,       \
+     0x1.642c8590b2164p-1, 0x1.6058160581606p-1, 0x1.5c9882b931057p-1, 0x1.58ed2308158edp-1,       \
+     0x1.5555555555555p-1, 0x1.51d07eae2f815p-1, 0x1.4e5e0a72f0539p-1, 0x1.4afd6a052bf5bp-1,       \
+     0x1.47ae147ae147bp-1, 0x1.446f86562d9fbp-1, 0x1.4141414141414p-1, 0x1.3e22cbce4a902p-1,       \
+     0x1.3b13b13b13b14p-1, 0x1.3813813813814p-1, 0x1.3521cfb2b78c1p-1, 0x1.323e34a2b10bfp-1,       \
+     0x1.2f684bda12f68p-1, 0x1.2c9fb4d812ca0p-1, 0x1.29e4129e4129ep-1, 0x1.27350b8812735p-1,       \
+     0x1.2492492492492p-1, 0x1.21fb78121fb78p-1, 0x1.1f7047dc11f70p-1, 0x1.1cf06ada2811dp-1,       \
+     0x1.1a7b9611a7b96p-1, 0x1.1811811811812p-1, 0x1.15b1e5f75270dp-1, 0x1.135c81135c811p-1,       \
+     0x1.1111111111111p-1, 0x1.0ecf56be69c90p-1, 0x1.0c9714fbcda3bp-1, 0x1.0a6810a6810a7p-1,       \
+     0x1.0842108421084p-1, 0x1.0624dd2f1a9fcp-1, 0x1.0410410410410p-1, 0x1.0204081020408p-1,       \
+     0x0p+0, 0x1.fc0a8b0fc03c4p-7, 0x1.f829b0e7832f8p-6, 0x1.77458f632dcffp-5,                     \
+     0x1.f0a30c01162a8p-5, 0x1.341d7961bd1d0p-4, 0x1.6f0d28ae56b4ep-4, 0x1.a926d3a4ad562p-4,       \
+     0x1.e27076e2af2eap-4, 0x1.0d77e7cd08e5bp-3, 0x1.29552f81ff521p-3, 0x1.44d2b6ccb7d1cp-3,       \
+     0x1.5ff3070a793d6p-3, 0x1.7ab890210d907p-3, 0x1.9525a9cf456b6p-3, 0x1.af3c94e80bff3p-3,       \
+     0x1.c8ff7c79a9a20p-3, 0x1.e27076e2af2e8p-3, 0x1.fb9186d5e3e29p-3, 0x1.0a324e27390e2p-2,       \
+     0x1.1675cababa60fp-2, 0x1.22941fbcf7966p-2, 0x1.2e8e2bae11d31p-2, 0x1.3a64c556945eap-2,       \
+     0x1.4618bc21c5ec2p-2, 0x1.51aad872df82ep-2, 0x1.5d1bdbf5809cap-2, 0x1.686c81e9b14adp-2,       \
+     0x1.739d7f6bbd007p-2, 0x1.7eaf83b82afc2p-2, 0x1.89a3386c1425bp-2, 0x1.947941c2116fbp-2,       \
+     0x1.9f323ecbf984dp-2, 0x1.a9cec9a9a084ap-2, 0x1.b44f77bcc8f64p-2, 0x1.beb4d9da71b7ap-2,       \
+     0x1.c8ff7c79a9a21p-2, 0x1.d32fe7e00ebd5p-2, 0x1.dd46a04c1c4a1p-2, 0x1.e744261d68789p-2,       \
+     0x1.f128f5faf06ecp-2, 0x1.faf588f78f31dp-2, 0x1.02552a5a5d0ffp-1, 0x1.0723e5c1cdf41p-1,       \
+     0x1.0be72e4252a83p-1, 0x1.109f39e2d4c96p-1, 0x1.154c3d2f4d5eap-1, 0x1.19ee6b467c96fp-1,       \
+     0x1.1e85f5e7040d1p-1, 0x1.23130d7bebf43p-1, 0x1.2795e1289b11bp-1, 0x1.2c0e9ed448e8cp-1,       \
+     0x1.307d7334f10bep-1, 0x1.34e289d9ce1d2p-1, 0x1.393e0d3562a1ap-1, 0x1.3d9026a7156fbp-1,       \
+     0x1.41d8fe84672afp-1, 0x1.4618bc21c5ec2p-1, 0x1.4a4f85db03ebbp-1, 0x1.4e7d811b75bb0p-1,       \
+     0x1.52a2d265bc5abp-1, 0x1.56bf9d5b3f399p-1, 0x1.5ad404c359f2dp-1, 0x1.5ee02a9241676p-1}
+
+/* The high and low 32-bit words of a double, and a double from them. */
+TDT_HD int32_t tdt_hi_word(double x) {
+#if defined(__CUDA_ARCH__)
+    return __double2hiint(x);
+#else
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return (int32_t)(uint32_t)(u >> 32);
+#endif
+}
+TDT_HD int32_t tdt_lo_word(double x) {
+#if defined(__CUDA_ARCH__)
+    return __double2loint(x);
+#else
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return (int32_t)(uint32_t)u;
+#endif
+}
+TDT_HD double tdt_from_words(int32_t hi, int32_t lo) {
+#if defined(__CUDA_ARCH__)
+    return __hiloint2double(hi, lo);
+#else
+    const uint64_t u = ((uint64_t)(uint32_t)hi << 32) | (uint32_t)lo;
+    double x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
+/* The two functions' constants: on a GPU in the constant bank, where a float64 FMA reads one as
+ * an operand (a literal costs two uniform-register moves, re-made each step of a sweep), on the
+ * host a local array. [0] the 1.5 * 2^52 shifter, [1] 32 / ln2, [2] [3] -ln2 / 32 in two
+ * parts, [4..10] e^r's Taylor coefficients 1/6! .. 1, 1, [11..17] log1p's series -1/8 .. -1/2,
+ * [18] [19] ln2 in two parts. Both use fma() on the host too (a software one where the CPU has
+ * none): only tests call them there, and r = m inv_j - 1 needs its single rounding. */
+#define TDT_LSE_POLY                                                                             \
+    {6755399441055744.0, 46.16624130844682853, -6.93147180369123816490e-01 / 32.0,              \
+     -1.90821492927058770002e-10 / 32.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5,  \
+     1.0, 1.0, -1.0 / 8.0, 1.0 / 7.0, -1.0 / 6.0, 1.0 / 5.0, -1.0 / 4.0, 1.0 / 3.0, -0.5,         \
+     6.93147180369123816490e-01, 1.90821492927058770002e-10}
+#if defined(__CUDACC__)
+static __constant__ double tdt_lse_poly_c[20] = TDT_LSE_POLY;
+#endif
+#if defined(__CUDA_ARCH__)
+#define TDT_LSE_C(i) tdt_lse_poly_c[i]
+#else
+#define TDT_LSE_C(i) tdt_lse_poly_host[i]
+#endif
+
+/* exp(x) for x <= 0 as tdt_exp_le0 gives it (0 below -708 and for -inf, NaN kept, exactly 1 at
+ * 0), from the table: x = (32 n + j) ln2 / 32 + r with |r| <= ln2 / 64, e^x = 2^n 2^(j / 32) e^r,
+ * e^r by its Taylor polynomial of degree 6 (truncation below 4e-18 relative); n + j / 32 rounded
+ * by the 1.5 * 2^52 shifter, whose low word is the integer. Within 2 ulp of e^x. */
+TDT_HD double tdt_exp_le0_tab(double x, const double *tab) {
+#if !defined(__CUDA_ARCH__)
+    const double tdt_lse_poly_host[20] = TDT_LSE_POLY;
+#endif
+    const double xc = x > -708.0 ? x : -708.0; /* NaN too: kept below */
+    const double ks = fma(xc, TDT_LSE_C(1), TDT_LSE_C(0));
+    const int32_t k = tdt_lo_word(ks);
+    const double kd = ks - TDT_LSE_C(0);
+    double r = fma(kd, TDT_LSE_C(2), xc);
+    r = fma(kd, TDT_LSE_C(3), r);
+    double p = TDT_LSE_C(4);
+    TDT_UNROLL for (int i = 5; i < 11; ++i) p = fma(p, r, TDT_LSE_C(i));
+    const double e = tab[k & 31] * p * tdt_pow2i(k >> 5); /* k >> 5 in [-1022, 0] */
+    return x != x ? x : (x < -708.0 ? 0.0 : e);
+}
+
+/* log(x) for a log-sum-exp's sum of exps, x >= 1 (the max term's exp is 1) and finite, or NaN
+ * (kept): x = 2^e m with m in [1, 2), j = m's top 6 fraction bits, r = m inv_j - 1 (one
+ * rounding), 0 <= r < 1 / 64 up to that rounding, log m = -log(inv_j) + log1p(r), log1p by its
+ * series to r^8 (truncation below 6e-18), then e ln2 in two parts. Exactly 0 at 1; within 4 ulp
+ * and 2^-51 absolutely of log(x) (its result is added to the terms' max). */
+TDT_HD double tdt_log_ge1_tab(double x, const double *tab) {
+#if !defined(__CUDA_ARCH__)
+    const double tdt_lse_poly_host[20] = TDT_LSE_POLY;
+#endif
+    const int32_t hi = tdt_hi_word(x), lo = tdt_lo_word(x);
+    const int32_t e = (hi >> 20) - 1023;
+    const int32_t j = (hi >> 14) & 63;
+    const double m = tdt_from_words((hi & 0x000fffff) | 0x3ff00000, lo);
+    const double r = fma(m, tab[32 + j], -1.0);
+    double p = TDT_LSE_C(11);
+    TDT_UNROLL for (int i = 12; i < 18; ++i) p = fma(p, r, TDT_LSE_C(i));
+    const double l1p = fma(r * r, p, r);
+    const double ed = (double)e;
+    return x != x ? x : fma(ed, TDT_LSE_C(18), tab[96 + j] + fma(ed, TDT_LSE_C(19), l1p));
+}
+#undef TDT_LSE_C
 #undef TDT_EXP_FMA
 
 /* log-sum-exp from the terms' max m and sum of exp(term - m) (or its log): -inf when every term

@@ -112,49 +112,23 @@ template <int G> __device__ __forceinline__ double group_sum(double x) {
     return x;
 }
 
-/* The log's polynomial coefficients in the constant bank, as exp's (lattice.h,
- * tdt_exp_taylor_c): a float64 FMA reads them as an operand, where literal coefficients cost
- * two uniform-register moves each, re-made every diagonal. 2 / (2k + 1), k = 11 .. 1:
- * log(m) = 2 atanh(z), z = (m - 1) / (m + 1). */
-__constant__ double c_log_atanh[11] = {2.0 / 23, 2.0 / 21, 2.0 / 19, 2.0 / 17, 2.0 / 15, 2.0 / 13,
-                                       2.0 / 11, 2.0 / 9,  2.0 / 7,  2.0 / 5,  2.0 / 3};
+/* The sweeps' exp (of x - max <= 0) and log (of a sum of exps >= 1): lattice.h's table forms
+ * (tdt_exp_le0_tab, tdt_log_ge1_tab), their table in shared memory, where each lane's lookups
+ * are one load. Every sweep kernel copies it there first (lse_tab_load), before the barrier
+ * that starts its first job (tdt_sweep_bad_sample), and the launchers leave room for it
+ * (sweep_choose). Branch-free: a warp whose lanes mix absent arcs (-inf) and present ones runs
+ * one path. H200 (benchmark/NOTES.md, v24, tdt_sweep_step): the staged step 0.908 -> 0.816 us
+ * a diagonal at base, 0.956 -> 0.860 at parakeet, against the Taylor exp of degree 13 and the
+ * atanh series of degree 23 these replace. */
+__device__ const double c_lse_tab[TDT_LSE_TAB_N] = TDT_LSE_TAB;
+__shared__ double s_lse_tab[TDT_LSE_TAB_N];
+const size_t kLseTabBytes = TDT_LSE_TAB_N * sizeof(double);
 
-/* exp(x) for the log-sum-exp's x - max <= 0: lattice.h's branch-free tdt_exp_le0 with its
- * coefficients in the constant bank. CUDA's exp() branches on |x| > ~708, which absent arcs
- * (-inf) take, so a warp with both kinds of lanes ran both paths. */
-__device__ __forceinline__ double exp_le0(double x) { return tdt_exp_le0(x); }
-
-/* log(x) in float64 for a log-sum-exp's sum of exps, x >= 1 (the max term contributes exactly
- * 1) and finite, or NaN (kept). No branch, no special cases: x = 2^e m with m in [sqrt(1/2),
- * sqrt(2)), log m = 2 atanh(z), z = (m - 1) / (m + 1), |z| <= 0.172, the series to z^23
- * (truncation below 1e-19 relative), then e ln2 in two parts. Within a few ulp of log(). */
-__device__ __forceinline__ double log_ge1(double x) {
-    const int hi = __double2hiint(x), lo = __double2loint(x);
-    int e = (hi >> 20) - 1023;
-    int mhi = (hi & 0x000fffff) | 0x3ff00000; /* m in [1, 2) */
-    const bool half = mhi >= 0x3ff6a09f;      /* m >= sqrt(2): take m / 2 */
-    mhi -= half ? 0x00100000 : 0;
-    e += half;
-    const double m = __hiloint2double(mhi, lo);
-    const double f = m - 1.0, d = m + 1.0; /* f exact (Sterbenz) */
-    /* z = f / d without the division's special-case branch (d in [1.7, 2.5]): the hardware
-     * reciprocal's ~23 bits, one cubic Newton step, then z corrected once against f. */
-    double y;
-    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(y) : "d"(d));
-    const double r0 = fma(-d, y, 1.0);
-    y = fma(y, fma(r0, r0, r0), y);
-    double z = f * y;
-    z = fma(y, fma(-z, d, f), z);
-    const double z2 = z * z;
-    double p = c_log_atanh[0];
-#pragma unroll
-    for (int i = 1; i < 11; ++i) p = fma(p, z2, c_log_atanh[i]);
-    /* 2z + z^3 p: 2 atanh(z) = 2z + 2z^3 / 3 + ... */
-    const double lm = fma(z * z2, p, 2.0 * z);
-    const double ed = (double)e;
-    const double r = fma(ed, 6.93147180369123816490e-01, fma(ed, 1.90821492927058770002e-10, lm));
-    return x != x ? x : r;
+__device__ __forceinline__ void lse_tab_load() {
+    for (int i = threadIdx.x; i < TDT_LSE_TAB_N; i += blockDim.x) s_lse_tab[i] = c_lse_tab[i];
 }
+__device__ __forceinline__ double exp_le0(double x) { return tdt_exp_le0_tab(x, s_lse_tab); }
+__device__ __forceinline__ double log_ge1(double x) { return tdt_log_ge1_tab(x, s_lse_tab); }
 
 /* A lane's share of the arcs: its SPL slots (slot lane + i * G), and their weights. */
 template <int SPL> struct lane_slots {
@@ -363,6 +337,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
 #pragma unroll
     for (int i = 0; i < SPL; ++i) sl.q[i] = tdt_slot_of(&a.arcs, tid % G + i * G);
     if (tid == 0) tdt_tl_start(a.tl, TDT_TL_SWEEP);
+    lse_tab_load(); /* read after tdt_sweep_jobs's first barrier */
 
     tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *g) {
         sweep_store st;
@@ -789,6 +764,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_staged_kernel(const tdt_
     staged_geo g = staged_geo_of<KD>(a, A, ring_diags);
     staged_slots<SPL> sl;
     staged_slots_of<SPL, G>(a, g.row, &sl);
+    lse_tab_load(); /* read after tdt_sweep_jobs's first barrier */
 
     tdt_sweep_jobs(a, [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
         g.T = (int)L.T;
@@ -845,6 +821,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
     staged_slots_of<SPL, G>(a, g.row, &sl);
     double *right = rank + 1 < ncta ? cluster_map(ring, rank + 1) : NULL;
     double *left = rank > 0 ? cluster_map(ring, rank - 1) : NULL;
+    lse_tab_load(); /* read after tdt_sweep_jobs's first barrier */
 
     tdt_sweep_jobs(a, blockIdx.x / ncta, gridDim.x / ncta,
                    [&](int64_t b, int is_beta, const tdt_lattice_t &L, double *glob) {
@@ -866,9 +843,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
 #endif
 }
 
-/* Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel. */
+/* Dynamic shared memory beyond the default 48 KiB (less the kernel's static table) must be
+ * asked for, per kernel. */
 template <typename Kernel> cudaError_t sweep_smem_attr(Kernel kernel, size_t smem_bytes) {
-    if (smem_bytes <= 48 * 1024) return cudaSuccess;
+    if (smem_bytes + kLseTabBytes <= 48 * 1024) return cudaSuccess; /* the static table beside it */
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
 }
 
@@ -1225,7 +1203,8 @@ template <int KD> sweep_cfg sweep_choose(const tdt_gpu_args_t &a, int span, cons
     c.staged_ring = pow2_above(span + kStageAhead);
     c.ring = pow2_above(span);
     const int fields = a.arcs.use_dur ? F_DUR + a.arcs.count : F_DUR;
-    const int64_t limit = (int64_t)env.smem_max / (int64_t)sizeof(double);
+    /* the dynamic shared memory a block may have beside the static table (lse_tab_load) */
+    const int64_t limit = ((int64_t)env.smem_max - (int64_t)kLseTabBytes) / (int64_t)sizeof(double);
     /* the staged kernel indexes a sample's per-node arrays (times the durations) with an int */
     const bool small = a.maxT <= ((int64_t)1 << 31) / (a.row * (a.D > 1 ? a.D : 1)) - 1;
     c.mode = KD > 0 && small && a.row <= limit / (c.staged_ring * fields) ? SWEEP_STAGED
