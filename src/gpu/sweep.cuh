@@ -17,7 +17,8 @@
  * b, block 2b + 1 beta, so the two sweeps of a sample run concurrently on different SMs and
  * B samples give 2B independent blocks. Inside a block the loop runs over the T_b + U_b
  * diagonals in order, one __syncthreads() per diagonal. A node belongs to a group of G lanes
- * (G = 4, 2 or 1, from the longest diagonal: sweep_launch):
+ * (G = 8, 4, 2 or 1, from the longest diagonal: sweep_choose; 8 in the staged kernel only, for
+ * diagonals of at most 32 nodes):
  * lane l computes the terms of slots l, l + G, ..., their max and sum of exps are reduced over
  * the group by xor shuffles, and one log finishes the node. So a node's ~10 float64 exps and
  * its index arithmetic run side by side on G lanes instead of one after another on one thread
@@ -876,12 +877,17 @@ cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, 
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* The most lanes a node uses: the power of two at or above its 2 * KD slots, at most 4 (8 lanes
- * measured no faster than 4 on the H200, and slower on ragged: benchmark/NOTES.md, v3). The
- * runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover TDT_MAX_DURATIONS. Only the
- * G that can occur are instantiated. */
+/* The most lanes a node uses: the power of two at or above its 2 * KD slots, at most 8, and 8
+ * only in the one-block staged kernel, for diagonals of at most kEightLanesDiag nodes. H200
+ * (benchmark/NOTES.md, v24): 8 lanes against 4 took base (21 nodes a diagonal, 6 warps
+ * instead of 3) from 0.188 to 0.176 ms f+b, bfloat16 0.165 -> 0.152; with 41 nodes (parakeet)
+ * the staged step was 1 % slower alone (tdt_sweep_step) and 1-2 % faster in the library, with
+ * 61 (ragged) 12 % slower alone and ragged 0.401 -> 0.406 ms (v3, on an older step, had 8 lanes
+ * no faster). The runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover
+ * TDT_MAX_DURATIONS. Only the G that can occur are instantiated. */
+const int kEightLanesDiag = 32;
 template <int KD, int G> struct sweep_g {
-    enum { MAX = KD == 1 ? 2 : 4, V = KD == 0 ? 4 : G < MAX ? G : MAX };
+    enum { MAX = KD == 1 ? 2 : KD >= 3 ? 8 : 4, V = KD == 0 ? 4 : G < MAX ? G : MAX };
 };
 
 typedef void (*sweep_fn_t)(const tdt_gpu_args_t, int);
@@ -1164,6 +1170,9 @@ template <int KD, int MODE> sweep_fn_t sweep_kernel_of(int G) {
         return K::template fn<1>();
     } else {
         switch (G) {
+        case 8:
+            if constexpr (MODE == SWEEP_STAGED) return K::template fn<8>();
+            return K::template fn<4>();
         case 4: return K::template fn<4>();
         case 2: return K::template fn<2>();
         default: return K::template fn<1>();
@@ -1199,7 +1208,7 @@ struct sweep_cfg {
 template <int KD> sweep_cfg sweep_choose(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env) {
     sweep_cfg c;
     const int64_t diag = a.maxT < a.row ? a.maxT : a.row;
-    c.G = diag <= kMaxThreads / 4 ? 4 : diag <= kMaxThreads ? 2 : 1;
+    c.G = diag <= kEightLanesDiag ? 8 : diag <= kMaxThreads / 4 ? 4 : diag <= kMaxThreads ? 2 : 1;
     c.staged_ring = pow2_above(span + kStageAhead);
     c.ring = pow2_above(span);
     const int fields = a.arcs.use_dur ? F_DUR + a.arcs.count : F_DUR;
@@ -1222,7 +1231,7 @@ template <int KD> sweep_cfg sweep_choose(const tdt_gpu_args_t &a, int span, cons
 #ifdef TDT_SWEEP_TUNING /* benchmark builds only (CMake TDT_SWEEP_TUNING): try another G or kernel */
     if (const char *env_s = getenv("TDT_SWEEP_LANES")) {
         const int g = atoi(env_s);
-        if (g == 1 || g == 2 || g == 4) c.G = g;
+        if (g == 1 || g == 2 || g == 4 || g == 8) c.G = g;
     }
     if (const char *env_s = getenv("TDT_SWEEP_STAGED"))
         if (atoi(env_s) == 0 && c.mode == SWEEP_STAGED) c.mode = SWEEP_RING;
@@ -1248,6 +1257,7 @@ template <int KD> one_block sweep_one_block(const tdt_gpu_args_t &a, const sweep
     int G = c.G;
     if (KD == 0) G = 4;
     if (c.mode == SWEEP_ARRAY) G = 1;
+    if (c.mode != SWEEP_STAGED && G > 4) G = 4; /* 8 lanes: the staged kernel's only */
     if (G > sweep_g<KD, 4>::MAX) G = sweep_g<KD, 4>::MAX;
     int64_t th = (diag * G + 31) / 32 * 32;
     if (th < 32) th = 32; /* maxT == 0: nothing to sweep, still a valid launch */
