@@ -26,9 +26,10 @@
  * over many back-to-back launches, and the time a diagonal is printed.
  *
  * Build: part of benchmark/ when CUDA is on (target tdt_sweep_step). Run: tdt_sweep_step
- * [iters]. Shapes: base (8 x 100 x 20) and parakeet (4 x 200 x 40), durations 0..4, weights
- * from random logits; a validation-only case with log-probabilities down to -3000 checks the
- * pairs where a plain double would underflow.
+ * [iters] (exit status 1 if any variant was wrong). Shapes, full lengths, durations 0..4:
+ * base (8 x 100 x 20) at 4, 8 and 16 lanes a node, parakeet (4 x 200 x 40) at 4 and 8, ragged
+ * (32 x 150 x 60) at 8 and 4; weights from random logits, and a validation-only case with
+ * log-probabilities in the thousands, where a plain double would underflow.
  */
 #include <math.h>
 #include <stdio.h>
