@@ -252,18 +252,11 @@ TDT_HD double tdt_beta_slot_term(const tdt_lattice_t *L, const tdt_diag_view_t *
  * value, so a reduction over lanes in any tree gives every lane the same max. */
 TDT_HD double tdt_lse_max(double m, double x) { return (x > m || x != x) ? x : m; }
 
-/* exp's Taylor coefficients 1/13!, 1/12!, ..., 1/2!, 1, 1, highest first (tdt_exp_le0): a
- * local array on the host, and on a GPU an array in the constant bank, where a float64 FMA
- * reads a coefficient as an operand (literal ones cost two uniform-register moves each, re-made
- * every diagonal of a sweep). */
+/* exp's Taylor coefficients 1/13!, 1/12!, ..., 1/2!, 1, 1, highest first (tdt_exp_le0). */
 #define TDT_EXP_TAYLOR                                                                           \
     {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,  \
      1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,      \
      1.0 / 6.0,          0.5,               1.0,              1.0}
-#if defined(__CUDACC__)
-static __constant__ double tdt_exp_taylor_c[14] = TDT_EXP_TAYLOR;
-#endif
-
 /* 2^k for -1022 <= k <= 1023, from its exponent bits. */
 TDT_HD double tdt_pow2i(int k) {
 #if defined(__CUDA_ARCH__)
@@ -279,9 +272,8 @@ TDT_HD double tdt_pow2i(int k) {
 }
 
 /* exp(x) in float64 for a log-sum-exp's x - max <= 0, with no branch, so it vectorises (the
- * CPU's tdt_sweep_chunk: eight nodes a 512-bit vector) and a GPU warp whose lanes mix absent
- * arcs and present ones runs one path (a GPU sweep's exp_le0): x = -inf gives exactly 0, NaN
- * gives NaN. Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the Taylor polynomial of
+ * CPU's tdt_sweep_chunk: eight nodes a 512-bit vector; the GPU's sweeps take
+ * tdt_exp_le0_tab since v24 of benchmark/NOTES.md): x = -inf gives exactly 0, NaN gives NaN. Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the Taylor polynomial of
  * degree 13 (TDT_EXP_TAYLOR; truncation error below 5e-18 relative, so the result is within
  * about 2 ulp of e^x), and 2^n applied as one factor. Below -708 it gives 0: e^x is then under
  * 2^-1021, and every sum this exp feeds holds its max term's e^0 = 1, whose own rounding
@@ -289,8 +281,8 @@ TDT_HD double tdt_pow2i(int k) {
  * same but in a tie of that rounding); from -708 up, n >= -1021 keeps 2^n and the result
  * normal, the same bits as before. (Until v19 of benchmark/NOTES.md it followed e^x into the
  * subnormal range with two factors and a second clamp: 15 more instructions a warp a step in
- * the GPU's staged sweep, whose lanes take three exps each.) The clamp is a select on both
- * backends (the vectoriser's form); the host spells its FMAs its own way, as FMAs only where
+ * the GPU's staged sweep, whose lanes took three exps each.) The clamp is a select (the
+ * vectoriser's form); the host spells its FMAs its own way, as FMAs only where
  * the CPU has them (a compiler targeting x86-64 without FMA would call a software fma; a
  * multiply and an add keep the result within the same few ulp). */
 #if defined(__CUDA_ARCH__) || defined(__FMA__)
@@ -299,12 +291,8 @@ TDT_HD double tdt_pow2i(int k) {
 #define TDT_EXP_FMA(a, b, c) ((a) * (b) + (c))
 #endif
 TDT_HD double tdt_exp_le0(double x) {
-#if defined(__CUDA_ARCH__)
-#define TDT_EXP_C(i) tdt_exp_taylor_c[i]
-#else
     const double c[14] = TDT_EXP_TAYLOR;
 #define TDT_EXP_C(i) c[i]
-#endif
     const double xc = x > -708.0 ? x : -708.0; /* NaN too: kept below */
     const double n = rint(xc * 1.4426950408889634);
     double r = TDT_EXP_FMA(n, -6.93147180369123816490e-01, xc); /* ln2 high part: n * it is exact */
