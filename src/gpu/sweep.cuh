@@ -881,7 +881,7 @@ cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, 
  * only in the one-block staged kernel, for diagonals of at most kEightLanesDiag nodes. H200
  * (benchmark/NOTES.md, v24): 8 lanes against 4 took base (21 nodes a diagonal, 6 warps
  * instead of 3) from 0.188 to 0.176 ms f+b, bfloat16 0.165 -> 0.152; with 41 nodes (parakeet)
- * the staged step was 1 % slower alone (tdt_sweep_step) and 1-2 % faster in the library, with
+ * the staged step was 1 % slower alone (tdt_sweep_step) and 0-2 % faster in the library, with
  * 61 (ragged) 12 % slower alone and ragged 0.401 -> 0.406 ms (v3, on an older step, had 8 lanes
  * no faster). The runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover
  * TDT_MAX_DURATIONS. Only the G that can occur are instantiated. */
