@@ -272,10 +272,11 @@ TDT_HD double tdt_pow2i(int k) {
 }
 
 /* exp(x) in float64 for a log-sum-exp's x - max <= 0, with no branch, so it vectorises (the
- * CPU's tdt_sweep_chunk: eight nodes a 512-bit vector; the GPU's sweeps take
- * tdt_exp_le0_tab since v24 of benchmark/NOTES.md): x = -inf gives exactly 0, NaN gives NaN. Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, the Taylor polynomial of
- * degree 13 (TDT_EXP_TAYLOR; truncation error below 5e-18 relative, so the result is within
- * about 2 ulp of e^x), and 2^n applied as one factor. Below -708 it gives 0: e^x is then under
+ * CPU's tdt_sweep_chunk: eight nodes a 512-bit vector; the GPU's sweeps take tdt_exp_le0_tab
+ * since v24 of benchmark/NOTES.md): x = -inf gives exactly 0, NaN gives NaN. Cody-Waite
+ * reduction x = n ln2 + r, |r| <= ln2 / 2, the Taylor polynomial of degree 13 (TDT_EXP_TAYLOR;
+ * truncation error below 5e-18 relative, so the result is within about 2 ulp of e^x), and 2^n
+ * applied as one factor. Below -708 it gives 0: e^x is then under
  * 2^-1021, and every sum this exp feeds holds its max term's e^0 = 1, whose own rounding
  * (2^-53) is 2^968 times larger than what the flushed terms add up to (the sums come out the
  * same but in a tie of that rounding); from -708 up, n >= -1021 keeps 2^n and the result
@@ -307,8 +308,8 @@ TDT_HD double tdt_exp_le0(double x) {
 /* ---- the GPU sweeps' exp and log, from tables ---------------------------------------------
  * A GPU sweep's step is bound by its instruction stream (benchmark/NOTES.md, v19), and its
  * exps and log were ~200 of a warp's ~450 instructions a step. With small tables both take
- * short polynomials (benchmark/NOTES.md, v24: the staged step 10 % faster at base and
- * parakeet). The tables, TDT_LSE_TAB (rounded to nearest from 60-digit values):
+ * short polynomials (benchmark/NOTES.md, v24: the staged step 8-9 % faster alone at base and
+ * parakeet, the f+b 1-4 %). The tables, TDT_LSE_TAB (rounded to nearest from 60-digit values):
  *   [0, 32)    2^(j / 32)
  *   [32, 96)   inv_j = 1 / (1 + j / 64), rounded (so inv_0 = 1)
  *   [96, 160)  -log(inv_j) of that rounded inv_j (so 0 for j = 0)
@@ -431,7 +432,7 @@ TDT_HD double tdt_exp_le0_tab(double x, const double *tab) {
  * (kept): x = 2^e m with m in [1, 2), j = m's top 6 fraction bits, r = m inv_j - 1 (one
  * rounding), 0 <= r < 1 / 64 up to that rounding, log m = -log(inv_j) + log1p(r), log1p by its
  * series to r^8 (truncation below 6e-18), then e ln2 in two parts. Exactly 0 at 1; within 4 ulp
- * and 2^-51 absolutely of log(x) (its result is added to the terms' max). */
+ * and 2^-50 absolutely of log(x) over [1, 64) (its result is added to the terms' max). */
 TDT_HD double tdt_log_ge1_tab(double x, const double *tab) {
 #if !defined(__CUDA_ARCH__)
     const double tdt_lse_poly_host[20] = TDT_LSE_POLY;

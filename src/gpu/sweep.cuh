@@ -118,9 +118,9 @@ template <int G> __device__ __forceinline__ double group_sum(double x) {
  * are one load. Every sweep kernel copies it there first (lse_tab_load), before the barrier
  * that starts its first job (tdt_sweep_bad_sample), and the launchers leave room for it
  * (sweep_choose). Branch-free: a warp whose lanes mix absent arcs (-inf) and present ones runs
- * one path. H200 (benchmark/NOTES.md, v24, tdt_sweep_step): the staged step 0.908 -> 0.816 us
- * a diagonal at base, 0.956 -> 0.860 at parakeet, against the Taylor exp of degree 13 and the
- * atanh series of degree 23 these replace. */
+ * one path. H200 (benchmark/NOTES.md, v24, tdt_sweep_step, 4 lanes a node): the staged step
+ * 0.908 -> 0.836 us a diagonal at base, 0.956 -> 0.872 at parakeet, against the Taylor exp of
+ * degree 13 and the atanh series of degree 23 these replace. */
 __device__ const double c_lse_tab[TDT_LSE_TAB_N] = TDT_LSE_TAB;
 __shared__ double s_lse_tab[TDT_LSE_TAB_N];
 const size_t kLseTabBytes = TDT_LSE_TAB_N * sizeof(double);
