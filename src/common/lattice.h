@@ -585,16 +585,35 @@ TDT_HD double tdt_occupancy(double alpha_src, double w, double beta_dst, double 
 }
 
 /* Occupancy of slot q's arc out of node n = (t, u), whose alpha is a: 0 when the arc does not
- * exist (or a is -inf). */
+ * exist (or a is -inf). The arc's loads depend on its indices alone, not on a, so a GPU lane
+ * has them in flight together with a's (one memory round trip, not two). */
 TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
                                  const tdt_slot_t *q, int64_t t, int64_t u, int64_t n, double a,
                                  double ll) {
     const int e = tdt_slot_out(L, q, t, u);
-    if (a == -TDT_INF || !(e || tdt_slot_final(L, q, t, u))) return 0.0;
+    if (!(e || tdt_slot_final(L, q, t, u))) return 0.0;
     double lp, dur;
     tdt_slot_weight(L, A, q, n, &lp, &dur);
     const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
-    return tdt_occupancy(a, lp + dur, b, ll);
+    return a == -TDT_INF ? 0.0 : tdt_occupancy(a, lp + dur, b, ll);
+}
+
+/* Gradient coefficients of a node from its slots' occupancies occ[j] (tdt_slot_occupancy;
+ * slot 2k blank arc k, 2k + 1 label arc k), summed in arc order. Both backends end here, the
+ * GPU after spreading the slots over a node's lanes (grad.cuh), so the sums are the same
+ * operations in the same order, however the occupancies were computed. */
+TDT_HD void tdt_node_grad_of(const double *occ, int count, double fastemit_lambda,
+                             tdt_node_grad_t *g) {
+    double occ_blank = 0.0, occ_label = 0.0;
+    for (int k = 0; k < count; ++k) {
+        g->dur_arc[k] = occ[2 * k] + occ[2 * k + 1];
+        occ_blank += occ[2 * k];
+        occ_label += occ[2 * k + 1];
+    }
+    g->blank_occ = occ_blank;
+    g->label_occ = (1.0 + fastemit_lambda) * occ_label;
+    g->tok_occ = occ_blank + g->label_occ;
+    g->dur_occ = occ_blank + occ_label;
 }
 
 /* Gradient coefficients of node (t, u) for a feasible sample (ll finite). */
@@ -603,19 +622,12 @@ TDT_HD void tdt_node_grad(const tdt_lattice_t *L, const tdt_arcs_t *A, const dou
                           double fastemit_lambda, tdt_node_grad_t *g) {
     const int64_t n = tdt_node_index(L->frames, L->row, t, u);
     const double a = alpha[n];
-    double occ_blank = 0.0, occ_label = 0.0;
-    TDT_FOR_ARCS(k, A) {
-        const tdt_slot_t qb = tdt_slot_of(A, 2 * k), ql = tdt_slot_of(A, 2 * k + 1);
-        const double ob = tdt_slot_occupancy(L, A, beta, &qb, t, u, n, a, ll);
-        const double ol = tdt_slot_occupancy(L, A, beta, &ql, t, u, n, a, ll);
-        g->dur_arc[k] = ob + ol;
-        occ_blank += ob;
-        occ_label += ol;
+    double occ[2 * TDT_MAX_DURATIONS];
+    for (int j = 0; j < tdt_num_slots(A); ++j) {
+        const tdt_slot_t q = tdt_slot_of(A, j);
+        occ[j] = tdt_slot_occupancy(L, A, beta, &q, t, u, n, a, ll);
     }
-    g->blank_occ = occ_blank;
-    g->label_occ = (1.0 + fastemit_lambda) * occ_label;
-    g->tok_occ = occ_blank + g->label_occ;
-    g->dur_occ = occ_blank + occ_label;
+    tdt_node_grad_of(occ, A->count, fastemit_lambda, g);
 }
 
 /* dLoss/dz for one token element: p = softmax(z)_v (0 for log-prob inputs), before the

@@ -188,11 +188,17 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
             q += U * G * VEC;
         }
     }
-    for (int64_t m = mine % U; m > 0; --m) {
-        put(tdt_vec<DT>::load(p), q);
-        p += G * VEC;
-        q += G * VEC;
-    }
+    /* The last mine % U vectors (fewer than a batch): loaded together, then written, so they
+     * cost one memory round trip, not one each (H200, ncu: a third of the pass's stall samples
+     * outside the batches were these loads, one after another; benchmark/NOTES.md, v25). */
+    const int rem = (int)(mine % U);
+    tdt_vec<DT> last[U > 1 ? U - 1 : 1];
+#pragma unroll
+    for (int j = 0; j < U - 1; ++j)
+        if (j < rem) last[j] = tdt_vec<DT>::load(p + j * G * VEC);
+#pragma unroll
+    for (int j = 0; j < U - 1; ++j)
+        if (j < rem) put(last[j], q + j * G * VEC);
 #pragma unroll
     for (int i = 0; i < pre.N; ++i) {
         const int64_t k = lane + (int64_t)i * G;
@@ -359,6 +365,42 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
     __syncwarp();
 }
 
+/* Gradient coefficients of node (t, u) (tdt_node_grad), its G lanes together: lane l computes
+ * the occupancies of slots l, l + G, ... (tdt_slot_occupancy: each slot's loads issue with
+ * alpha's), the group's shuffles give every lane all of them, and every lane sums them in arc
+ * order (tdt_node_grad_of): the same operations as the CPU's, the same bits for any G. Before,
+ * each lane of the group computed all of a node's slots itself, one after another; that was
+ * over half the gradient pass's warp time (ncu stall samples, H200: large float32 54 %,
+ * parakeet bfloat16 55 %; benchmark/NOTES.md, v25), with the row's loads not yet asked for.
+ * mask: the group's lanes (tdt_group_mask), which all reach this together. */
+template <int G, int KD>
+__device__ __forceinline__ void node_grad_group(const tdt_lattice_t &L, const tdt_arcs_t &A,
+                                                const tdt_arcs_t &arcs, const double *alpha,
+                                                const double *beta, int64_t t, int64_t u,
+                                                double ll, double fastemit_lambda, int lane,
+                                                unsigned mask, tdt_node_grad_t *g) {
+    if constexpr (KD == 0) { /* a runtime count (generic.cu): up to 64 slots, each lane all */
+        tdt_node_grad(&L, &A, alpha, beta, t, u, ll, fastemit_lambda, g);
+    } else {
+        enum { SLOTS = 2 * KD, PER = (SLOTS + G - 1) / G };
+        const int64_t n = tdt_node_index(L.frames, L.row, t, u);
+        const double a = alpha[n];
+        double mine[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            /* the slot from the kernel's parameters (arcs: a.arcs), which an index known only
+             * at run time reads from the constant bank; A's copy of them would go to local
+             * memory. Past SLOTS: no arc, no load. */
+            const tdt_slot_t q = tdt_slot_of(&arcs, lane + i * G);
+            mine[i] = tdt_slot_occupancy(&L, &A, beta, &q, t, u, n, a, ll);
+        }
+        double occ[SLOTS];
+#pragma unroll
+        for (int j = 0; j < SLOTS; ++j) occ[j] = __shfl_sync(mask, mine[j / G], j % G, G);
+        tdt_node_grad_of(occ, KD, fastemit_lambda, g);
+    }
+}
+
 /* Zeros over node (b, t, u)'s gradient rows: outside the lattices, or no gradient there. */
 template <int DT, int G>
 __device__ __forceinline__ void zero_node(const tdt_gpu_args_t &a, int64_t b, int64_t t, int64_t u, int lane) {
@@ -447,8 +489,20 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     const double lse = a.ws.lse[off + nl];
     const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1; /* compared; indexed only in [0, V) */
     if (zr && lane == 0 && y >= 0 && y < V) tdt_prefetch_l1(zr + y);
+    /* The blank and the label logits, read now by every lane of the group (one address each:
+     * a broadcast) so that their memory latency runs beside the coefficients' rather than
+     * after them; the lane that writes each of them uses its copy. y == blank (bad data, never
+     * reached here) would take both terms at one element. */
+    const int64_t vb = a.blank, vy = (y >= 0 && y < V && y != a.blank) ? y : -1;
+    T xb = T(0), xy = T(0);
+    if (gz) {
+        const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
+        xb = z[vb];
+        if (vy >= 0) xy = z[vy];
+    }
     tdt_node_grad_t ng;
-    tdt_node_grad(&L, &A, a.ws.alpha + off, a.ws.beta + off, t, u, ll, a.fastemit_lambda, &ng);
+    node_grad_group<G, KD>(L, A, a.arcs, a.ws.alpha + off, a.ws.beta + off, t, u, ll,
+                           a.fastemit_lambda, lane, tdt_group_mask<G>(), &ng);
 
     if (gh) { /* first, so the per-arc occupancies are dead before the token row */
         const double *lpd = L.lp_dur + nl * D;
@@ -474,15 +528,13 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
             head = tdt_row_head<T>(a.log_probs ? (const T *)gz : z, V);
             tail = head + (V - head) / VEC * VEC;
         }
-        /* The blank and the label: read by the lane that will write them, before its row
-         * loop overwrites them (in place), patched after it. y == blank (bad data, never
-         * reached here) would take both terms at one element. */
-        const int64_t vb = a.blank, vy = (y >= 0 && y < V && y != a.blank) ? y : -1;
+        /* The blank and the label (read above, before the row loop overwrites them in
+         * place), patched after it by the lane that owns them in this split. */
         const bool own_b = row_owner<G>(vb, head, tail, VEC) == lane;
         const bool own_y = vy >= 0 && row_owner<G>(vy, head, tail, VEC) == lane;
         T gsb = T(0), gsy = T(0);
-        if (own_b) gsb = special_grad<DT>(a, ng, lse, gb, z[vb], 1, y == a.blank);
-        if (own_y) gsy = special_grad<DT>(a, ng, lse, gb, z[vy], 0, 1);
+        if (own_b) gsb = special_grad<DT>(a, ng, lse, gb, xb, 1, y == a.blank);
+        if (own_y) gsy = special_grad<DT>(a, ng, lse, gb, xy, 0, 1);
 
         const Acc cl = a.clamp > 0.0 ? (Acc)a.clamp : (Acc)INFINITY;
         if (a.log_probs) {
