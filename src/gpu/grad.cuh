@@ -17,12 +17,13 @@
  * Parallel mapping: as normalize.cu, a group of G lanes per node, grid-striding over all nodes;
  * each lane covers its share of the row in 16-byte vectors, UNROLL of them a batch (scalar head
  * and tail up to the logits row's 16-byte boundaries), copied into shared memory by cp.async two
- * batches ahead of the one it computes (all but the trail kernel). Each lane computes the node's
- * coefficients itself: the lanes of a group run them in lock-step, so this costs the same as one
- * lane and needs no shuffles. The row loop writes every element with the bulk formula; the blank
- * and the label are then overwritten by the lane that wrote them (row_owner), with values that
- * lane computed before its loop from the logits it read there. Three kernels share that per-node
- * work (grad_node): grad_kernel takes the nodes in memory order, after the forward's sweeps;
+ * batches ahead of the one it computes (all but the trail kernel). The node's coefficients are
+ * spread over its lanes, each lane the occupancies of a few arc slots, shuffled to all of them
+ * (node_grad_group). The row loop writes every element with the bulk formula; the blank and the
+ * label are then overwritten by the lane that wrote them (row_owner), with values that lane
+ * computed before its loop from the logits the group read before the coefficients. Three
+ * kernels share that per-node work (grad_node): grad_kernel takes the nodes in memory order,
+ * after the forward's sweeps;
  * grad_ordered_kernel (the split schedule, sweep.cuh) takes them in layers of diagonals from the
  * last one back, each once the beta sweep running beside it has passed (and for the fused schedule
  * from the lattice's middle out, beside both sweeps); grad_trail_kernel (the trail schedule) takes
@@ -31,7 +32,9 @@
  * Race-free, in place included: every gradient element is written by exactly one lane (the
  * blank and label twice, by the same lane, in program order), and that lane has already read
  * the logit at the same position (same thread, load before store) when the gradient aliases
- * the logits; nothing else reads the logits in this kernel, and the workspace is read-only
+ * the logits; the other lanes of its group read the blank and label logits too, before the
+ * group's shuffles (node_grad_group) that come before any store of the row, and discard their
+ * copies; nothing else reads the logits in this kernel, and the workspace is read-only
  * here (the ordered and trail kernels read a sample's sweep values only after an acquire of the
  * count the sweep releases after writing them; their atomics are the ticket counter and the
  * trail's ready flags in shared memory). No atomics on any value: deterministic, whatever the
