@@ -192,8 +192,8 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
         }
     }
     /* The last mine % U vectors (fewer than a batch): loaded together, then written, so they
-     * cost one memory round trip, not one each (H200, ncu: a third of the pass's stall samples
-     * outside the batches were these loads, one after another; benchmark/NOTES.md, v25). */
+     * cost one memory round trip, not one each (H200, ncu, large float32: 8 % of the pass's
+     * stall samples sat on these loads, one after another; benchmark/NOTES.md, v25). */
     const int rem = (int)(mine % U);
     tdt_vec<DT> last[U > 1 ? U - 1 : 1];
 #pragma unroll
