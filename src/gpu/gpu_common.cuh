@@ -213,16 +213,20 @@ __device__ __forceinline__ void tdt_prefetch_l1(const void *p) {
 }
 
 /* Asynchronous copies into shared memory (cp.async): the issuing thread's own copies, made
- * visible to it by cp_async_wait<N>() (all but its N latest groups complete). 8 bytes through
- * L1 (the sweeps' staged weights, read again by the block), 16 bytes through L2 only (a
- * gradient row's logits, read once; both addresses 16-byte aligned). */
+ * visible to it by cp_async_wait<N>() (all but its N latest groups complete). 8 bytes (the
+ * sweeps' staged weights, read again by the block) and 16 bytes (a gradient row's logits, both
+ * addresses 16-byte aligned) both through L1 (.ca). The 16-byte copies went through L2 only
+ * (.cg, LDGSTS.BYPASS) until v26: then L1 asked L2 for 1.5x the sectors the warps copied (ncu,
+ * H200: 24 sectors for a warp's 512 bytes, at every shape and lane count tried), and the
+ * gradient pass was bound by L2's throughput; through L1 the copies ask for what they read, and
+ * large float32's pass took 1.61 ms against 1.71 (benchmark/NOTES.md, v26). */
 __device__ __forceinline__ void cp_async8(double *dst, const double *src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -277,29 +281,32 @@ template <typename Kernel> cudaError_t tdt_allow_smem(Kernel kernel, size_t byte
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-/* Elements before the first 16-byte boundary of a row starting at p (V if p is not even
- * element-aligned, so the whole row goes scalar). */
-template <typename T>
+/* Elements before the first ALIGN-byte boundary of a row starting at p (V if p is not even
+ * element-aligned, so the whole row goes scalar). ALIGN is 16 (a vector) or 32 (an L2 sector:
+ * the gradient pass, whose 16-byte vectors then fill whole sectors, grad.cuh). */
+template <typename T, unsigned ALIGN = 16>
 __device__ __forceinline__ int64_t tdt_row_head(const void *p, int64_t V) {
+    static_assert(ALIGN == 16 || ALIGN == 32, "a vector or a sector");
     uintptr_t a = (uintptr_t)p;
     if (a % sizeof(T)) return V;
-    int64_t h = (int64_t)(((16u - (a & 15u)) & 15u) / sizeof(T));
+    int64_t h = (int64_t)(((ALIGN - (a & (ALIGN - 1))) & (ALIGN - 1)) / sizeof(T));
     return h < V ? h : V;
 }
 
-/* A row's scalar elements: its head up to the first 16-byte boundary (head of them) and its tail
- * from `tail` on, nscalar = head + (V - tail) in all, numbered k = 0 .. nscalar - 1; lane l of
- * a group of G takes k = l, l + G, ... Where the row is element-aligned there are under 2 VEC
- * of them, so a lane's first N (tdt_row_scalars<T, VEC, G>::N) fit registers: load() fetches
- * them before the row's vectors, so that their latency hides behind the vectors' instead of
- * adding one more memory round trip at the end of every node (benchmark/NOTES.md, v21); the
- * caller uses v[i] for k = lane + i * G < nscalar after the vectors, in the order it had, and
- * any k from lane + N * G on (a row that is not element-aligned) from memory. */
+/* A row's scalar elements: its head up to the first ALIGN-byte boundary (head of them) and its
+ * tail from `tail` on, nscalar = head + (V - tail) in all, numbered k = 0 .. nscalar - 1; lane l
+ * of a group of G takes k = l, l + G, ... Where the row is element-aligned there are under
+ * ALIGN / sizeof(T) + VEC of them, so a lane's first N (tdt_row_scalars<T, VEC, G, ALIGN>::N)
+ * fit registers: load() fetches them before the row's vectors, so that their latency hides
+ * behind the vectors' instead of adding one more memory round trip at the end of every node
+ * (benchmark/NOTES.md, v21); the caller uses v[i] for k = lane + i * G < nscalar after the
+ * vectors, in the order it had, and any k from lane + N * G on (a row that is not
+ * element-aligned) from memory. */
 __device__ __forceinline__ int64_t tdt_row_scalar_at(int64_t k, int64_t head, int64_t tail) {
     return k < head ? k : tail + (k - head);
 }
-template <typename T, int VEC, int G> struct tdt_row_scalars {
-    enum { N = (2 * (VEC - 1) + G - 1) / G };
+template <typename T, int VEC, int G, unsigned ALIGN = 16> struct tdt_row_scalars {
+    enum { N = ((int)(ALIGN / sizeof(T)) - 1 + VEC - 1 + G - 1) / G };
     T v[N];
     __device__ __forceinline__ void load(const T *z, int64_t head, int64_t tail, int64_t nscalar, int lane) {
 #pragma unroll

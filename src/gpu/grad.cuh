@@ -15,13 +15,14 @@
  * device data (state BAD_DATA, or lengths out of range, so no lattice index is ever formed).
  *
  * Parallel mapping: as normalize.cu, a group of G lanes per node, grid-striding over all nodes;
- * each lane covers its share of the row in 16-byte vectors, UNROLL of them a batch (scalar head
- * and tail up to the logits row's 16-byte boundaries), copied into shared memory by cp.async two
- * batches ahead of the one it computes (all but the trail kernel). The node's coefficients are
- * spread over its lanes, each lane the occupancies of a few arc slots, shuffled to all of them
- * (node_grad_group). The row loop writes every element with the bulk formula; the blank and the
- * label are then overwritten by the lane that wrote them (row_owner), with values that lane
- * computed before its loop from the logits the group read before the coefficients. Three
+ * each lane covers its share of the row in 16-byte vectors, UNROLL of them a batch (a scalar
+ * head up to the logits row's first 32-byte boundary, grad_row_align, and a scalar tail),
+ * copied into shared memory by cp.async two batches ahead of the one it computes (all but the
+ * trail kernel). The node's coefficients are spread over its lanes, each lane the occupancies
+ * of a few arc slots, shuffled to all of them (node_grad_group). The row loop writes every
+ * element with the bulk formula; the blank and the label are then overwritten by the lane that
+ * wrote them (row_owner), with values that lane computed before its loop from the logits the
+ * group read before the coefficients. Three
  * kernels share that per-node work (grad_node): grad_kernel takes the nodes in memory order,
  * after the forward's sweeps;
  * grad_ordered_kernel (the split schedule, sweep.cuh) takes them in layers of diagonals from the
@@ -61,6 +62,18 @@
 namespace {
 
 const int kThreads = 256;
+
+/* Where the gradient pass splits a row: at its first 32-byte boundary for groups of 8 or more
+ * lanes (tdt_row_head<T, ALIGN>), so that a group's 16-byte vectors cover whole L2 sectors, each
+ * read once and written once, where the 16-byte split left a row whose vectors start half way
+ * into a sector writing that sector's halves in two requests (H200, ncu, large float32: the
+ * gradient pass's L2 write sectors 91.5 M -> 86.9 M, 1.57 -> 1.53 ms; f+b 2.70 -> 2.59 ms;
+ * benchmark/NOTES.md, v26). Groups of 4 (rows of at most 64 vectors) keep the 16-byte split:
+ * their lanes would hold up to twice the scalars of the longer head in registers, which
+ * spills at 80. */
+template <int DT, int G> struct grad_row_align {
+    enum { V = G >= 8 ? 32 : 16 };
+};
 
 /* Per element type: 16-byte vectors a batch per lane (UNROLL), batches in the shared-memory ring
  * (STAGES: STAGES - 1 batches in flight ahead of the one computed) and blocks per SM (MIN_BLOCKS),
@@ -113,7 +126,7 @@ template <int DT, int G>
 __device__ __forceinline__ void zero_row(typename tdt_elem<DT>::T *g, int64_t V, int lane) {
     typedef typename tdt_elem<DT>::T T;
     const int VEC = tdt_elem<DT>::VEC;
-    const int64_t head = tdt_row_head<T>(g, V);
+    const int64_t head = tdt_row_head<T, grad_row_align<DT, G>::V>(g, V);
     const int64_t nvec = (V - head) / VEC;
     const int64_t tail = head + nvec * VEC;
     tdt_vec<DT> zv;
@@ -152,13 +165,13 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
     typedef typename tdt_elem<DT>::T T;
     const int VEC = tdt_elem<DT>::VEC;
     const int U = grad_tuning<DT>::UNROLL, S = STAGED ? grad_tuning<DT>::STAGES : 0;
-    const int64_t head = tdt_row_head<T>(z, V);
+    const int64_t head = tdt_row_head<T, grad_row_align<DT, G>::V>(z, V);
     const int64_t nvec = (V - head) / VEC;
     const int64_t tail = head + nvec * VEC;
     const int64_t mine = lane < nvec ? (nvec - 1 - lane) / G + 1 : 0; /* vectors of this lane */
     /* The scalar head and tail loaded before the vectors, written after them: tdt_row_scalars. */
     const int64_t nscalar = head + (V - tail);
-    tdt_row_scalars<T, VEC, G> pre;
+    tdt_row_scalars<T, VEC, G, grad_row_align<DT, G>::V> pre;
     pre.load(z, head, tail, nscalar, lane);
     const T *p = z + head + (int64_t)lane * VEC;
     T *q = gz + head + (int64_t)lane * VEC;
@@ -508,15 +521,24 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
                            a.fastemit_lambda, lane, tdt_group_mask<G>(), &ng);
 
     if (gh) { /* first, so the per-arc occupancies are dead before the token row */
+        /* lane l computes duration k = l (k known at compile time in each unrolled step, so
+         * the node's arrays stay in registers) and the group stores them in one instruction:
+         * one request for the row's few contiguous elements, where a store for each k made D
+         * requests (measured with grad_row_align's split, v26). Groups of fewer lanes than
+         * durations store each k as it comes. */
+        enum { KMAX = KD > 0 ? KD : TDT_MAX_DURATIONS };
         const double *lpd = L.lp_dur + nl * D;
-        const int kmax = KD > 0 ? KD : TDT_MAX_DURATIONS;
+        T gd = T(0);
 #pragma unroll
-        for (int k = 0; k < kmax; ++k) {
+        for (int k = 0; k < KMAX; ++k) {
             if (k < D && (k % G) == lane) {
                 double q = a.log_probs ? 0.0 : exp(lpd[k]);
-                gh[k] = E::from_double(gb * tdt_duration_grad(&ng, q, k));
+                const T g = E::from_double(gb * tdt_duration_grad(&ng, q, k));
+                if (G >= KMAX) gd = g;
+                else gh[k] = g;
             }
         }
+        if (G >= KMAX && lane < D) gh[lane] = gd;
     }
 
     if (gz) {
@@ -528,7 +550,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
         const bool same16 = (((uintptr_t)gz ^ (uintptr_t)z) & 15u) == 0;
         int64_t head = V, tail = V;
         if (a.log_probs || (fast && same16)) {
-            head = tdt_row_head<T>(a.log_probs ? (const T *)gz : z, V);
+            head = tdt_row_head<T, grad_row_align<DT, G>::V>(a.log_probs ? (const T *)gz : z, V);
             tail = head + (V - head) / VEC * VEC;
         }
         /* The blank and the label (read above, before the row loop overwrites them in
