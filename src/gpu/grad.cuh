@@ -85,9 +85,11 @@ template <int DT, int G> struct grad_row_align {
  * loop is a few instructions an element and the blank and label elements are patched after it (no
  * per-vector test, no inlined special path), so unroll 4 is now about 110 (float32) to 340
  * (bfloat16) PTX instructions a batch; the earlier loop's unrolled special path is what stalled
- * bfloat16 at unroll 4 on instruction fetch (see benchmark/NOTES.md). Registers (sm_90, no
- * spills): 80 for float32 and the 16-bit types (3 blocks, 24 warps an SM; 4 blocks would spill in
- * the node's coefficients), 106-126 for float64. */
+ * bfloat16 at unroll 4 on instruction fetch (see benchmark/NOTES.md). Registers (sm_90): 80
+ * for float32 and the 16-bit types (3 blocks, 24 warps an SM; 4 blocks would spill in the node's
+ * coefficients), 106-126 for float64. ptxas -v (v26, durations 0..4): no spills for float32 and
+ * float64; in grad_kernel and grad_ordered_kernel the 16-bit types spill up to 8 bytes at G = 8
+ * and 28-40 at G = 4. */
 template <int DT> struct grad_tuning {
     enum { UNROLL = 4, MIN_BLOCKS = DT == TDT_DTYPE_FLOAT64 ? 2 : 3, STAGES = 3 };
 };
