@@ -136,7 +136,8 @@ typedef enum tdt_gpu_schedule {
                                      sweeps from the lattice's middle out, while they run
                                      (sm_90); AUTO takes it for such calls where it takes
                                      OVERLAP for long rows (sweeps split over thread-block
-                                     clusters) */
+                                     clusters) or for rows of at least 0.4 MB of logits a
+                                     diagonal (over the batch) */
     TDT_GPU_SCHEDULE_TRAIL = 5    /* compute_tdt_loss() with gradients, tdt_forward_ahead():
                                      SERIAL's forward, with the gradient pass beside the sweeps
                                      (sm_90), taking each sample once both its sweeps have
@@ -310,7 +311,7 @@ TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_option
  * gradients is faster than the tdt_forward() / tdt_backward() pair, it also writes the
  * gradients of sum_b grad_costs[b] * costs[b] into grads, in the same launch, and sets
  * *grads_written to 1. The GPU's fused and trail schedules do: under TDT_GPU_SCHEDULE_AUTO,
- * long rows (fused) and batches too large for the other overlaps (trail); under
+ * long rows and wide ones (fused) and batches too large for the other overlaps (trail); under
  * TDT_GPU_SCHEDULE_FUSED or TRAIL, wherever they can run. Everywhere else (and always on the
  * CPU) it sets *grads_written to 0 and leaves grads untouched, and tdt_backward() follows as
  * usual.

@@ -1346,7 +1346,8 @@ TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
 // forward/backward pair (backward run twice over one workspace: the split schedule recomputes
 // beta there), with samples the split backward must not wait for: bad data (NaN cost), an
 // infeasible sample (durations without 1, T_b = 1), T_b = 0, U_b = 0. The one exception is the
-// fused schedule's one-shot call (FUSED; AUTO takes it for long rows only, not these), whose
+// fused schedule's one-shot call (FUSED; AUTO takes it for long rows and for rows of at least
+// 0.4 MB a diagonal, not these: 0.2 MB at most), whose
 // gradients take log p(y|x) from the lattice's middle: the same costs, gradients the same to
 // rounding. The
 // workspace's counters show which schedule ran: untouched (NaN poison) after SERIAL, the

@@ -9,7 +9,8 @@ library's own (options.normalize_costs: the costs it returns are cost_b / U_b, a
 the upstream of each by U_b), torch's part being a batch mean.
 
 On CUDA, where the library's plan runs the gradient pass with the forward (the fused schedule:
-long rows, where it overlaps both lattice sweeps), forward calls tdt_forward_ahead() instead,
+long rows, or rows of at least 0.4 MB a diagonal, where it overlaps both lattice sweeps; the
+trail schedule: ragged batches), forward calls tdt_forward_ahead() instead,
 with the reduction's weights (the upstream for a loss gradient of 1): the gradients are then
 written in the forward, and backward only multiplies them by the loss's upstream gradient
 (tdt_scale_gradients(), which reads and writes nothing when that is exactly 1, as after

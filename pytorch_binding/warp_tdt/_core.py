@@ -307,7 +307,7 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     """forward() through tdt_forward_ahead(): (costs, workspace, written).
 
     Where the library's plan runs the gradient pass with the forward (the GPU's fused schedule:
-    long rows), it also writes into g_logits / g_dur (grad_buffers()) the gradients for the
+    long or wide rows; its trail schedule: ragged batches), it also writes into g_logits / g_dur (grad_buffers()) the gradients for the
     upstream ``weights`` (None: ones; a 0-d or (B,) tensor of the accumulate type on the logits'
     device), and written is True: scale() applies the factor the backward brings. Else written
     is False, the buffers are untouched, and backward() follows on the workspace as usual.

@@ -606,9 +606,18 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
 
 /* Threads of a block of grad_ordered_kernel: one block fills an SM's registers (the row loop's
  * 80 registers a thread, 24 warps an SM as grad_kernel's 3 blocks; float64 up to 126), so its
- * blocks take the SMs the beta sweep leaves free. */
-template <int DT> struct grad_ordered {
-    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : 768 };
+ * blocks take the SMs the beta sweep leaves free. The fused schedule's (FUSED) takes 512: at
+ * 768 its node (the sweeps' counts and the cut waited for) spilled 120-150 bytes a thread at
+ * the cap of 80 registers (ptxas -v), at 640 still 60-70; at 512, 114-128 registers and no
+ * spill. H200, f+b ms, 512 against 768, timeline builds (benchmark/NOTES.md, v27, call 5):
+ * parakeet bfloat16 under FUSED 0.557 / 0.593, float32 0.918 / 0.959, base float32 0.165 /
+ * 0.178; long (AUTO: fused) float32 2.995 / 3.117, bfloat16 2.526 / 2.602.
+ * TDT_FUSED_THREADS (a define) is the knob for benchmark builds. */
+#ifndef TDT_FUSED_THREADS
+#define TDT_FUSED_THREADS 512
+#endif
+template <int DT, bool FUSED = false> struct grad_ordered {
+    enum { THREADS = DT == TDT_DTYPE_FLOAT64 ? 512 : FUSED ? TDT_FUSED_THREADS : 768 };
 };
 
 /* The same rows in the order the split schedule's beta sweep finishes them (sweep.cuh, "The
@@ -622,8 +631,8 @@ template <int DT> struct grad_ordered {
  * each), then the layers from the middle of each lattice out: layer k = diagonals L_b - 1 - k
  * and S_b - L_b + k (tdt_layer_node, ends 2, rev 1), in the order the sweeps finish them. */
 template <int DT, int G, int KD, bool FUSED>
-__global__ void __launch_bounds__(grad_ordered<DT>::THREADS, 1) grad_ordered_kernel(const tdt_gpu_args_t a) {
-    enum { THREADS = grad_ordered<DT>::THREADS, PER = THREADS / G };
+__global__ void __launch_bounds__(grad_ordered<DT, FUSED>::THREADS, 1) grad_ordered_kernel(const tdt_gpu_args_t a) {
+    enum { THREADS = grad_ordered<DT, FUSED>::THREADS, PER = THREADS / G };
     const int lane = threadIdx.x & (G - 1);
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     if (threadIdx.x == 0) tdt_tl_start(a.tl, TDT_TL_GRAD);
@@ -785,7 +794,8 @@ cudaError_t grad_ordered_launch_g(const tdt_gpu_args_t &a, int blocks, cudaStrea
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3((unsigned)blocks, 1, 1);
-    const int threads = SCHED == GS_TRAIL ? (int)grad_trail<DT>::THREADS : (int)grad_ordered<DT>::THREADS;
+    const int threads = SCHED == GS_TRAIL ? (int)grad_trail<DT>::THREADS
+                                          : (int)grad_ordered<DT, SCHED == GS_FUSED>::THREADS;
     cfg.blockDim = dim3((unsigned)threads, 1, 1);
     cfg.stream = stream;
     cudaLaunchAttribute attr = tdt_pdl_attr();

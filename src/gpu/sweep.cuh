@@ -1028,15 +1028,34 @@ inline bool overlap_wanted(const tdt_fwd_env_t &env, int64_t blocks) {
  * all three kernels done.
  * ============================================================================================== */
 
+/* Bytes of logits a diagonal (over the batch) from which AUTO takes the fused schedule for
+ * one-block sweeps that it overlaps with the normaliser (and does not split): the gradient pass
+ * beside their second half then saves more than the sweeps lose to its traffic. H200, f+b ms,
+ * fused against overlap, two rounds (benchmark/NOTES.md, v27, call 6): parakeet bfloat16
+ * (2.1 MB a diagonal) 0.569-0.570 / 0.595-0.599, base float32 (0.55) 0.158-0.161 /
+ * 0.165-0.166; but base bfloat16 (0.28) 0.148-0.149 / 0.144. (Fused also beat the split at
+ * parakeet float32, 0.917 / 0.939, and lost to it at large float32, 2.829 / 2.585: AUTO
+ * splits both, split_plan coming first.) */
+const double kFusedBytesPerDiagonal = 0.4 * 1024 * 1024;
+
+inline bool fused_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
+    const double elem = dtype == TDT_DTYPE_FLOAT64 ? 8.0 : dtype == TDT_DTYPE_FLOAT32 ? 4.0 : 2.0;
+    const double bytes = (double)a.nodes * (double)(a.V + a.D) * elem;
+    return bytes >= kFusedBytesPerDiagonal * (double)tdt_ws_layers(a.maxT, a.maxU);
+}
+
 /* Whether this call runs the fused schedule: gradients asked for (with_grads), an overlap plan
  * of both sweeps on *a, and the schedule FUSED, or AUTO with the sweeps split over clusters
- * (cluster: long rows). H200, tdt_bench f+b ms, fused against overlap (benchmark/NOTES.md, v12):
- * long (clusters of 16) float32 3.55-3.57 / 4.06, bfloat16 2.94 / 3.36; but base (one block a
- * sweep) float32 0.203-0.205 / 0.190, bfloat16 0.182-0.186 / 0.165, parakeet bfloat16
- * 0.650-0.660 / 0.642-0.644. Then a's fus_* and bwd_* are set. */
+ * (cluster: long rows) or with rows of enough bytes a diagonal (fused_pays). H200, tdt_bench
+ * f+b ms, fused against overlap (benchmark/NOTES.md, v12): long (clusters of 16) float32
+ * 3.55-3.57 / 4.06, bfloat16 2.94 / 3.36; with one-block sweeps it lost then (base float32
+ * 0.203-0.205 / 0.190, parakeet bfloat16 0.650-0.660 / 0.642-0.644) and pays since its
+ * gradient kernel stopped spilling (v27, grad_ordered: 512 threads). Then a's fus_* and bwd_*
+ * are set. */
 inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_grads, bool cluster) {
     if (!with_grads || a->fwd_tickets == 0 || a->fwd_ends != 2) return false;
-    if (env.schedule != TDT_GPU_SCHEDULE_FUSED && !(env.schedule == TDT_GPU_SCHEDULE_AUTO && cluster))
+    if (env.schedule != TDT_GPU_SCHEDULE_FUSED &&
+        !(env.schedule == TDT_GPU_SCHEDULE_AUTO && (cluster || fused_pays(*a, env.dtype))))
         return false;
 #if defined(TDT_SWEEP_TUNING) || defined(TDT_FUSED_TUNING) /* benchmark builds: TDT_FUSED=0, overlap */
     if (const char *env_s = getenv("TDT_FUSED"))
