@@ -1038,10 +1038,16 @@ inline bool overlap_wanted(const tdt_fwd_env_t &env, int64_t blocks) {
  * splits both, split_plan coming first.) */
 const double kFusedBytesPerDiagonal = 0.4 * 1024 * 1024;
 
-inline bool fused_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
+/* Whether the logits (token and duration rows, over the batch) hold at least per_diagonal
+ * bytes a diagonal of the lattice: what AUTO's fused and split rules weigh. */
+inline bool logits_bytes_reach(const tdt_gpu_args_t &a, tdt_dtype_t dtype, double per_diagonal) {
     const double elem = dtype == TDT_DTYPE_FLOAT64 ? 8.0 : dtype == TDT_DTYPE_FLOAT32 ? 4.0 : 2.0;
     const double bytes = (double)a.nodes * (double)(a.V + a.D) * elem;
-    return bytes >= kFusedBytesPerDiagonal * (double)tdt_ws_layers(a.maxT, a.maxU);
+    return bytes >= per_diagonal * (double)tdt_ws_layers(a.maxT, a.maxU);
+}
+
+inline bool fused_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
+    return logits_bytes_reach(a, dtype, kFusedBytesPerDiagonal);
 }
 
 /* Whether this call runs the fused schedule: gradients asked for (with_grads), an overlap plan
@@ -1306,9 +1312,7 @@ template <int KD> one_block sweep_one_block(const tdt_gpu_args_t &a, const sweep
 const double kSplitBytesPerDiagonal = 2.5 * 1024 * 1024;
 
 inline bool split_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
-    const double elem = dtype == TDT_DTYPE_FLOAT64 ? 8.0 : dtype == TDT_DTYPE_FLOAT32 ? 4.0 : 2.0;
-    const double bytes = (double)a.nodes * (double)(a.V + a.D) * elem;
-    return bytes >= kSplitBytesPerDiagonal * (double)tdt_ws_layers(a.maxT, a.maxU);
+    return logits_bytes_reach(a, dtype, kSplitBytesPerDiagonal);
 }
 
 /* The one-block sweep of choice c (*ob), and whether the split schedule runs for this call:
