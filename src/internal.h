@@ -64,6 +64,11 @@ void tdt_clear_error(void);
 /* Accumulate-type helpers for costs and upstream gradients. */
 static inline int tdt_acc_is_double(tdt_dtype_t dtype) { return dtype == TDT_DTYPE_FLOAT64; }
 
+/* Bytes of one logits element. */
+static inline int tdt_dtype_size(tdt_dtype_t dtype) {
+    return dtype == TDT_DTYPE_FLOAT64 ? 8 : dtype == TDT_DTYPE_FLOAT32 ? 4 : 2;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -99,7 +99,7 @@ static tdt_status_t check_strides(const char *name, const int64_t *strides,
                                   const tdt_problem_t *p, int64_t width, int disjoint) {
     int64_t extent[3] = {p->batch, p->max_frames, p->max_labels + 1};
     int64_t span = width; /* elements from a row's first element to past its last */
-    int64_t esz = p->dtype == TDT_DTYPE_FLOAT64 ? 8 : p->dtype == TDT_DTYPE_FLOAT32 ? 4 : 2;
+    int64_t esz = tdt_dtype_size(p->dtype);
     for (int i = 0; i < 3; ++i) {
         if (strides[i] < 0)
             TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides[%d] = %lld is negative", name, i,

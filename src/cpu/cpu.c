@@ -237,10 +237,6 @@ static void row_grad_f64(const double *z, double *g, int64_t V, double lse, doub
 
 /* ---- element access for scalars ------------------------------------------------------------- */
 
-static size_t dtype_size(tdt_dtype_t dtype) {
-    return dtype == TDT_DTYPE_FLOAT64 ? 8 : dtype == TDT_DTYPE_FLOAT32 ? 4 : 2;
-}
-
 static double load_one(const void *base, int64_t i, tdt_dtype_t dtype) {
     switch (dtype) {
     case TDT_DTYPE_FLOAT64: return ((const double *)base)[i];
@@ -260,7 +256,7 @@ static void store_one(void *base, int64_t i, tdt_dtype_t dtype, double x) {
 }
 
 static const void *elem_ptr(const void *base, int64_t i, tdt_dtype_t dtype) {
-    return (const char *)base + i * (int64_t)dtype_size(dtype);
+    return (const char *)base + i * (int64_t)tdt_dtype_size(dtype);
 }
 
 /* The scan of row z (float64 rows scan themselves in row_lse_f64: none here). */
@@ -309,7 +305,7 @@ static void token_grad_row(const tdt_call_t *c, const void *z, void *g, double l
     double zb = 0.0, zl = 0.0;
     if (in_place) load_patched(z, blank, label, dt, &zb, &zl);
     if (!logits) {
-        memset(g, 0, (size_t)V * dtype_size(dt));
+        memset(g, 0, (size_t)V * (size_t)tdt_dtype_size(dt));
     } else {
         float occ = (float)ng->tok_occ, cl = (float)c->o.clamp, sc = (float)scale;
         switch (dt) {
@@ -436,7 +432,7 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
 static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const tdt_problem_t *p = &c->p;
     const int64_t row = p->max_labels + 1, D = c->num_durations, Dw = c->layout.dur_stride;
-    const size_t esz = dtype_size(p->dtype);
+    const size_t esz = (size_t)tdt_dtype_size(p->dtype);
     const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
     for (int64_t b = 0; b < p->batch; ++b) {
@@ -506,7 +502,7 @@ static void scale_row(void *g, int64_t n, tdt_dtype_t dtype, double s) {
 tdt_status_t tdt_cpu_scale(const tdt_call_t *c) {
     const tdt_problem_t *p = &c->p;
     const int64_t row = p->max_labels + 1;
-    const size_t esz = dtype_size(p->dtype);
+    const size_t esz = (size_t)tdt_dtype_size(p->dtype);
     const int nthreads = c->o.num_threads > 0 ? c->o.num_threads : omp_get_max_threads();
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
     for (int64_t b = 0; b < p->batch; ++b) {

@@ -1041,8 +1041,7 @@ const double kFusedBytesPerDiagonal = 0.4 * 1024 * 1024;
 /* Whether the logits (token and duration rows, over the batch) hold at least per_diagonal
  * bytes a diagonal of the lattice: what AUTO's fused and split rules weigh. */
 inline bool logits_bytes_reach(const tdt_gpu_args_t &a, tdt_dtype_t dtype, double per_diagonal) {
-    const double elem = dtype == TDT_DTYPE_FLOAT64 ? 8.0 : dtype == TDT_DTYPE_FLOAT32 ? 4.0 : 2.0;
-    const double bytes = (double)a.nodes * (double)(a.V + a.D) * elem;
+    const double bytes = (double)a.nodes * (double)(a.V + a.D) * (double)tdt_dtype_size(dtype);
     return bytes >= per_diagonal * (double)tdt_ws_layers(a.maxT, a.maxU);
 }
 
