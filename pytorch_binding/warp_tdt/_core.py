@@ -307,10 +307,11 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     """forward() through tdt_forward_ahead(): (costs, workspace, written).
 
     Where the library's plan runs the gradient pass with the forward (the GPU's fused schedule:
-    long or wide rows; its trail schedule: ragged batches), it also writes into g_logits / g_dur (grad_buffers()) the gradients for the
-    upstream ``weights`` (None: ones; a 0-d or (B,) tensor of the accumulate type on the logits'
-    device), and written is True: scale() applies the factor the backward brings. Else written
-    is False, the buffers are untouched, and backward() follows on the workspace as usual.
+    long or wide rows; its trail schedule: ragged batches), it also writes into g_logits / g_dur
+    (grad_buffers()) the gradients for the upstream ``weights`` (None: ones; a 0-d or (B,)
+    tensor of the accumulate type on the logits' device), and written is True: scale() applies
+    the factor the backward brings. Else written is False, the buffers are untouched, and
+    backward() follows on the workspace as usual.
     per_label, batch_mean: as in forward(); with batch_mean the weights are those of the
     batch mean (None: 1 / B a sample, divided by the library).
     """
