@@ -106,12 +106,16 @@ enum grad_sched { GS_PLAIN = 0, GS_FUSED = 1, GS_TRAIL = 2 };
  * (grad_row_vec): all but the trail's (grad_tuning), and its launch's dynamic shared memory,
  * `threads` threads a block: each thread's ring of STAGES batches of UNROLL 16-byte vectors
  * (48 KB for grad_kernel's 256 threads, 144 KB for grad_ordered_kernel's 768), else none. */
-template <int MODE> struct grad_staged {
-    enum { ON = MODE != GS_TRAIL };
+#ifndef TDT_FUSED_STAGES /* a define, the knob for benchmark builds */
+#define TDT_FUSED_STAGES 3
+#endif
+template <int DT, int MODE> struct grad_staged {
+    enum { STAGES = MODE == GS_TRAIL ? 0 : MODE == GS_FUSED ? TDT_FUSED_STAGES : grad_tuning<DT>::STAGES };
 };
 template <int DT, int MODE> static inline size_t grad_stage_bytes(int threads) {
-    return grad_staged<MODE>::ON ? tdt_stage_bytes<grad_tuning<DT>::UNROLL, grad_tuning<DT>::STAGES>(threads)
-                                 : 0;
+    return grad_staged<DT, MODE>::STAGES > 0
+               ? tdt_stage_bytes<grad_tuning<DT>::UNROLL, grad_staged<DT, MODE>::STAGES>(threads)
+               : 0;
 }
 
 /* The lane of a G-lane group that writes element v of a row split as the loops below split it:
@@ -161,12 +165,12 @@ __device__ __forceinline__ typename tdt_elem<DT>::T grad_elem(const row_coef<X> 
  * and the copies in flight beside them are of later batches' elements). STAGED (grad_kernel,
  * grad_ordered_kernel: grad_staged): whole batches through the thread's cp.async ring
  * (tdt_staged_batches), its dynamic shared memory grad_stage_bytes; else each batch in registers. */
-template <int DT, int G, bool STAGED, typename X>
+template <int DT, int G, int STAGES, typename X>
 __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, typename tdt_elem<DT>::T *gz,
                                              int64_t V, int lane, const row_coef<X> &c) {
     typedef typename tdt_elem<DT>::T T;
     const int VEC = tdt_elem<DT>::VEC;
-    const int U = grad_tuning<DT>::UNROLL, S = STAGED ? grad_tuning<DT>::STAGES : 0;
+    const int U = grad_tuning<DT>::UNROLL, S = STAGES;
     const int64_t head = tdt_row_head<T, grad_row_align<DT, G>::V>(z, V);
     const int64_t nvec = (V - head) / VEC;
     const int64_t tail = head + nvec * VEC;
@@ -284,19 +288,28 @@ __device__ __noinline__ void wait_backoff(const int32_t *p, int need) {
 /* ---- the middle cut's log-likelihood (the fused schedule) -------------------------------------
  * lattice.h, tdt_mid_cut: the fused schedule's gradients take log p(y|x) from the arcs across
  * the middle of each lattice, which both sweeps have passed long before the alpha sweep ends.
- * The cut's terms leave the span diagonals below it: that window, dlen node slots a diagonal,
- * is dealt to TDT_WS_CUT_CHUNKS chunks (slot w to chunk (w / 32) mod chunks, lane w mod 32),
- * each a warp's ticket. A lane merges its terms into a (max, sum) pair, the warp merges its
- * lanes' (xor butterfly), lane 0 keeps the chunk's pair in the workspace and counts it in
- * fus_cut[b]; the chunk that completes the count merges the sample's pairs in chunk order,
- * writes ll_cut[b] and releases fus_cut[b] = kCutDone. So the value is one fixed order of
- * operations whichever warp finishes last: deterministic. The merge spells out its roundings
- * (no FMA contraction), so a pair merged either way round gives the same bits. A lane adds its
- * terms one at a time (the online log-sum-exp: one exp a term). */
+ * The cut's terms leave the span diagonals below it: that window, dlen node slots w a diagonal,
+ * each with its nsl arc slots j, is dealt term by term to TDT_WS_CUT_CHUNKS chunks (term z = w
+ * nsl + j to chunk (z / 32) mod chunks, lane z mod 32), each a warp's ticket. A lane adds its
+ * terms one at a time (the online log-sum-exp: one exp a term) into a (max, sum) pair; the warp
+ * merges its lanes' pairs (xor butterfly); lane 0 keeps the chunk's pair in the workspace and
+ * counts it in fus_cut[b]; the warp whose chunk completes the count merges the sample's pairs,
+ * chunk i in lane i, by the same butterfly, writes ll_cut[b] and releases fus_cut[b] =
+ * kCutDone. So the value is one fixed order of operations whichever warp finishes last:
+ * deterministic. The merge spells out its roundings (no FMA contraction) and is symmetric in
+ * its two pairs, so both lanes of a butterfly step get the same bits.
+ * This is the fused schedule's path from the sweeps' middle to its first gradient node. Before
+ * v28 (v27's timelines, parakeet bfloat16: 30-35 us from the first chunk to the last merge) a
+ * lane took whole node slots, its ten terms in a row, each term's loads behind the previous
+ * term's exp (parakeet: 205 node slots, so 7 busy chunks), and lane 0 merged the 32 pairs alone,
+ * 64 exps in a row; now parakeet's 2050 terms are two a lane. Forming a node slot's terms
+ * together instead (unrolled, loads at once) made the gradient kernel spill (ptxas allocates
+ * across the call). */
 const int kCutDone = 2 * TDT_WS_CUT_CHUNKS;
+static_assert(TDT_WS_CUT_CHUNKS == 32, "the final merge holds a chunk a lane");
 
 struct lse_pair {
-    double m, s; /* log-sum-exp = m + log(s) */
+    double m, s; /* log-sum-exp = m + log(s); s = 0 where m = -inf */
 };
 
 __device__ __forceinline__ lse_pair lse_merge(const lse_pair &x, const lse_pair &y) {
@@ -307,33 +320,8 @@ __device__ __forceinline__ lse_pair lse_merge(const lse_pair &x, const lse_pair 
     return r;
 }
 
-/* Warp-wide: chunk ck of the cut terms of a sample's lattice L (alpha, beta: its arrays),
- * merged over the warp (every lane the same). Not inlined: one copy serves every kernel. */
-__device__ __noinline__ lse_pair cut_chunk(const tdt_lattice_t L, const tdt_arcs_t A,
-                                           const double *alpha, const double *beta, int ck) {
-    const int64_t S = L.T + L.U, c = tdt_mid_cut(S), span = tdt_arcs_span(&A);
-    const int64_t s0 = c > span ? c - span : 0, dlen = L.T < L.U + 1 ? L.T : L.U + 1;
-    const int64_t n = (c - s0) * dlen;
-    const int nsl = tdt_num_slots(&A);
-    lse_pair p = {-TDT_INF, 0.0};
-    for (int64_t w = (int64_t)ck * 32 + (threadIdx.x & 31); w < n; w += 32 * TDT_WS_CUT_CHUNKS) {
-        const int64_t s = s0 + w / dlen;
-        int64_t lo, hi;
-        tdt_diagonal_range(&L, s, &lo, &hi);
-        const int64_t u = lo + w % dlen;
-        if (u > hi) continue;
-#pragma unroll 1
-        for (int j = 0; j < nsl; ++j) {
-            const tdt_slot_t q = tdt_slot_of(&A, j);
-            const double x = tdt_cut_slot_term(&L, &A, alpha, beta, &q, s - u, u, c);
-            if (x > p.m) { /* online: rescale the sum to the new max */
-                p.s = __dadd_rn(__dmul_rn(p.s, exp(p.m - x)), 1.0);
-                p.m = x;
-            } else if (x != -TDT_INF) { /* NaN included: the sum turns NaN */
-                p.s = __dadd_rn(p.s, exp(x - p.m));
-            }
-        }
-    }
+/* Warp-wide: every lane's pair merged over the warp (xor butterfly; every lane the same bits). */
+__device__ __forceinline__ lse_pair lse_warp_merge(lse_pair p) {
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) {
         lse_pair y;
@@ -344,10 +332,63 @@ __device__ __noinline__ lse_pair cut_chunk(const tdt_lattice_t L, const tdt_arcs
     return p;
 }
 
+/* Warp-wide: chunk ck of the cut terms of a sample's lattice L (alpha, beta: its arrays; ok 0:
+ * a sample with bad labels, no terms), merged over the warp, kept in part[2 ck], part[2 ck +
+ * 1] (part: the sample's chunk pairs) and counted in *done; the warp that completes the count
+ * merges the sample's pairs, chunk i in lane i, into its log-likelihood *ll and releases
+ * *done = kCutDone. Not inlined, and pointers only (a reference to the kernel's arguments would
+ * copy them to local memory): one call in the gradient kernel, which spilled when the final
+ * merge was inlined into it. */
+__device__ __noinline__ void cut_chunk(const tdt_lattice_t L, const tdt_arcs_t A, const double *alpha,
+                                       const double *beta, int ck, int ok, double *part, double *ll,
+                                       int32_t *done, unsigned long long *tl) {
+    const int lane = threadIdx.x & 31;
+    const int64_t S = L.T + L.U, c = tdt_mid_cut(S), span = tdt_arcs_span(&A);
+    const int64_t s0 = c > span ? c - span : 0, dlen = L.T < L.U + 1 ? L.T : L.U + 1;
+    const int nsl = tdt_num_slots(&A);
+    const int64_t nz = ok ? (c - s0) * dlen * nsl : 0;
+    lse_pair p = {-TDT_INF, 0.0};
+#pragma unroll 1
+    for (int64_t z = (int64_t)ck * 32 + lane; z < nz; z += 32 * TDT_WS_CUT_CHUNKS) {
+        const int64_t w = z / nsl;
+        const int64_t s = s0 + w / dlen;
+        int64_t lo, hi;
+        tdt_diagonal_range(&L, s, &lo, &hi);
+        const int64_t u = lo + w % dlen;
+        if (u > hi) continue;
+        const tdt_slot_t q = tdt_slot_of(&A, (int)(z - w * nsl));
+        const double x = tdt_cut_slot_term(&L, &A, alpha, beta, &q, s - u, u, c);
+        if (x > p.m) { /* online: rescale the sum to the new max */
+            p.s = __dadd_rn(__dmul_rn(p.s, exp(p.m - x)), 1.0);
+            p.m = x;
+        } else if (x != -TDT_INF) { /* NaN included: the sum turns NaN */
+            p.s = __dadd_rn(p.s, exp(x - p.m));
+        }
+    }
+    p = lse_warp_merge(p);
+    int last = 0;
+    if (lane == 0) {
+        part[2 * ck] = p.m;
+        part[2 * ck + 1] = p.s;
+        __threadfence();
+        last = atomicAdd(done, 1) == TDT_WS_CUT_CHUNKS - 1; /* the sample's last chunk */
+    }
+    if (!__shfl_sync(0xffffffffu, last, 0)) return; /* warp-uniform */
+    __threadfence(); /* after the count that said every chunk's pair is there */
+    lse_pair r = {__ldcg(part + 2 * lane), __ldcg(part + 2 * lane + 1)};
+    r = lse_warp_merge(r);
+    if (lane == 0) {
+        *ll = tdt_lse_finish_log(r.m, log(r.s));
+        tdt_st_release(done, kCutDone); /* fences itself */
+        tdt_tl_end(tl, TDT_TL_CUT + 1);
+    }
+}
+
 /* Warp-wide: cut ticket id = chunk id % chunks of sample id / chunks, once both sweeps have
- * passed the cut. Samples with no lattice (lengths out of range, T_b = 0) have no chunks: no
- * gradient node of theirs waits for a cut. A sample with bad labels (state BAD_DATA, written
- * before its alpha count went up) counts its chunks without terms. */
+ * passed the cut (the sweeps publish those two counts: staged_sweep). Samples with no lattice
+ * (lengths out of range, T_b = 0) have no chunks: no gradient node of theirs waits for a cut. A
+ * sample with bad labels (state BAD_DATA, written before its alpha count went up) counts its
+ * chunks without terms. */
 template <int KD>
 __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t id) {
     const int64_t b = id / TDT_WS_CUT_CHUNKS;
@@ -358,28 +399,10 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
     fused_wait(a.fus_alpha + b, c);         /* alpha of diagonals 0 .. c - 1 */
     fused_wait(a.bwd_progress + b, S - c);  /* beta of diagonals c .. S - 1 */
     if ((threadIdx.x & 31) == 0) tdt_tl_start(a.tl, TDT_TL_CUT);
-    lse_pair p = {-TDT_INF, 0.0};
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
-    if (a.ws.state[b] == TDT_GPU_STATE_OK)
-        p = cut_chunk(tdt_sample_lattice(a, b, Tb, Ub), A, a.ws.alpha + off, a.ws.beta + off, ck);
-    if ((threadIdx.x & 31) == 0) {
-        double *part = a.ws.cut_part + 2 * (b * TDT_WS_CUT_CHUNKS + ck);
-        part[0] = p.m;
-        part[1] = p.s;
-        __threadfence();
-        if (atomicAdd(a.fus_cut + b, 1) == TDT_WS_CUT_CHUNKS - 1) { /* the sample's last chunk */
-            __threadfence();
-            const double *all = a.ws.cut_part + 2 * b * TDT_WS_CUT_CHUNKS;
-            lse_pair r = {-TDT_INF, 0.0};
-            for (int i = 0; i < TDT_WS_CUT_CHUNKS; ++i) {
-                const lse_pair x = {__ldcg(all + 2 * i), __ldcg(all + 2 * i + 1)};
-                r = lse_merge(r, x);
-            }
-            a.ws.ll_cut[b] = tdt_lse_finish_log(r.m, log(r.s));
-            tdt_st_release(a.fus_cut + b, kCutDone); /* fences itself */
-            tdt_tl_end(a.tl, TDT_TL_CUT + 1);
-        }
-    }
+    cut_chunk(tdt_sample_lattice(a, b, Tb, Ub), A, a.ws.alpha + off, a.ws.beta + off, ck,
+                  a.ws.state[b] == TDT_GPU_STATE_OK, a.ws.cut_part + 2 * b * TDT_WS_CUT_CHUNKS,
+                  a.ws.ll_cut + b, a.fus_cut + b, a.tl);
     __syncwarp();
 }
 
@@ -573,7 +596,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
             c.occ = (Acc)(ng.tok_occ * fix);
             c.cl = cl;
             c.scale = (Acc)gb;
-            if (same16) grad_row_vec<DT, G, grad_staged<MODE>::ON>(z, gz, V, lane, c);
+            if (same16) grad_row_vec<DT, G, grad_staged<DT, MODE>::STAGES>(z, gz, V, lane, c);
             else grad_row_scalar<DT, G>(z, gz, V, lane, c);
         } else {
             row_coef<XN> c; /* the previous formula: exp(z - lse) in the accumulate precision */
