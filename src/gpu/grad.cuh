@@ -274,7 +274,8 @@ __device__ __noinline__ void fused_wait(const int32_t *p, int64_t need) {
 
 /* A wait backing off to 1 us between polls: the fused schedule's for a sample's cut (fus_cut:
  * a count of chunks, then kCutDone), which a node asks for only once the sweeps have passed
- * it, so the cut is done or nearly; the trail schedule's for a sweep's final count (INT_MAX),
+ * it, so the cut is done or nearly, and its cut chunks' for the sweeps' counts at the middle;
+ * the trail schedule's for a sweep's final count (INT_MAX),
  * which may be a whole sweep away (longest sleeps of 1, 4 and 16 us made no difference there:
  * benchmark/NOTES.md, v15). */
 __device__ __noinline__ void wait_backoff(const int32_t *p, int need) {
@@ -332,6 +333,37 @@ __device__ __forceinline__ lse_pair lse_warp_merge(lse_pair p) {
     return p;
 }
 
+/* The arcs as cut_chunk takes them: for a fixed count (KD > 0) only its KD durations a kind, 2
+ * KD + 1 words where a tdt_arcs_t is 66 (passed by value to a function that is not inlined, the
+ * whole struct went through the gradient kernel's registers: ptxas spilled 110-130 bytes of its
+ * node at 768 threads, 0-40 with these); a runtime count (generic.cu) the whole struct. */
+template <int KD> struct cut_arcs {
+    int use_dur, label_dur[KD], blank_dur[KD];
+    __device__ __forceinline__ explicit cut_arcs(const tdt_arcs_t &A) : use_dur(A.use_dur) {
+#pragma unroll
+        for (int k = 0; k < KD; ++k) {
+            label_dur[k] = A.label_dur[k];
+            blank_dur[k] = A.blank_dur[k];
+        }
+    }
+    __device__ __forceinline__ tdt_arcs_t unpack() const {
+        tdt_arcs_t A;
+        A.count = KD;
+        A.use_dur = use_dur;
+#pragma unroll
+        for (int k = 0; k < KD; ++k) {
+            A.label_dur[k] = label_dur[k];
+            A.blank_dur[k] = blank_dur[k];
+        }
+        return A;
+    }
+};
+template <> struct cut_arcs<0> {
+    tdt_arcs_t A;
+    __device__ __forceinline__ explicit cut_arcs(const tdt_arcs_t &in) : A(in) {}
+    __device__ __forceinline__ tdt_arcs_t unpack() const { return A; }
+};
+
 /* Warp-wide: chunk ck of the cut terms of a sample's lattice L (alpha, beta: its arrays; ok 0:
  * a sample with bad labels, no terms), merged over the warp, kept in part[2 ck], part[2 ck +
  * 1] (part: the sample's chunk pairs) and counted in *done; the warp that completes the count
@@ -339,9 +371,11 @@ __device__ __forceinline__ lse_pair lse_warp_merge(lse_pair p) {
  * *done = kCutDone. Not inlined, and pointers only (a reference to the kernel's arguments would
  * copy them to local memory): one call in the gradient kernel, which spilled when the final
  * merge was inlined into it. */
-__device__ __noinline__ void cut_chunk(const tdt_lattice_t L, const tdt_arcs_t A, const double *alpha,
+template <int KD>
+__device__ __noinline__ void cut_chunk(const tdt_lattice_t L, const cut_arcs<KD> arcs, const double *alpha,
                                        const double *beta, int ck, int ok, double *part, double *ll,
                                        int32_t *done, unsigned long long *tl) {
+    const tdt_arcs_t A = arcs.unpack();
     const int lane = threadIdx.x & 31;
     const int64_t S = L.T + L.U, c = tdt_mid_cut(S), span = tdt_arcs_span(&A);
     const int64_t s0 = c > span ? c - span : 0, dlen = L.T < L.U + 1 ? L.T : L.U + 1;
@@ -396,11 +430,14 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
     int64_t Tb, Ub;
     if (!tdt_sample_lengths(a, b, &Tb, &Ub) || Tb == 0) return;
     const int64_t S = Tb + Ub, c = tdt_mid_cut(S);
-    fused_wait(a.fus_alpha + b, c);         /* alpha of diagonals 0 .. c - 1 */
-    fused_wait(a.bwd_progress + b, S - c);  /* beta of diagonals c .. S - 1 */
+    /* alpha of diagonals 0 .. c - 1, beta of diagonals c .. S - 1: polled at least every 1 us
+     * (fused_wait sleeps 8 us while the sweeps have published nothing, and the cut is the
+     * first gradient node's wait: B * 32 warps poll) */
+    wait_backoff(a.fus_alpha + b, (int)c);
+    wait_backoff(a.bwd_progress + b, (int)(S - c));
     if ((threadIdx.x & 31) == 0) tdt_tl_start(a.tl, TDT_TL_CUT);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
-    cut_chunk(tdt_sample_lattice(a, b, Tb, Ub), A, a.ws.alpha + off, a.ws.beta + off, ck,
+    cut_chunk<KD>(tdt_sample_lattice(a, b, Tb, Ub), cut_arcs<KD>(A), a.ws.alpha + off, a.ws.beta + off, ck,
                   a.ws.state[b] == TDT_GPU_STATE_OK, a.ws.cut_part + 2 * b * TDT_WS_CUT_CHUNKS,
                   a.ws.ll_cut + b, a.fus_cut + b, a.tl);
     __syncwarp();
