@@ -102,10 +102,12 @@ template <int DT> struct grad_tuning {
  * GS_TRAIL (the trail schedule) both sweeps of its sample ended (their final counts). */
 enum grad_sched { GS_PLAIN = 0, GS_FUSED = 1, GS_TRAIL = 2 };
 
-/* Whether the gradient kernel of schedule MODE reads its rows through the shared-memory ring
- * (grad_row_vec): all but the trail's (grad_tuning), and its launch's dynamic shared memory,
- * `threads` threads a block: each thread's ring of STAGES batches of UNROLL 16-byte vectors
- * (48 KB for grad_kernel's 256 threads, 144 KB for grad_ordered_kernel's 768), else none. */
+/* How deep a ring in shared memory the gradient kernel of schedule MODE reads its rows through
+ * (grad_row_vec; 0: none, the trail's), and its launch's dynamic shared memory, `threads`
+ * threads a block: each thread's ring of STAGES batches of UNROLL 16-byte vectors (48 KB for
+ * grad_kernel's 256 threads, 144 KB for grad_ordered_kernel's 768). The fused schedule's depth
+ * is TDT_FUSED_STAGES: 4 and 5 stages did not speed it (benchmark/NOTES.md, v28: parakeet
+ * bfloat16 0.555-0.561 ms against 0.553-0.556 at 3). */
 #ifndef TDT_FUSED_STAGES /* a define, the knob for benchmark builds */
 #define TDT_FUSED_STAGES 3
 #endif
@@ -162,9 +164,10 @@ __device__ __forceinline__ typename tdt_elem<DT>::T grad_elem(const row_coef<X> 
 /* The row in 16-byte vectors, z and gz with the same alignment modulo 16: the split of
  * row_owner with head and tail from z. Every element is loaded before the same lane stores
  * its gradient (in place safe: with STAGED, a batch's stores come after its copies completed,
- * and the copies in flight beside them are of later batches' elements). STAGED (grad_kernel,
- * grad_ordered_kernel: grad_staged): whole batches through the thread's cp.async ring
- * (tdt_staged_batches), its dynamic shared memory grad_stage_bytes; else each batch in registers. */
+ * and the copies in flight beside them are of later batches' elements). STAGES > 0 (grad_kernel,
+ * grad_ordered_kernel: grad_staged): whole batches through the thread's cp.async ring of that
+ * many (tdt_staged_batches), its dynamic shared memory grad_stage_bytes; else each batch in
+ * registers. */
 template <int DT, int G, int STAGES, typename X>
 __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, typename tdt_elem<DT>::T *gz,
                                              int64_t V, int lane, const row_coef<X> &c) {
@@ -429,7 +432,7 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
     const int ck = (int)(id - b * TDT_WS_CUT_CHUNKS);
     int64_t Tb, Ub;
     if (!tdt_sample_lengths(a, b, &Tb, &Ub) || Tb == 0) return;
-    const int64_t S = Tb + Ub, c = tdt_mid_cut(S);
+    const int64_t S = Tb + Ub, c = tdt_mid_cut(S); /* S < 2^31: fused_plan's bound on the tickets */
     /* alpha of diagonals 0 .. c - 1, beta of diagonals c .. S - 1: polled at least every 1 us
      * (fused_wait sleeps 8 us while the sweeps have published nothing, and the cut is the
      * first gradient node's wait: B * 32 warps poll) */
