@@ -611,12 +611,12 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * PUBLISH 2 (the fused schedule, both sweeps): its progress goes to g.progress (NULL but in a
  * cluster's block 0) every kFusedPublish steps from about the middle of the lattice on, in
  * step with the count the middle cut needs (before v28, at multiples of kFusedPublish: base's
- * cut then waited 4 steps past it), one step late in a cluster (whose values reach the workspace a step late). Neither asks L2 for
- * the weights ahead of their staging: that prefetch (one line a thread, 8 steps ahead) cost
- * the fused sweeps 7 % of long's sweep time even with no gradient pass beside them, long
- * bfloat16 7 % of its f+b time, and the split's beta sweep 3-9 % of its time (NOTES v14). ENDS:
- * the diagonals a layer of the normaliser it trails holds (a.fwd_ends: 2, diagonals k and
- * S - 1 - k; 1, diagonal k). */
+ * cut then waited 4 steps past it), one step late in a cluster (whose values reach the
+ * workspace a step late). Neither asks L2 for the weights ahead of their staging: that
+ * prefetch (one line a thread, 8 steps ahead) cost the fused sweeps 7 % of long's sweep time
+ * even with no gradient pass beside them, long bfloat16 7 % of its f+b time, and the split's
+ * beta sweep 3-9 % of its time (NOTES v14). ENDS: the diagonals a layer of the normaliser it
+ * trails holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). */
 template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, double *ring,
@@ -649,7 +649,8 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     /* PUBLISH 2: the step whose publication is the count the middle cut and the first layer
      * of gradient nodes wait for (alpha: tdt_mid_cut(S) steps; beta: S minus that), one step
      * later in a cluster; the publications fall every pub_every steps from one before it. */
-    const int pub_at = (BETA ? S / 2 : S - S / 2) + (CLUSTER ? 1 : 0);
+    const int cut = (int)tdt_mid_cut(S);
+    const int pub_at = (BETA ? S - cut : cut) + (CLUSTER ? 1 : 0);
     for (int i = 0; i < S; ++i) {
         const int s = BETA ? S - 1 - i : i;
         /* alpha reads the weights of diagonals before s, beta those of s itself */
@@ -662,8 +663,8 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
          * step at first, so the gradient pass trailing it starts early */
         if (PUBLISH == 1 && threadIdx.x == 0 && i > 0 && (i < kPublish / 2 || i % kPublish == 0))
             tdt_st_release(g.progress, i);
-        if (PUBLISH == 2 && g.progress && (int)threadIdx.x == g.pub_tid && i + g.pub_every >= pub_at &&
-            (i + g.pub_every - pub_at) % g.pub_every == 0)
+        if (PUBLISH == 2 && g.progress && (int)threadIdx.x == g.pub_tid &&
+            i + g.pub_every >= pub_at && (i + g.pub_every - pub_at) % g.pub_every == 0)
             tdt_st_release(g.progress, CLUSTER ? i - 1 : i);
         if (i + kStageAhead < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
