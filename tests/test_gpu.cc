@@ -771,6 +771,10 @@ std::vector<Config> configs() {
     v.push_back({"RowsOfFewBatches", one});  // 0-3 batches a lane: fewer than the ring holds
     Spec bm = s; bm.blank = 6; bm.seed = 17;
     v.push_back({"BlankInTheMiddle", bm});
+    // 3 * 300 * 151 = 135,900 node slots, over the 2^17 from which rows of 65 to 511 vectors
+    // (every dtype here) take 4 lanes a node in the normaliser, not 8 (tdt_gpu_group_size)
+    Spec many = s; many.T = 300; many.U = 150; many.V = 520; many.seed = 21;
+    v.push_back({"NormaliserOfManyNodes", many});
     return v;
 }
 
@@ -1370,6 +1374,7 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
     const std::vector<Case> cases = {
         {TDT_DTYPE_FLOAT32, 6, 40, 13, 300, {0, 1, 2, 3, 4}, false},   // 8 lanes a row
         {TDT_DTYPE_FLOAT32, 3, 24, 9, 2100, {0, 1, 2, 3, 4}, true},    // 32 lanes, joint slices
+        {TDT_DTYPE_FLOAT32, 3, 300, 150, 520, {0, 1, 2, 3, 4}, false}, // 135,900 nodes: 4 lanes
         {TDT_DTYPE_BFLOAT16, 5, 33, 20, 513, {0, 2, 3}, false},        // infeasible T_b = 1
         {TDT_DTYPE_FLOAT16, 4, 20, 6, 130, {}, false},                 // RNN-T
         {TDT_DTYPE_FLOAT64, 4, 18, 7, 90, {0, 1, 2}, false},

@@ -582,7 +582,8 @@ cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dt
                                          int cl, cudaStream_t stream);
 /* Its blocks an SM of `device` (the current device) holds (cl <= 1), or its clusters of cl
  * blocks the device holds. */
-cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int device, int *fit);
+cudaError_t tdt_normalize_ordered_fit(int64_t V, int64_t nodes, tdt_dtype_t dtype, int cl, int device,
+                                      int *fit);
 /* The forward: the normaliser and the sweep, one after the other or overlapped (sweep.cuh);
  * a.fwd_* are set here, on a copy. bwd_done (NULL: none) for a one-shot call whose backward
  * follows: set when the fused schedule (sweep.cuh) ran the gradient pass here as well. */
@@ -682,11 +683,19 @@ template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) 
  * The gradient pass at 2 lost 50 % (v16). Rows of 65 to 511 vectors stay at 8 in both: with
  * 4, base's forward went 0.128 -> 0.137 and long's gradient pass lost 0.2 ms; the normaliser
  * at 2 took large 3.06 -> 3.01 ms (bfloat16 2.12 -> 2.05) but base 0.199 -> 0.213 (v17).
- * The normaliser's G is a function of V and the dtype alone, so every schedule gives the same
- * bits (the lse's lane split is G's). The gradient's elements do not depend on G, so its G is
- * free, and its ordered kernel takes tickets of its own G's size. */
+ * The normaliser's G is a function of V, the dtype and the padded node count (nodes) alone, so
+ * every schedule of a call gives the same bits (the lse's lane split is G's). Where its rows
+ * take 8 lanes and there are at least kNormFourLanesNodes nodes (over 990 an SM on the H200),
+ * it takes 4: with many nodes an SM the pass is the loads' latency, and a node's fixed work
+ * (its reduction tree, its values written in float64, the durations' log-softmax) is then
+ * paid once for 8 nodes a warp, not 4. H200, tdt_bench, one process (benchmark/NOTES.md, v29):
+ * large float32 forward 0.957 -> 0.845 ms, f+b 2.596 -> 2.487; base (16,800 nodes) lost at 4,
+ * 0.146 -> 0.155. So a sample's lse (and cost) may differ in its last bits between batches on
+ * either side of the line. The gradient's elements do not depend on G, so its G is free, and
+ * its ordered kernel takes tickets of its own G's size. */
 enum { TDT_PASS_GRAD = 0, TDT_PASS_NORM = 1 };
-static inline int tdt_gpu_group_size(int64_t V, int vec, int pass) {
+const int64_t kNormFourLanesNodes = (int64_t)1 << 17;
+static inline int tdt_gpu_group_size(int64_t V, int64_t nodes, int vec, int pass) {
 #ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_VWIDE_LANES=2, 4, 8, 16 or 32 (both passes), TDT_NORM_LANES */
     if (const char *env_s = pass == TDT_PASS_NORM ? getenv("TDT_NORM_LANES") : NULL) {
         const int g = atoi(env_s);
@@ -698,7 +707,9 @@ static inline int tdt_gpu_group_size(int64_t V, int vec, int pass) {
     }
 #endif
     const int64_t n = V / vec;
-    return n >= 512 ? 32 : n > 64 ? 8 : pass == TDT_PASS_NORM ? 2 : 4;
+    if (n >= 512) return 32;
+    if (n > 64) return pass == TDT_PASS_NORM && nodes >= kNormFourLanesNodes ? 4 : 8;
+    return pass == TDT_PASS_NORM ? 2 : 4;
 }
 
 #ifdef TDT_SWEEP_TUNING
@@ -706,16 +717,14 @@ static inline int tdt_gpu_group_size(int64_t V, int vec, int pass) {
 #else
 #define TDT_EVERY_G 0
 #endif
-/* f.template go<DT, G>() for the dtype, with pass PASS's G for this V (only the G a pass can
- * take instantiated). */
-template <int PASS, int DT, typename F> cudaError_t tdt_with_g(int64_t V, F f) {
-    switch (tdt_gpu_group_size(V, tdt_elem<DT>::VEC, PASS)) {
+/* f.template go<DT, G>() for the dtype, with pass PASS's G for this V and node count (only the
+ * G a pass can take instantiated). */
+template <int PASS, int DT, typename F> cudaError_t tdt_with_g(int64_t V, int64_t nodes, F f) {
+    switch (tdt_gpu_group_size(V, nodes, tdt_elem<DT>::VEC, PASS)) {
     case 2:
         if constexpr (PASS == TDT_PASS_NORM || TDT_EVERY_G) return f.template go<DT, 2>();
         break;
-    case 4:
-        if constexpr (PASS == TDT_PASS_GRAD || TDT_EVERY_G) return f.template go<DT, 4>();
-        break;
+    case 4: return f.template go<DT, 4>();
     case 16:
         if constexpr (TDT_EVERY_G) return f.template go<DT, 16>();
         break;
@@ -724,12 +733,12 @@ template <int PASS, int DT, typename F> cudaError_t tdt_with_g(int64_t V, F f) {
     return f.template go<DT, 8>();
 }
 template <int PASS = TDT_PASS_GRAD, typename F>
-cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, F f) {
+cudaError_t tdt_with_dtype(tdt_dtype_t dtype, int64_t V, int64_t nodes, F f) {
     switch (dtype) {
-    case TDT_DTYPE_FLOAT32: return tdt_with_g<PASS, TDT_DTYPE_FLOAT32>(V, f);
-    case TDT_DTYPE_FLOAT64: return tdt_with_g<PASS, TDT_DTYPE_FLOAT64>(V, f);
-    case TDT_DTYPE_FLOAT16: return tdt_with_g<PASS, TDT_DTYPE_FLOAT16>(V, f);
-    case TDT_DTYPE_BFLOAT16: return tdt_with_g<PASS, TDT_DTYPE_BFLOAT16>(V, f);
+    case TDT_DTYPE_FLOAT32: return tdt_with_g<PASS, TDT_DTYPE_FLOAT32>(V, nodes, f);
+    case TDT_DTYPE_FLOAT64: return tdt_with_g<PASS, TDT_DTYPE_FLOAT64>(V, nodes, f);
+    case TDT_DTYPE_FLOAT16: return tdt_with_g<PASS, TDT_DTYPE_FLOAT16>(V, nodes, f);
+    case TDT_DTYPE_BFLOAT16: return tdt_with_g<PASS, TDT_DTYPE_BFLOAT16>(V, nodes, f);
     }
     return cudaErrorInvalidValue;
 }
@@ -752,9 +761,10 @@ struct tdt_ticket_slots {
         return cudaSuccess;
     }
 };
-template <int PASS> static inline int tdt_ticket_nodes(int64_t V, tdt_dtype_t dtype, bool block) {
+template <int PASS>
+static inline int tdt_ticket_nodes(int64_t V, int64_t nodes, tdt_dtype_t dtype, bool block) {
     int n = 1;
-    (void)tdt_with_dtype<PASS>(dtype, V, tdt_ticket_slots{&n, block});
+    (void)tdt_with_dtype<PASS>(dtype, V, nodes, tdt_ticket_slots{&n, block});
     return n;
 }
 

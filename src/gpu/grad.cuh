@@ -899,7 +899,7 @@ template <int SCHED> struct ordered_arcs {
     int blocks;
     cudaStream_t stream;
     template <int KD> cudaError_t go() const {
-        return tdt_with_dtype(dtype, a.V, grad_in_order<KD, SCHED>{a, blocks, stream});
+        return tdt_with_dtype(dtype, a.V, a.nodes, grad_in_order<KD, SCHED>{a, blocks, stream});
     }
 };
 template <int SCHED>
@@ -912,7 +912,7 @@ cudaError_t grad_ordered_launch(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int 
 /* Enqueues the gradient kernel for arc count KD (0: any count), any dtype. */
 template <int KD>
 cudaError_t grad_launch(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms, cudaStream_t s) {
-    return tdt_with_dtype(dtype, a.V, grad_plain<KD>{a, num_sms, s});
+    return tdt_with_dtype(dtype, a.V, a.nodes, grad_plain<KD>{a, num_sms, s});
 }
 
 } /* namespace */

@@ -11,8 +11,9 @@
  * The logits are read exactly once and never copied; only these per-node values (O(nodes))
  * are written, into the caller's workspace (float64).
  *
- * Parallel mapping: a group of G lanes (32, 8 or 2 by row length: tdt_gpu_group_size) owns one
- * node at a time, grid-striding over all B * maxT * (maxU + 1) nodes. Each lane keeps an
+ * Parallel mapping: a group of G lanes (32, 8 or 2 by row length, 4 in place of 8 for problems of
+ * many nodes: tdt_gpu_group_size) owns one node at a time, grid-striding over all
+ * B * maxT * (maxU + 1) nodes. Each lane keeps an
  * online (reference, sum) over its share of the row, read as 16-byte vectors in batches (a
  * scalar head up to the row's first 16-byte boundary and a scalar tail; rows of a joint tensor
  * are not all 16-byte aligned), then the group merges the G states with a fixed xor-shuffle
@@ -457,17 +458,18 @@ struct ordered_fitting {
  * launcher
  * ============================================================================================== */
 
-cudaError_t tdt_normalize_ordered_fit(int64_t V, tdt_dtype_t dtype, int cl, int device, int *fit) {
-    return tdt_with_dtype<TDT_PASS_NORM>(dtype, V, ordered_fitting{cl, device, fit});
+cudaError_t tdt_normalize_ordered_fit(int64_t V, int64_t nodes, tdt_dtype_t dtype, int cl, int device,
+                                      int *fit) {
+    return tdt_with_dtype<TDT_PASS_NORM>(dtype, V, nodes, ordered_fitting{cl, device, fit});
 }
 
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
                                  cudaStream_t stream) {
     if (a.nodes == 0) return cudaSuccess;
-    return tdt_with_dtype<TDT_PASS_NORM>(dtype, a.V, classic_launch{a, num_sms, stream});
+    return tdt_with_dtype<TDT_PASS_NORM>(dtype, a.V, a.nodes, classic_launch{a, num_sms, stream});
 }
 
 cudaError_t tdt_launch_normalize_ordered(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int blocks,
                                          int cl, cudaStream_t stream) {
-    return tdt_with_dtype<TDT_PASS_NORM>(dtype, a.V, ordered_launch{a, blocks, cl, stream});
+    return tdt_with_dtype<TDT_PASS_NORM>(dtype, a.V, a.nodes, ordered_launch{a, blocks, cl, stream});
 }

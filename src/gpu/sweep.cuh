@@ -959,7 +959,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
     if (!env.sm90 || a->nodes == 0 || blocks >= env.num_sms || !sm90_code(kernel, env.device))
         return cudaSuccess;
     int per_sm = 0, norm_fit = 0;
-    cudaError_t e = tdt_normalize_ordered_fit(a->V, env.dtype, 1, env.device, &per_sm);
+    cudaError_t e = tdt_normalize_ordered_fit(a->V, a->nodes, env.dtype, 1, env.device, &per_sm);
     if (e != cudaSuccess) return e;
     if (per_sm != 1) return cudaSuccess; /* its blocks would not leave whole SMs free */
     int64_t norm_blocks;
@@ -968,7 +968,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
     } else {
         /* clusters of the normaliser as large as the sweep's, so the SMs left free come as
          * whole clusters (a cluster's blocks share one GPC) */
-        e = tdt_normalize_ordered_fit(a->V, env.dtype, cl, env.device, &norm_fit);
+        e = tdt_normalize_ordered_fit(a->V, a->nodes, env.dtype, cl, env.device, &norm_fit);
         if (e != cudaSuccess) return e;
         const int64_t sweep_clusters = blocks / cl;
         if (sweep_clusters > cluster_fit || 2 * sweep_clusters > norm_fit) return cudaSuccess;
@@ -977,7 +977,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
     const int64_t diagonals = tdt_ws_layers(a->maxT, a->maxU);
     const int64_t layers = ends == 2 ? (diagonals + 1) / 2 : diagonals;
     const int64_t dlen = a->maxT < a->row ? a->maxT : a->row;
-    const int64_t per = tdt_ticket_nodes<TDT_PASS_NORM>(a->V, env.dtype, block);
+    const int64_t per = tdt_ticket_nodes<TDT_PASS_NORM>(a->V, a->nodes, env.dtype, block);
     const int64_t tickets = (ends * a->B * dlen + per - 1) / per;
     if (tickets > ((int64_t)1 << 30) / (layers > 0 ? layers : 1)) return cudaSuccess;
     a->fwd_ends = ends;
@@ -1000,7 +1000,7 @@ inline bool norm_block_tickets(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int e
 #ifdef TDT_SWEEP_TUNING /* benchmark builds only: TDT_NORM_TICKETS=warp or block */
     if (const char *env_s = getenv("TDT_NORM_TICKETS")) return strcmp(env_s, "warp") != 0;
 #endif
-    return ends == 1 || tdt_ticket_nodes<TDT_PASS_NORM>(a.V, dtype, false) > 1;
+    return ends == 1 || tdt_ticket_nodes<TDT_PASS_NORM>(a.V, a.nodes, dtype, false) > 1;
 }
 
 /* Whether the overlap of both sweeps with the normaliser is wanted for a sweep of `blocks`
@@ -1073,7 +1073,7 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     if (const char *env_s = getenv("TDT_FUSED"))
         if (atoi(env_s) == 0) return false;
 #endif
-    const int64_t per = tdt_ticket_nodes<TDT_PASS_GRAD>(a->V, env.dtype, false); /* node slots a ticket */
+    const int64_t per = tdt_ticket_nodes<TDT_PASS_GRAD>(a->V, a->nodes, env.dtype, false); /* node slots a ticket */
     const int64_t tpl = (2 * a->B * a->fwd_dlen + per - 1) / per;
     const int64_t l0 = (a->B * TDT_WS_CUT_CHUNKS + tpl - 1) / tpl;
     if ((l0 + a->fwd_layers) * tpl > ((int64_t)1 << 30)) return false;
@@ -1137,7 +1137,7 @@ inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
         !(env.schedule == TDT_GPU_SCHEDULE_AUTO && blocks < env.num_sms))
         return false;
     if (!sm90_code(kernel, env.device)) return false;
-    const int64_t per = tdt_ticket_nodes<TDT_PASS_GRAD>(a->V, env.dtype, false);
+    const int64_t per = tdt_ticket_nodes<TDT_PASS_GRAD>(a->V, a->nodes, env.dtype, false);
     if (a->nodes / per + 2 > ((int64_t)1 << 30)) return false; /* zero and lattice tickets */
     int32_t *const o = a->ws.order + 1 + tdt_ws_layers(a->maxT, a->maxU);
     a->trail = 1;
@@ -1346,7 +1346,7 @@ cudaError_t split_plan(tdt_gpu_args_t *a, const sweep_cfg &c, const tdt_fwd_env_
     /* the gradient pass's layers are the normaliser's (one diagonal each), taken from the other
      * end, in warp tickets of its own G (32 / G slots; the normaliser's G may differ:
      * tdt_gpu_group_size) */
-    const int64_t per = tdt_ticket_nodes<TDT_PASS_GRAD>(a->V, env.dtype, false);
+    const int64_t per = tdt_ticket_nodes<TDT_PASS_GRAD>(a->V, a->nodes, env.dtype, false);
     const int64_t tickets = (a->B * p.fwd_dlen + per - 1) / per;
     if (tickets > ((int64_t)1 << 30) / (p.fwd_layers > 0 ? p.fwd_layers : 1)) return cudaSuccess;
     p.bwd_tickets = (int)tickets;
