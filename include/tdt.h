@@ -121,7 +121,8 @@ typedef enum tdt_input_kind {
  * gradients with the forward: other than compute_tdt_loss() with gradients and
  * tdt_forward_ahead()). tdt_forward() and tdt_backward() of one pair must be given the same
  * schedule (as they must be given the same options). Any schedule is deterministic: the same
- * call gives the same bits. */
+ * call gives the same bits. (The same sample in another batch may not: the GPU splits a row's
+ * log-sum-exp over lanes by V and the batch's padded node count.) */
 typedef enum tdt_gpu_schedule {
     TDT_GPU_SCHEDULE_AUTO = 0,    /* the library picks one from the shapes and the device
                                      (docs/math.md, section 5) */
