@@ -37,7 +37,8 @@
  * base-2 exponentials (tdt_rexp2 in gpu_common.cuh: about 2 ulp a term, as expf), float64 keeps
  * exp(). Rows with a float value beyond 1e7 in magnitude are summed again in natural units
  * (row_lse_nat; rare, so never a second pass in practice). Deterministic: the lane split, the
- * batch order and the reduction tree depend only on V and the row's alignment, not on timing.
+ * batch order and the reduction tree depend only on V, the row's alignment and the problem's
+ * padded node count (G), not on timing.
  *
  * Limits: none on V, T, U or B beyond memory; every offset is int64. D <= TDT_MAX_DURATIONS.
  */
