@@ -680,7 +680,8 @@ template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) 
  * and 2 lanes in the normaliser (its reads alone, 16 nodes a warp). v17, f+b, 2 against 4 in
  * one process: ragged float32 0.405-0.406 / 0.412-0.413, bfloat16 0.350-0.353 / 0.362-0.364;
  * 40,150,60,257 bfloat16 0.621-0.632 / 0.636-0.644, but float32 0.778-0.782 / 0.767-0.775.
- * The gradient pass at 2 lost 50 % (v16). Rows of 65 to 511 vectors stay at 8 in both: with
+ * The gradient pass at 2 lost 50 % (v16). Rows of 65 to 511 vectors take 8 in both (the
+ * normaliser 4 in problems of many nodes, below): with
  * 4, base's forward went 0.128 -> 0.137 and long's gradient pass lost 0.2 ms; the normaliser
  * at 2 took large 3.06 -> 3.01 ms (bfloat16 2.12 -> 2.05) but base 0.199 -> 0.213 (v17).
  * The normaliser's G is a function of V, the dtype and the padded node count (nodes) alone, so

@@ -13,8 +13,8 @@
  *
  * Parallel mapping: a group of G lanes (32, 8 or 2 by row length, 4 in place of 8 for problems of
  * many nodes: tdt_gpu_group_size) owns one node at a time, grid-striding over all
- * B * maxT * (maxU + 1) nodes. Each lane keeps an
- * online (reference, sum) over its share of the row, read as 16-byte vectors in batches (a
+ * B * maxT * (maxU + 1) nodes. Each lane keeps an online (reference, sum) over its share of
+ * the row, read as 16-byte vectors in batches (a
  * scalar head up to the row's first 16-byte boundary and a scalar tail; rows of a joint tensor
  * are not all 16-byte aligned), then the group merges the G states with a fixed xor-shuffle
  * tree. Lane 0 writes the node's values. The hot loop is one FFMA, one MUFU.EX2 and one add an
