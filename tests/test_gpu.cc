@@ -1351,7 +1351,7 @@ TEST(GpuCalls, OverlappedForwardMatchesSerialBitwise) {
 // beta there), with samples the split backward must not wait for: bad data (NaN cost), an
 // infeasible sample (durations without 1, T_b = 1), T_b = 0, U_b = 0. The one exception is the
 // fused schedule's one-shot call (FUSED; AUTO takes it for long rows and for rows of at least
-// 0.4 MB a diagonal, not these: 0.2 MB at most), whose
+// 0.4 MB a diagonal, not these: 0.3 MB at most), whose
 // gradients take log p(y|x) from the lattice's middle: the same costs, gradients the same to
 // rounding. The
 // workspace's counters show which schedule ran: untouched (NaN poison) after SERIAL, the
@@ -1378,6 +1378,10 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
         {TDT_DTYPE_FLOAT16, 4, 20, 6, 130, {}, false},                 // RNN-T
         {TDT_DTYPE_FLOAT64, 4, 18, 7, 90, {0, 1, 2}, false},
         {TDT_DTYPE_FLOAT32, 24, 30, 10, 257, {0, 1, 2, 3, 4}, false},  // too many for OVERLAP
+        // 134,400 padded nodes, over kNormFourLanesNodes: the normaliser at 4 lanes where the
+        // gradient pass takes 8; diagonals of 64 nodes a sample keep the sweeps in one block,
+        // and 0.3 MB a diagonal keeps AUTO off the fused schedule
+        {TDT_DTYPE_FLOAT32, 3, 700, 63, 300, {0, 1, 2, 3, 4}, false},
     };
     int sms = 0;
     ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrMultiProcessorCount, &sms));

@@ -236,6 +236,35 @@ __device__ __noinline__ double row_lse_nat(const typename tdt_elem<DT>::T *z, in
     return lse_group<X, G>(st, mask);
 }
 
+/* The duration row's log-softmax into out[0 .. D) (D <= TDT_MAX_DURATIONS; with log-prob
+ * inputs the values as they are), the G lanes of a group together: lane l reads h[k] for
+ * k = l, l + G, ... and takes its exp, and every lane takes the max and the sum over k
+ * ascending from the group's shuffles. These are tdt_log_softmax_small's operations in its
+ * order, so the same bits as one lane running it, but the exps run on their own lanes at once
+ * rather than one after another, and no array indexed at run time goes to local memory. */
+template <int DT, int G>
+__device__ __forceinline__ void dur_log_softmax(const typename tdt_elem<DT>::T *h, int D, bool log_probs,
+                                                double *out, int lane, unsigned mask) {
+    typedef tdt_elem<DT> E;
+    if (log_probs) {
+        for (int k = lane; k < D; k += G) out[k] = (double)E::to_acc(h[k]);
+        return;
+    }
+    double m = -TDT_INF, sum = 0.0;
+    for (int c = 0; c < D; c += G) { /* group-uniform */
+        const double x = c + lane < D ? (double)E::to_acc(h[c + lane]) : 0.0;
+        const int n = D - c < G ? D - c : G;
+        for (int j = 0; j < n; ++j) m = tdt_lse_max(m, __shfl_sync(mask, x, j, G));
+    }
+    for (int c = 0; c < D; c += G) {
+        const double e = c + lane < D ? exp((double)E::to_acc(h[c + lane]) - m) : 0.0;
+        const int n = D - c < G ? D - c : G;
+        for (int j = 0; j < n; ++j) sum += __shfl_sync(mask, e, j, G);
+    }
+    const double lse = m == -TDT_INF ? -TDT_INF : m + log(sum);
+    for (int k = lane; k < D; k += G) out[k] = (double)E::to_acc(h[k]) - lse;
+}
+
 /* Node (b, t, u) of a sample with U_b = Ub, inside its lattice: its row's lse, the blank and
  * label log-probabilities and the duration log-softmax, into the workspace. The G lanes of a
  * group together (mask); lane 0 (lane 1 for the durations) writes. */
@@ -252,11 +281,10 @@ __device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t 
     /* Issued before the row so their latency hides behind it (y: u == U_b has no label). */
     const Acc zb = E::to_acc(z[a.blank]);
     const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1;
-    /* The duration row, read after the token row by one lane: asked into L1 now (no register
-     * held), so its load is not one more memory round trip at the node's end. */
-    const bool dlane = D > 0 && lane == (G > 1 ? 1 : 0);
-    const T *h = dlane ? dur + tdt_row_offset(a.dur_s, b, t, u) : NULL;
-    if (dlane) {
+    /* The duration row, read after the token row: asked into L1 now by one lane (no register
+     * held), so its loads are not one more memory round trip at the node's end. */
+    const T *h = D > 0 ? dur + tdt_row_offset(a.dur_s, b, t, u) : NULL;
+    if (D > 0 && lane == (G > 1 ? 1 : 0)) {
         tdt_prefetch_l1(h);
         tdt_prefetch_l1(h + (D - 1));
     }
@@ -278,14 +306,7 @@ __device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t 
                       : (double)NAN; /* bad label: never indexed; the sweep flags it */
         a.ws.lp_label[nw] = lpl;
     }
-    if (dlane) {
-        /* The duration row is short (D <= 32): one lane, the shared small log-softmax. */
-        double hd[TDT_MAX_DURATIONS];
-        for (int k = 0; k < D; ++k) hd[k] = (double)E::to_acc(h[k]);
-        if (!a.log_probs) tdt_log_softmax_small(hd, D);
-        double *out = a.ws.lp_dur + nw * D;
-        for (int k = 0; k < D; ++k) out[k] = hd[k];
-    }
+    if (D > 0) dur_log_softmax<DT, G>(h, D, a.log_probs, a.ws.lp_dur + nw * D, lane, mask);
 }
 
 template <int DT, int G>
