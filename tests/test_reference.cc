@@ -38,6 +38,10 @@ const std::vector<Shape> &shapes() {
         // A vocabulary wider than any vector unit and odd: exercises vector loops and tails.
         {"tdt_large_vocab", 2, 5, 3, 1031, {0, 1, 2, 3, 4}, -1, 19},
         {"rnnt_large_vocab", 2, 4, 3, 1031, {}, 0, 20},
+        // Rows of over 16 KB in float32 (parakeet's are 32 KB), starting at every alignment
+        // (V odd): the row loops' vector bodies, heads and tails at that width.
+        {"tdt_wide_rows", 2, 4, 2, 4133, {0, 1, 2, 3, 4}, -1, 23},
+        {"rnnt_wide_rows", 2, 3, 2, 4133, {}, 0, 24},
     };
     return s;
 }
