@@ -17,8 +17,9 @@
  * the row, read as 16-byte vectors in batches (a
  * scalar head up to the row's first 16-byte boundary and a scalar tail; rows of a joint tensor
  * are not all 16-byte aligned), then the group merges the G states with a fixed xor-shuffle
- * tree. Lane 0 writes the node's values. The hot loop is one FFMA, one MUFU.EX2 and one add an
- * element (plus the conversion of a 16-bit element): the reference starts at the blank's logit
+ * tree. Lane 0 writes the node's token values, each lane its share of the durations'. The hot
+ * loop is one FFMA, one MUFU.EX2 and one add an element (plus the conversion of a 16-bit
+ * element): the reference starts at the blank's logit
  * and moves only in the rare batch whose terms would pass 2^64 or are not finite (lse_slow),
  * so there is no running max and no branch per element.
  * Two kernels share that per-node work (normalize_node): normalize_kernel takes the nodes in
@@ -267,7 +268,8 @@ __device__ __forceinline__ void dur_log_softmax(const typename tdt_elem<DT>::T *
 
 /* Node (b, t, u) of a sample with U_b = Ub, inside its lattice: its row's lse, the blank and
  * label log-probabilities and the duration log-softmax, into the workspace. The G lanes of a
- * group together (mask); lane 0 (lane 1 for the durations) writes. */
+ * group together (mask); lane 0 writes the token values, lane l the durations k = l, l + G, ...
+ * (dur_log_softmax). */
 template <int DT, int G>
 __device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t b, int64_t t,
                                                int64_t u, int64_t Ub, int lane, unsigned mask) {
