@@ -655,7 +655,7 @@ TDT_HD void tdt_log_softmax_small(double *h, int count) {
     double m = -TDT_INF, sum = 0.0;
     for (int k = 0; k < count; ++k) m = tdt_lse_max(m, h[k]);
     for (int k = 0; k < count; ++k) sum += exp(h[k] - m);
-    const double lse = m == -TDT_INF ? -TDT_INF : m + log(sum);
+    const double lse = tdt_lse_finish(m, sum);
     for (int k = 0; k < count; ++k) h[k] -= lse;
 }
 
