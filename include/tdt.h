@@ -50,7 +50,7 @@ extern "C" {
  * library that was loaded. Compare the two to catch a stale shared library.
  * ------------------------------------------------------------------------------------------- */
 #define TDT_VERSION_MAJOR 0
-#define TDT_VERSION_MINOR 3
+#define TDT_VERSION_MINOR 4
 #define TDT_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
 #define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
@@ -149,6 +149,14 @@ typedef enum tdt_gpu_schedule {
                                      run 3-7 % slower by it than SERIAL). Other calls: SERIAL */
 } tdt_gpu_schedule_t;
 
+/* A reduction of the batch's costs that the forward calls also write (tdt_options_t.reduction),
+ * so that a caller whose loss is one number needs no reduction of its own after the call. */
+typedef enum tdt_reduction {
+    TDT_REDUCTION_NONE = 0, /* nothing more is written (default) */
+    TDT_REDUCTION_SUM = 1,  /* the sum of costs[0..B-1] */
+    TDT_REDUCTION_MEAN = 2  /* that sum divided by B (NaN for B = 0) */
+} tdt_reduction_t;
+
 /* ---------------------------------------------------------------------------------------------
  * Options. Zero-initialise (tdt_options_t o = {0};) and set what you need: every zero field
  * means its documented default.
@@ -194,6 +202,20 @@ typedef struct tdt_options {
                                 x / B, and the bits of torch's mean backward on CUDA. The costs
                                 are not averaged: costs[] is as without it.
                                 tdt_scale_gradients() ignores it. */
+    tdt_reduction_t reduction; /* compute_tdt_loss(), tdt_forward(), tdt_forward_ahead(): with
+                                  SUM or MEAN also write that reduction of costs[] to
+                                  *reduced_cost (after normalize_costs' division, if set). The
+                                  costs are summed in float64 in sample order, the sum divided by
+                                  B in float64 for MEAN, and the result rounded once to the
+                                  accumulate type: the same bits on both backends and, for
+                                  float32 costs of one sign (those of logits are >= 0), within
+                                  an ulp of the exact value, where a float32 sum (torch's) may
+                                  drift further. inf and NaN costs carry into it.
+                                  tdt_backward() and tdt_scale_gradients() ignore it, and it
+                                  changes no gradient (batch_mean is the backward's part). */
+    void *reduced_cost;      /* with a reduction: one value of the accumulate type, in the memory
+                                costs lives in (device memory on the GPU, written in stream
+                                order after the costs). Must not overlap costs. */
 } tdt_options_t;
 
 /* ---------------------------------------------------------------------------------------------

@@ -46,6 +46,9 @@ static tdt_status_t check_options(const tdt_options_t *o) {
     if (o->gpu_schedule < TDT_GPU_SCHEDULE_AUTO || o->gpu_schedule > TDT_GPU_SCHEDULE_TRAIL)
         TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->gpu_schedule = %d is not a tdt_gpu_schedule_t",
                  (int)o->gpu_schedule);
+    if (o->reduction < TDT_REDUCTION_NONE || o->reduction > TDT_REDUCTION_MEAN)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->reduction = %d is not a tdt_reduction_t",
+                 (int)o->reduction);
     TDT_CHECK(check_option_value("sigma", o->sigma));
     TDT_CHECK(check_option_value("fastemit_lambda", o->fastemit_lambda));
     TDT_CHECK(check_option_value("clamp", o->clamp));
@@ -225,6 +228,16 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     if (!p->token_logits && any_rows) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->token_logits is NULL");
     TDT_CHECK(check_data_pointers(p));
     if (do_forward && p->batch > 0 && !costs) TDT_FAIL(TDT_STATUS_NULL_POINTER, "costs is NULL");
+    if (do_forward && o->reduction != TDT_REDUCTION_NONE) {
+        if (!o->reduced_cost)
+            TDT_FAIL(TDT_STATUS_NULL_POINTER, "options->reduced_cost is NULL but options->reduction = %d",
+                     (int)o->reduction);
+        const char *r = (const char *)o->reduced_cost, *k = (const char *)costs;
+        const size_t acc = tdt_acc_is_double(p->dtype) ? 8 : 4;
+        if (k && r + acc > k && r < k + (size_t)p->batch * acc)
+            TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->reduced_cost %p lies inside costs (%p, %lld values)",
+                     o->reduced_cost, costs, (long long)p->batch);
+    }
     if (!workspace && !scaling) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace is NULL");
     if (scaling && p->batch > 0 && !grad_costs && grads && (grads->token_grads || grads->duration_grads))
         TDT_FAIL(TDT_STATUS_NULL_POINTER, "scale is NULL");

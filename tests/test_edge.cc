@@ -430,6 +430,64 @@ TEST_P(Layouts, BatchMean) {
         }
 }
 
+// options.reduction: the costs' sum (or mean) summed in float64 in sample order, rounded once to
+// the accumulate type, from every forward call (one-shot, pair, ahead, costs-only), per label or
+// not; the costs and gradients are those of the call without it, bit for bit. An infeasible
+// sample's +inf carries into it.
+TEST_P(Layouts, Reduction) {
+    Problem p = random_problem(79, 5, 7, 3, 6, {0, 1, 2}, 0, 1.0, 1, {7, 6, 7, 5, 4}, {3, 1, 2, 3, 0});
+    quantize_inputs(p, dtype());
+    const bool dbl = dtype() == TDT_DTYPE_FLOAT64;
+    for (bool per_label : {false, true})
+        for (int call = 0; call < 4; ++call) {  // one-shot, pair, ahead, costs-only
+            RunOptions ro;
+            ro.dtype = dtype();
+            ro.layout = call == 1 ? Layout::Joint : Layout::Contiguous;
+            ro.two_phase = call == 1 || call == 2;
+            ro.ahead = call == 2;
+            ro.costs_only = call == 3;
+            ro.normalize_costs = per_label;
+            const Output plain = run_lib(p, ro);
+            ASSERT_EQ(plain.status, TDT_STATUS_SUCCESS) << plain.error;
+            const char *calls[] = {"one-shot", "pair", "ahead", "costs-only"};
+            for (tdt_reduction_t r : {TDT_REDUCTION_SUM, TDT_REDUCTION_MEAN}) {
+                const std::string what = std::string(r == TDT_REDUCTION_SUM ? "sum, " : "mean, ") +
+                                         (per_label ? "per label, " : "") + calls[call];
+                ro.reduction = r;
+                const Output got = run_lib(p, ro);
+                ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << what << ": " << got.error;
+                double sum = 0.0;
+                for (double c : plain.costs) sum += c;
+                double want = r == TDT_REDUCTION_MEAN ? sum / (double)p.B : sum;
+                if (!dbl) want = static_cast<float>(want);
+                if (per_label) {
+                    EXPECT_TRUE(std::isinf(got.reduced)) << what << ": U_b = 0 gives an inf cost";
+                } else {
+                    EXPECT_TRUE(std::isfinite(got.reduced)) << what;
+                }
+                EXPECT_EQ(std::memcmp(&got.reduced, &want, sizeof want), 0)
+                    << what << ": " << got.reduced << " vs " << want;
+                expect_bitwise(got, plain, p, what + ": costs and gradients as without it");
+            }
+        }
+}
+
+// The reduction of an empty batch: a sum of 0, a mean of NaN (0 / 0), as torch gives.
+TEST_P(Layouts, ReductionOfNoSample) {
+    Problem p = random_problem(80, 0, 4, 2, 5, {0, 1}, 0);
+    for (tdt_reduction_t r : {TDT_REDUCTION_SUM, TDT_REDUCTION_MEAN}) {
+        RunOptions ro;
+        ro.dtype = dtype();
+        ro.reduction = r;
+        const Output got = run_lib(p, ro);
+        ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+        if (r == TDT_REDUCTION_SUM)
+            EXPECT_EQ(got.reduced, 0.0) << "the sum of no cost";
+        else
+            EXPECT_TRUE(std::isnan(got.reduced)) << "the mean of no cost: " << got.reduced;
+    }
+}
+
 // tdt_scale_gradients: each element inside sample b's lattice times scale[b], rounded once to the
 // dtype; zeros (an infeasible sample's gradient, whatever its factor) and everything outside the
 // lattices stay as they were; in every layout, padded gaps untouched (run_lib checks them).

@@ -494,6 +494,32 @@ TEST_F(ErrorsTest, BadInputKind) {
     expect_status(TDT_STATUS_INVALID_OPTION, "input_kind");
 }
 
+TEST_F(ErrorsTest, BadReduction) {
+    std::vector<float> out(1, kCostSentinel);
+    opt.reduced_cost = out.data();
+    for (int r : {-1, 3}) {
+        SCOPED_TRACE(::testing::Message() << "reduction " << r);
+        opt.reduction = static_cast<tdt_reduction_t>(r);
+        expect_status(TDT_STATUS_INVALID_OPTION, "reduction");
+        EXPECT_EQ(out[0], kCostSentinel) << "a failing call wrote the reduction";
+    }
+}
+
+// A reduction needs somewhere to go, outside costs; only the forward calls write it, so
+// tdt_backward and tdt_scale_gradients take such options as they are.
+TEST_F(ErrorsTest, ReducedCostNullOrInsideCosts) {
+    opt.reduction = TDT_REDUCTION_MEAN;
+    opt.reduced_cost = nullptr;
+    expect_status(TDT_STATUS_NULL_POINTER, "reduced_cost", false, true, false);
+    opt.reduced_cost = costs.data() + 1;  // the second cost
+    expect_status(TDT_STATUS_INVALID_OPTION, "reduced_cost", false, true, false);
+    opt.reduced_cost = nullptr;
+    valid_forward();
+    EXPECT_EQ(tdt_backward(&prob, &opt, nullptr, &grads, ws.data(), ws_bytes), TDT_STATUS_SUCCESS)
+        << tdt_last_error();
+    EXPECT_EQ(call_scale(), TDT_STATUS_SUCCESS) << tdt_last_error();
+}
+
 // tdt_check_data: the lengths and labels alone, from host memory, whatever the logits (none
 // here) and the location; padding labels beyond U_b are never read. Each data fault's status and
 // message are checked against the CPU call's in expect_status.

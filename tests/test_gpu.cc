@@ -265,6 +265,7 @@ struct Out {
     std::vector<uint8_t> raw_costs, raw_gtok, raw_gdur;  // the bytes as written (bitwise checks)
     std::vector<int32_t> order;  // RunOpts::keep_order: the workspace's int32 counters after the call
     int written = -1;            // Mode::Ahead: tdt_forward_ahead's grads_written
+    std::vector<uint8_t> raw_reduced;  // options.reduced_cost's one value (0xff bytes: unwritten)
 };
 
 // CostsOnly: compute_tdt_loss() without gradients (alpha alone is swept); FwdOnly: tdt_forward().
@@ -289,6 +290,7 @@ struct RunOpts {
     std::vector<double> scale;       // tdt_scale_gradients() factors (see Mode)
     bool scale_scalar = false;       // scale holds one value for every sample
     bool keep_order = false;         // download the workspace's counters (Out::order)
+    tdt_reduction_t reduction = TDT_REDUCTION_NONE;  // options.reduction, into Out::raw_reduced
 };
 
 void fill_options(const Host &h, tdt_location_t loc, tdt_options_t *o, cudaStream_t stream) {
@@ -387,6 +389,9 @@ Out run_cpu(const Host &h, const RunOpts &ro) {
     o.grad_costs_scalar = ro.grad_scalar;
     o.normalize_costs = ro.normalize;
     o.batch_mean = ro.batch_mean;
+    out.raw_reduced.assign(acc_size(s.dt), 0xff);
+    o.reduction = ro.reduction;
+    o.reduced_cost = out.raw_reduced.data();
     std::vector<uint8_t> tok = h.tok, dur = h.dur, gtok, gdur;
     std::vector<int32_t> labels = h.labels, T = h.T, U = h.U;
     Ptrs p;
@@ -484,7 +489,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     Out out;
     const Spec &s = h.s;
     const size_t es = esize(s.dt);
-    DevBuf tok, dur, gtok, gdur, labels, T, U, costs, gc, work, sc, up;
+    DevBuf tok, dur, gtok, gdur, labels, T, U, costs, gc, work, sc, up, reduced;
     EXPECT_EQ(tok.upload(h.tok.data(), h.tok.size()), cudaSuccess);
     EXPECT_EQ(dur.upload(h.dur.data(), h.dur.size()), cudaSuccess);
     EXPECT_EQ(labels.upload(h.labels.data(), h.labels.size() * 4), cudaSuccess);
@@ -520,6 +525,10 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     o.normalize_costs = ro.normalize;
     o.batch_mean = ro.batch_mean;
     o.gpu_schedule = ro.schedule;
+    EXPECT_EQ(reduced.alloc(acc_size(s.dt)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(reduced.p, 0xff, reduced.n), cudaSuccess);
+    o.reduction = ro.reduction;
+    o.reduced_cost = reduced.p;
     tdt_problem_t pr;
     tdt_gradients_t g;
     fill_problem(h, p, &pr, &g, ro);
@@ -597,6 +606,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     }
     out.raw_costs = costs.download();
     out.raw_costs.resize((size_t)s.B * acc_size(s.dt));
+    out.raw_reduced = reduced.download();
     unpack_costs(h, &out);
     if (ro.mode == Mode::FwdOnly || ro.mode == Mode::CostsOnly) return out;
     const DevBuf &gt = s.grads == Grads::InPlace ? tok : gtok;
@@ -794,6 +804,17 @@ std::vector<Param> params() {
 
 class GpuVsCpu : public ::testing::TestWithParam<Param> {};
 
+// The reduction's one value, and what it must be: the costs summed in float64 in sample order,
+// divided by B for the mean, rounded once (the CPU test's rule, by hand).
+double reduced_of(const Out &o, tdt_dtype_t dt) {
+    return dt == TDT_DTYPE_FLOAT64 ? *(const double *)o.raw_reduced.data() : *(const float *)o.raw_reduced.data();
+}
+std::vector<uint8_t> reduction_by_hand(const Out &o, tdt_dtype_t dt, bool mean) {
+    double sum = 0.0;
+    for (double c : o.costs) sum += c;
+    return acc_bytes({mean ? sum / (double)o.costs.size() : sum}, dt);
+}
+
 TEST_P(GpuVsCpu, OneShot) {
     REQUIRE_GPU();
     Spec s = configs()[GetParam().config].spec;
@@ -871,9 +892,18 @@ TEST_P(GpuEdge, MaxFramesZeroAndEmptyBatch) {
     Host h = make_host(s);
     Out g = run_gpu(h, RunOpts());
     for (double c : g.costs) EXPECT_TRUE(std::isinf(c) && c > 0);
+    RunOpts mean;
+    mean.reduction = TDT_REDUCTION_MEAN;
+    const double m = reduced_of(run_gpu(h, mean), s.dt);
+    EXPECT_TRUE(std::isinf(m) && m > 0) << "the mean of infeasible samples: " << m;
     s.B = 0; s.T = 3;
     Host h0 = make_host(s);
     run_gpu(h0, RunOpts());  // must succeed and write nothing
+    // an empty batch's reduction: still written, a sum of 0 and a mean of NaN
+    EXPECT_TRUE(std::isnan(reduced_of(run_gpu(h0, mean), s.dt))) << "the mean of no sample";
+    RunOpts sum;
+    sum.reduction = TDT_REDUCTION_SUM;
+    EXPECT_EQ(reduced_of(run_gpu(h0, sum), s.dt), 0.0) << "the sum of no sample";
 }
 
 TEST_P(GpuEdge, LargeLogitsAndPadding) {
@@ -1182,6 +1212,55 @@ TEST(GpuCalls, BatchMean) {
         EXPECT_EQ(a.raw_gtok, want_ones.raw_gtok) << dt_name(dt) << ": trail, ahead: token gradient (written "
                                                   << a.written << ")";
         EXPECT_EQ(a.raw_gdur, want_ones.raw_gdur) << dt_name(dt) << ": trail, ahead: duration gradient";
+    }
+}
+
+// options.reduction on the device, in every call that runs a forward (one-shot, the pair, the
+// fused and trail schedules' tdt_forward_ahead(), costs-only) and in a CUDA graph: the
+// reduction of the costs the call wrote, by the rule above (so the CPU's bits, which is checked
+// too), and those costs and the gradients the bits of the call without it.
+TEST(GpuCalls, Reduction) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64, TDT_DTYPE_BFLOAT16}) {
+        Spec s = medium(dt);
+        s.B = 5;
+        s.V = 1025;
+        const Host h = make_host(s);
+        struct Case { Mode mode; tdt_gpu_schedule_t schedule; bool graph; const char *name; };
+        const Case cases[] = {{Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, false, "one-shot"},
+                              {Mode::FwdBwd, TDT_GPU_SCHEDULE_AUTO, false, "pair"},
+                              {Mode::Ahead, TDT_GPU_SCHEDULE_FUSED, false, "fused, ahead"},
+                              {Mode::Ahead, TDT_GPU_SCHEDULE_TRAIL, false, "trail, ahead"},
+                              {Mode::CostsOnly, TDT_GPU_SCHEDULE_AUTO, false, "costs-only"},
+                              {Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, true, "one-shot in a graph"}};
+        for (const Case &c : cases)
+            for (bool per_label : {false, true}) {
+                RunOpts ro;
+                ro.mode = c.mode;
+                ro.schedule = c.schedule;
+                ro.graph = c.graph;
+                ro.normalize = per_label;
+                const Out plain = run_gpu(h, ro);
+                for (tdt_reduction_t r : {TDT_REDUCTION_SUM, TDT_REDUCTION_MEAN}) {
+                    const std::string what = std::string(dt_name(dt)) + ", " + c.name +
+                                             (per_label ? ", per label, " : ", ") +
+                                             (r == TDT_REDUCTION_SUM ? "sum" : "mean");
+                    ro.reduction = r;
+                    const Out got = run_gpu(h, ro);
+                    EXPECT_EQ(got.raw_reduced, reduction_by_hand(got, dt, r == TDT_REDUCTION_MEAN))
+                        << what << ": " << reduced_of(got, dt);
+                    if (!per_label) {  // (per label, a U_b = 0 sample makes it inf)
+                        EXPECT_TRUE(std::isfinite(reduced_of(got, dt))) << what;
+                    }
+                    EXPECT_EQ(got.raw_costs, plain.raw_costs) << what << ": costs";
+                    EXPECT_EQ(got.raw_gtok, plain.raw_gtok) << what << ": token gradient";
+                    EXPECT_EQ(got.raw_gdur, plain.raw_gdur) << what << ": duration gradient";
+                    if (c.mode == Mode::OneShot && !c.graph) {
+                        const Out cpu = run_cpu(h, ro);
+                        EXPECT_EQ(cpu.raw_reduced, reduction_by_hand(cpu, dt, r == TDT_REDUCTION_MEAN)) << what << ", CPU";
+                    }
+                }
+            }
     }
 }
 

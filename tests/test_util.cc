@@ -389,6 +389,10 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     std::vector<double> costs_d(static_cast<size_t>(p.B) + 1, nan);
     std::vector<float> costs_f(static_cast<size_t>(p.B) + 1, static_cast<float>(nan));
     void *costs = dbl ? static_cast<void *>(costs_d.data()) : static_cast<void *>(costs_f.data());
+    double reduced_d = nan;  // options.reduced_cost, of the accumulate type
+    float reduced_f = static_cast<float>(nan);
+    opt.reduction = ro.reduction;
+    opt.reduced_cost = dbl ? static_cast<void *>(&reduced_d) : static_cast<void *>(&reduced_f);
 
     // (B) values of the accumulate type, as the library reads them
     auto acc_values = [&](const std::vector<double> *v, std::vector<double> &d, std::vector<float> &f) {
@@ -425,6 +429,10 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
 
     out.costs.resize(p.B);
     for (int64_t b = 0; b < p.B; ++b) out.costs[b] = dbl ? costs_d[b] : costs_f[b];
+    out.reduced = dbl ? reduced_d : reduced_f;
+    if (ro.reduction == TDT_REDUCTION_NONE) {
+        EXPECT_TRUE(std::isnan(out.reduced)) << "options.reduced_cost was written with no reduction";
+    }
     EXPECT_TRUE(dbl ? std::isnan(costs_d[p.B]) : std::isnan(costs_f[p.B]))
         << "costs[" << p.B << "], one past the batch, was written";
     if (ro.costs_only) return out;

@@ -75,6 +75,7 @@ struct Output {
     std::vector<double> costs;     // (B)
     std::vector<double> gtok;      // (B, maxT, maxU + 1, V); empty when not requested
     std::vector<double> gdur;      // (B, maxT, maxU + 1, D); empty when not requested
+    double reduced = 0.0;          // options.reduction's value (RunOptions.reduction)
 };
 
 enum class Layout {
@@ -101,6 +102,7 @@ struct RunOptions {
     bool grad_costs_scalar = false;                   // grad_costs holds one value for all
     bool normalize_costs = false;                     // options.normalize_costs
     bool batch_mean = false;                          // options.batch_mean
+    tdt_reduction_t reduction = TDT_REDUCTION_NONE;   // options.reduction, into Output.reduced
     bool want_tok = true, want_dur = true;            // which gradients to request
     size_t misalign = 0;                              // bytes added to the workspace pointer
 };

@@ -524,6 +524,16 @@ TDT_HD double tdt_cost(double ll, double fastemit_lambda, int per_label, int acc
     return per_label ? tdt_acc_div(cost, acc_double, U) : cost;
 }
 
+/* options.reduction of the B costs (float64 when acc_double, else float32): their sum in
+ * float64, b ascending, divided by B for the mean (0 / 0, NaN, for an empty batch's mean); the
+ * caller rounds it once to the accumulate type. The one order both backends sum in. */
+TDT_HD double tdt_reduce_costs(const void *costs, int acc_double, int64_t B, int mean) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < B; ++b)
+        sum += acc_double ? ((const double *)costs)[b] : (double)((const float *)costs)[b];
+    return mean ? sum / (double)B : sum;
+}
+
 /* ---- log p(y|x) at a cut ------------------------------------------------------------------ */
 
 /* The most diagonals one arc spans: the largest dt + du of the arc set (at least 1). */

@@ -537,6 +537,15 @@ tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
         ws.header->max_frames = c->p.max_frames;
         ws.header->max_labels = c->p.max_labels;
         ws.header->num_durations = c->num_durations;
+        if (c->o.reduction != TDT_REDUCTION_NONE) {
+            const int acc_double = tdt_acc_is_double(c->p.dtype);
+            const double r = tdt_reduce_costs(c->costs, acc_double, c->p.batch,
+                                              c->o.reduction == TDT_REDUCTION_MEAN);
+            if (acc_double)
+                *(double *)c->o.reduced_cost = r;
+            else
+                *(float *)c->o.reduced_cost = (float)r;
+        }
     } else {
         const tdt_ws_header_t *h = ws.header;
         if (h->magic != TDT_WS_MAGIC || h->batch != c->p.batch || h->max_frames != c->p.max_frames ||

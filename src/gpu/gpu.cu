@@ -8,6 +8,7 @@
  *               two overlapped: a memset of the workspace's layer counters, the normaliser in
  *               the order the sweep consumes its values, the sweep as its programmatic
  *               dependent (sweep.cuh, "The overlapped schedules"; the split schedule: alpha alone)
+ *               then, with options.reduction, one thread's sum of the costs
  *     backward: grad (per node); for the split schedule (tdt_gpu_schedule_t) the beta sweep
  *               first, the gradient pass trailing it as its programmatic dependent; for the
  *               fused schedule (a one-shot call), enqueued by the forward, the gradient pass
@@ -97,6 +98,30 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
 #endif
 }
 
+/* options.reduction: one thread sums the costs in the order tdt_reduce_costs fixes (the CPU's
+ * bits), in stream order after the kernels that wrote them. */
+__global__ void reduce_costs_kernel(const void *costs, int acc_double, int64_t B, int mean,
+                                    void *out) {
+    const double r = tdt_reduce_costs(costs, acc_double, B, mean);
+    if (acc_double)
+        *static_cast<double *>(out) = r;
+    else
+        *static_cast<float *>(out) = (float)r;
+}
+
+/* Enqueues options.reduction's kernel, if the call asks for one, on the current device. */
+tdt_status_t enqueue_reduction(const tdt_call_t *c) {
+    if (!c->do_forward || c->o.reduction == TDT_REDUCTION_NONE) return TDT_STATUS_SUCCESS;
+    reduce_costs_kernel<<<1, 1, 0, (cudaStream_t)c->o.stream>>>(
+        c->costs, tdt_acc_is_double(c->p.dtype), c->p.batch, c->o.reduction == TDT_REDUCTION_MEAN,
+        c->o.reduced_cost);
+    const cudaError_t e = cudaGetLastError();
+    return e != cudaSuccess ? cuda_fail(e, "reduce_costs_kernel launch") : TDT_STATUS_SUCCESS;
+}
+
+/* An empty batch: only the reduction to write, on the device that owns it. */
+tdt_status_t enqueue_empty(const tdt_call_t *c, int) { return enqueue_reduction(c); }
+
 /* The device that owns ptr (named `what` in errors): 0 and *device set, or a status. Host
  * memory is refused (the GPU location takes device memory); registered or managed memory names
  * its device too. */
@@ -131,6 +156,8 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
         e = tdt_launch_forward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream,
                                c->do_backward ? &bwd_done : NULL);
         if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
+        const tdt_status_t st = enqueue_reduction(c);
+        if (st != TDT_STATUS_SUCCESS) return st;
     }
     if (c->ahead) { /* tdt_forward_ahead(): the backward only if it ran with the forward */
         *c->ahead = bwd_done ? 1 : 0;
@@ -246,7 +273,10 @@ cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value) {
  * ============================================================================================== */
 
 extern "C" tdt_status_t tdt_gpu_run(const tdt_call_t *call) {
-    if (call->p.batch == 0) return TDT_STATUS_SUCCESS; /* nothing to write */
+    if (call->p.batch == 0) /* nothing to write but a reduction's sum (0) or mean (NaN) */
+        return call->do_forward && call->o.reduction != TDT_REDUCTION_NONE
+                   ? on_device(call, call->o.reduced_cost, "options->reduced_cost", enqueue_empty)
+                   : TDT_STATUS_SUCCESS;
     return on_device(call, call->workspace, "workspace", enqueue);
 }
 
