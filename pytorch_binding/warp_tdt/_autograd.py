@@ -80,6 +80,38 @@ def _upstream(grad, scale):
     return out
 
 
+def _library_reduction(reduction):
+    """The reduction the library writes itself (options.reduction: "sum" or "mean_batch"), or
+    None where torch reduces the costs ("none", "mean_volume", or a library before 0.4.0). Its
+    value is the costs' float64 sum in sample order, rounded once: within an ulp of torch's
+    float32 sum or mean of the same costs, and one op and one allocation fewer a call."""
+    if reduction in ("sum", "mean_batch") and _core.reduction_available():
+        return reduction
+    return None
+
+
+def _folded(reduction):
+    """(reduction, per_label): "mean" = (costs / U_b).mean() is the library's per-label costs
+    (options.normalize_costs, the same bits in both directions) and a batch mean, one op here
+    and one division in backward instead of three ops (benchmark/NOTES.md, v22)."""
+    if reduction == "mean" and _core.per_label_available():
+        return "mean_batch", True
+    return reduction, False
+
+
+def costs_only(spec, logits, duration, idx, as_rnnt, reduction):
+    """The reduced loss of a call no gradient can be asked of: one costs-only library call
+    (alpha alone is swept), and no autograd node."""
+    reduction, per_label = _folded(reduction)
+    lib_reduce = _library_reduction(reduction)
+    costs, _ws = _core.forward(spec, logits, duration, *idx.lib_args(), as_rnnt, costs_only=True,
+                               per_label=per_label, reduce=lib_reduce)
+    if lib_reduce is not None:
+        return costs
+    return reduce(costs, idx.label_lengths if reduction in ("mean", "mean_volume") else None,
+                  reduction, with_scale=False)[0]
+
+
 # (spec, shape, dtype, device, RNN-T draw, gradients asked, schedule) -> whether the library
 # wrote the gradients ahead for that call: a function of those alone (the plan reads no data)
 _ahead_plans = {}
@@ -99,28 +131,27 @@ def _ahead_key(ctx, logits, spec, as_rnnt, in_place):
 
 
 class LossFunction(torch.autograd.Function):
-    """loss = LossFunction.apply(logits, duration, labels, frame_lengths, label_lengths,
-    spec, as_rnnt, in_place, reduction). ``logits`` is the token tensor, or the joint tensor when
-    spec.mode == "joint" (then ``duration`` is None). The reduction runs inside (reduce()), so a
-    step's autograd graph holds this one node: on a GPU whose kernels take less time than the
-    host's autograd work, each node and op saved is time saved (benchmark/NOTES.md, v8)."""
+    """loss = LossFunction.apply(logits, duration, idx, spec, as_rnnt, in_place, reduction).
+    ``logits`` is the token tensor, or the joint tensor when spec.mode == "joint" (then
+    ``duration`` is None); ``idx`` the call's labels and lengths (functional._Indices: the
+    library reads them by address, idx.lib_args(); idx keeps their memory alive). The reduction
+    runs inside (the library's own for "sum" and the batch means, else reduce()), so a step's
+    autograd graph holds this one node: on a GPU whose kernels take less time than the host's
+    autograd work, each node and op saved is time saved (benchmark/NOTES.md, v8, v39)."""
 
     @staticmethod
-    def forward(ctx, logits, duration, labels, frame_lengths, label_lengths, spec, as_rnnt, in_place,
-                reduction="none"):
+    def forward(ctx, logits, duration, idx, spec, as_rnnt, in_place, reduction="none"):
         built = []
         ctx.ahead = ctx.buffers = items = None
-        # "mean" = (costs / U_b).mean(): the library divides (options.normalize_costs, the same
-        # bits in both directions), so torch's part is the batch mean, one op here and one
-        # division in backward instead of three ops (benchmark/NOTES.md, v22)
-        per_label = reduction == "mean" and _core.per_label_available()
-        if per_label:
-            reduction = "mean_batch"
+        reduction, per_label = _folded(reduction)
         # on CUDA a batch mean's division of the upstream by B is the library's too
         # (options.batch_mean: a product with 1 / B, as torch's CUDA division by a number, so
         # the same bits; the CPU's torch divides): no torch op in backward (NOTES v23)
         batch_mean = (reduction == "mean_batch" and logits.is_cuda
                       and _core.batch_mean_available())
+        lib_reduce = _library_reduction(reduction)
+        args = idx.lib_args()
+        label_lengths = idx.label_lengths if reduction in ("mean", "mean_volume") else None
         key = _ahead_key(ctx, logits, spec, as_rnnt, in_place)
         if key is not None and _ahead_plans.get(key, True):
             # the gradients for a loss gradient of 1: the reduction's weights, by the very
@@ -134,8 +165,8 @@ class LossFunction(torch.autograd.Function):
             buffers = _core.grad_buffers(spec, logits, duration, ctx.needs_input_grad[0],
                                          ctx.needs_input_grad[1])
             costs, workspace, written = _core.forward_ahead(
-                spec, logits, duration, labels, frame_lengths, label_lengths, weights, *buffers,
-                as_rnnt=as_rnnt, built=built, per_label=per_label, batch_mean=batch_mean)
+                spec, logits, duration, *args, weights, *buffers, as_rnnt=as_rnnt, built=built,
+                per_label=per_label, batch_mean=batch_mean, reduce=lib_reduce)
             if len(_ahead_plans) >= _PLANS_MAX:
                 _ahead_plans.clear()
             _ahead_plans[key] = written
@@ -144,16 +175,20 @@ class LossFunction(torch.autograd.Function):
             else:  # allocated all the same: backward writes into them
                 ctx.buffers = buffers
         else:
-            costs, workspace = _core.forward(spec, logits, duration, labels, frame_lengths,
-                                             label_lengths, as_rnnt, built=built,
-                                             per_label=per_label, batch_mean=batch_mean)
+            costs, workspace = _core.forward(spec, logits, duration, *args, as_rnnt, built=built,
+                                             per_label=per_label, batch_mean=batch_mean,
+                                             reduce=lib_reduce)
         ctx.save_for_backward(logits, duration)
-        ctx.labels, ctx.frame_lengths, ctx.label_lengths = labels, frame_lengths, label_lengths
+        ctx.idx = idx
         ctx.workspace = workspace
         ctx.built = built[0] if built else None  # the C structs, reused by backward
         ctx.spec, ctx.as_rnnt, ctx.in_place = spec, as_rnnt, in_place
         ctx.spent = False
-        out, ctx.scale = reduce(costs, label_lengths, reduction, items=items)
+        if lib_reduce is not None:  # the value is the library's; the backward's scale reduce()'s
+            out = costs
+            ctx.scale = (int(logits.shape[0]),) if reduction == "mean_batch" else None
+        else:
+            out, ctx.scale = reduce(costs, label_lengths, reduction, items=items)
         if batch_mean:
             ctx.scale = None  # the library divides the upstream by B (ctx.built's options)
         return out
@@ -162,7 +197,7 @@ class LossFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         logits, duration = ctx.saved_tensors
         need_logits, need_duration = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        nones = (None,) * 7
+        nones = (None,) * 5
         if not (need_logits or need_duration):
             return (None, None) + nones
         if ctx.in_place:
@@ -177,13 +212,13 @@ class LossFunction(torch.autograd.Function):
             # second backward, after retain_graph=True, runs tdt_backward below instead)
             g_logits, g_duration = ctx.ahead
             ctx.ahead = None
-            _core.scale(ctx.spec, grad_out, logits, duration, ctx.labels, ctx.frame_lengths,
-                        ctx.label_lengths, g_logits, g_duration, ctx.as_rnnt, built=ctx.built)
+            _core.scale(ctx.spec, grad_out, logits, duration, *ctx.idx.lib_args(), g_logits,
+                        g_duration, ctx.as_rnnt, built=ctx.built)
             return (g_logits if need_logits else None, g_duration) + nones
         buffers, ctx.buffers = ctx.buffers, None
         g_logits, g_duration = _core.backward(
-            ctx.spec, _upstream(grad_out, ctx.scale), logits, duration, ctx.labels,
-            ctx.frame_lengths, ctx.label_lengths, ctx.workspace, ctx.as_rnnt,
+            ctx.spec, _upstream(grad_out, ctx.scale), logits, duration, *ctx.idx.lib_args(),
+            ctx.workspace, ctx.as_rnnt,
             need_logits=need_logits, need_duration=need_duration, in_place=ctx.in_place,
             built=ctx.built, buffers=buffers)
         if ctx.in_place:

@@ -153,8 +153,16 @@ def _options(spec, cuda, tdt):
     return o, entry
 
 
+def _address(x):
+    """The device (or host) address of an int32 index tensor, or x itself where the caller
+    passed the address (functional._Indices.addresses(): views of one packed tensor it keeps
+    alive, which no torch op needs to make)."""
+    return x if isinstance(x, int) else x.data_ptr()
+
+
 def _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt):
-    """The tdt_problem_t and tdt_options_t of a call, plus the objects they point into."""
+    """The tdt_problem_t and tdt_options_t of a call, plus the objects they point into. The
+    labels and lengths: int32 tensors, or their addresses (_address)."""
     B, T, rows = logits.shape[:3]
     V = spec.vocab_size
     p = _lib.Problem()
@@ -170,9 +178,9 @@ def _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt
         else:
             p.duration_logits = duration.data_ptr()
             p.duration_strides = _strides3(duration)
-    p.labels = labels.data_ptr() if rows > 1 else None
-    p.frame_lengths = frame_lengths.data_ptr()
-    p.label_lengths = label_lengths.data_ptr()
+    p.labels = _address(labels) if rows > 1 else None
+    p.frame_lengths = _address(frame_lengths)
+    p.label_lengths = _address(label_lengths)
     o, keep = _options(spec, logits.is_cuda, tdt)
     return p, o, keep
 
@@ -201,11 +209,17 @@ def _call(fn_name, logits, o, *args):
     _lib.check(fn_name, getattr(_lib.load(), fn_name)(*args))
 
 
+_REDUCTIONS = {"sum": _lib.REDUCTION_SUM, "mean_batch": _lib.REDUCTION_MEAN}
+
+
 def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt,
-                   workspace_bytes, zero_workspace, built, per_label=False, batch_mean=False):
+                   workspace_bytes, zero_workspace, built, per_label=False, batch_mean=False,
+                   reduce=None):
     """A forward call's (problem, options, keep), workspace and costs, allocated. per_label:
     options.normalize_costs (costs / U_b, and the backward's upstream divided likewise);
-    batch_mean: options.batch_mean (the backward's upstream is the batch mean's, divided by B)."""
+    batch_mean: options.batch_mean (the backward's upstream is the batch mean's, divided by B).
+    reduce: "sum" or "mean_batch" (options.reduction): the costs then go to the workspace's
+    tail, and what comes back as costs is the 0-d reduction the library writes."""
     B = int(logits.shape[0])
     acc = acc_dtype(logits.dtype)
     p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
@@ -223,30 +237,47 @@ def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths,
             "for B=%d T=%d U+1=%d D=%d; the library's workspace layout grew, update "
             "_core.workspace_bound()" % (size, need, B, logits.shape[1], logits.shape[2],
                                         len(spec.durations)))
+    total = size
+    if reduce is not None:  # the (B) costs after the workspace, 16-byte aligned: one allocation
+        at = (size + 15) // 16 * 16
+        total = at + B * (8 if acc == torch.float64 else 4)
     workspace = None
     if zero_workspace:
-        workspace = torch.zeros(size, dtype=torch.uint8, device=logits.device)
+        workspace = torch.zeros(total, dtype=torch.uint8, device=logits.device)
     elif not logits.is_cuda:
-        workspace = _hostmem.empty((size,), torch.uint8, "workspace")
+        workspace = _hostmem.empty((total,), torch.uint8, "workspace")
     if workspace is None:
-        workspace = torch.empty(size, dtype=torch.uint8, device=logits.device)
-    costs = torch.empty(B, dtype=acc, device=logits.device)
-    return p, o, keep, size, workspace, costs
+        workspace = torch.empty(total, dtype=torch.uint8, device=logits.device)
+    if reduce is None:
+        costs = torch.empty(B, dtype=acc, device=logits.device)
+        return p, o, keep, size, workspace, costs, costs.data_ptr()
+    out = torch.empty((), dtype=acc, device=logits.device)
+    o.reduction = _REDUCTIONS[reduce]
+    o.reduced_cost = out.data_ptr()
+    return p, o, keep, size, workspace, out, workspace.data_ptr() + at
 
 
-def _nothing_to_read(logits, costs):
+def reduction_available():
+    """Whether the loaded library has options.reduction (0.4.0 and later)."""
+    return _has_version(400)
+
+
+def _nothing_to_read(logits, costs, reduce=None):
     """Whether a forward has no library call to make: an empty batch, or T == 0, where every
-    sample is infeasible (its cost set to +inf here)."""
+    sample is infeasible (its cost set to +inf here; with reduce, the reduction written here as
+    the library would: a sum or mean of infs, or of no sample, 0 and NaN)."""
     if logits.numel() != 0:
         return False
     if logits.shape[0] > 0:
         costs.fill_(float("inf"))
+    elif reduce is not None:
+        costs.fill_(0.0 if reduce == "sum" else float("nan"))
     return True
 
 
 def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt=False,
             workspace_bytes=None, zero_workspace=False, built=None, costs_only=False,
-            per_label=False, batch_mean=False):
+            per_label=False, batch_mean=False, reduce=None):
     """Costs (B,) in the accumulate type, and the workspace that backward() needs.
 
     costs_only: no backward() will follow; the call is compute_tdt_loss() without gradients,
@@ -261,17 +292,19 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     a backward() on built takes the upstream of those.
     batch_mean: a backward() on built takes the upstream of the costs' batch mean, and the
     library divides it by B (options.batch_mean).
+    reduce: None, "sum" or "mean_batch" (reduction_available()): the 0-d sum or mean of the
+    costs, which the library writes (options.reduction), comes back in place of the costs.
     """
-    p, o, keep, size, workspace, costs = _forward_setup(
+    p, o, keep, size, workspace, costs, costs_at = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, workspace_bytes,
-        zero_workspace, built, per_label, batch_mean)
-    if _nothing_to_read(logits, costs):
+        zero_workspace, built, per_label, batch_mean, reduce)
+    if _nothing_to_read(logits, costs, reduce):
         return costs, workspace
     if costs_only:
-        _call("compute_tdt_loss", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
-              None, workspace.data_ptr(), size)
+        _call("compute_tdt_loss", logits, o, ctypes.byref(p), ctypes.byref(o), costs_at, None,
+              workspace.data_ptr(), size)
     else:
-        _call("tdt_forward", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
+        _call("tdt_forward", logits, o, ctypes.byref(p), ctypes.byref(o), costs_at,
               workspace.data_ptr(), size)
     return costs, workspace
 
@@ -303,7 +336,8 @@ def ahead_available():
 
 
 def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, weights,
-                  g_logits, g_dur, as_rnnt=False, built=None, per_label=False, batch_mean=False):
+                  g_logits, g_dur, as_rnnt=False, built=None, per_label=False, batch_mean=False,
+                  reduce=None):
     """forward() through tdt_forward_ahead(): (costs, workspace, written).
 
     Where the library's plan runs the gradient pass with the forward (the GPU's fused schedule:
@@ -313,19 +347,19 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     the factor the backward brings. Else written is False, the buffers are untouched, and
     backward() follows on the workspace as usual.
     per_label, batch_mean: as in forward(); with batch_mean the weights are those of the
-    batch mean (None: 1 / B a sample, divided by the library).
+    batch mean (None: 1 / B a sample, divided by the library). reduce: as in forward().
     """
-    p, o, keep, size, workspace, costs = _forward_setup(
+    p, o, keep, size, workspace, costs, costs_at = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built,
-        per_label, batch_mean)
-    if _nothing_to_read(logits, costs):
+        per_label, batch_mean, reduce)
+    if _nothing_to_read(logits, costs, reduce):
         return costs, workspace, False
     w = None
     if weights is not None:
         w, o.grad_costs_scalar = _upstream_arg(weights, logits)
     grads = _gradients(spec, g_logits, g_dur, spec.mode != "rnnt" and not as_rnnt)
     written = ctypes.c_int(0)
-    _call("tdt_forward_ahead", logits, o, ctypes.byref(p), ctypes.byref(o), costs.data_ptr(),
+    _call("tdt_forward_ahead", logits, o, ctypes.byref(p), ctypes.byref(o), costs_at,
           None if w is None else w.data_ptr(), ctypes.byref(grads), workspace.data_ptr(), size,
           ctypes.byref(written))
     del keep

@@ -70,6 +70,10 @@ GPU_SCHEDULE_SPLIT = 3
 GPU_SCHEDULE_FUSED = 4
 GPU_SCHEDULE_TRAIL = 5
 
+REDUCTION_NONE = 0  # tdt_reduction_t
+REDUCTION_SUM = 1
+REDUCTION_MEAN = 2
+
 MAX_DURATIONS = 32  # TDT_MAX_DURATIONS
 
 INDEX_INT32 = 0  # tdt_index_type_t
@@ -96,6 +100,8 @@ class Options(ctypes.Structure):
         ("gpu_schedule", ctypes.c_int),
         ("normalize_costs", ctypes.c_int),
         ("batch_mean", ctypes.c_int),
+        ("reduction", ctypes.c_int),
+        ("reduced_cost", ctypes.c_void_p),
     ]
 
 

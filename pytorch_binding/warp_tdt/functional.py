@@ -11,7 +11,6 @@ gradient, folded into the one pass that writes each gradient element.
 import operator
 import os
 import sys
-from typing import NamedTuple, Optional
 
 import torch
 
@@ -146,26 +145,65 @@ def _int_tensor(x, name, device, dim):
     return x
 
 
-class _Indices(NamedTuple):
+class _Indices:
     """Labels (B, U) and lengths (B,), int32 and contiguous on the logits' device, for the library.
 
-    When they had to be converted for CUDA logits (or zero-padded), all three are views of one
-    int32 tensor [frame lengths, label lengths, labels]: written by the library's
+    When they had to be converted for CUDA logits (or zero-padded), all three live in one int32
+    tensor ``packed`` = [frame lengths, label lengths, labels]: written by the library's
     tdt_pack_indices() kernel where the three were on the device in one integer type (``check``
     then holds its pending verdict when validation is on), else made by one concatenation (at
-    most one conversion kernel a call, and one copy to the host for validation); ``packed`` is
-    that tensor (None when the inputs were used as they were, or cast one by one for CPU
-    logits), and ``host`` its CPU twin when it was built on the host (inputs on the CPU), which
-    validation then reads with no copy back.
+    most one conversion kernel a call, and one copy to the host for validation). ``packed`` is
+    None when the inputs were used as they were (or cast one by one for CPU logits); ``host`` is
+    packed's CPU twin when it was built on the host (inputs on the CPU), which validation then
+    reads with no copy back.
+
+    The library reads packed's three parts by address (lib_args()): their tensor views, ~8 us
+    of host time each on an H200's host, are made only if something asks for them
+    (``labels``, ``frame_lengths``, ``label_lengths``: the mean_volume reduction, say).
     """
 
-    labels: torch.Tensor
-    frame_lengths: torch.Tensor
-    label_lengths: torch.Tensor
-    cols: int  # targets.shape[1] as given
-    packed: Optional[torch.Tensor]
-    host: Optional[torch.Tensor]
-    check: Optional[object] = None  # _core._FlagCheck: the device-side check, pending
+    __slots__ = ("cols", "packed", "host", "check", "_views")
+
+    def __init__(self, labels, frame_lengths, label_lengths, cols, packed, host, check=None):
+        self.cols = cols  # targets.shape[1] as given
+        self.packed, self.host, self.check = packed, host, check
+        self._views = None if labels is None else (labels, frame_lengths, label_lengths)
+
+    @classmethod
+    def of_packed(cls, packed, batch, max_labels, cols, host=None, check=None):
+        idx = cls(None, None, None, cols, packed, host, check)
+        idx._views = (batch, max_labels)  # views not made yet
+        return idx
+
+    def _tensors(self):
+        v = self._views
+        if len(v) == 2:
+            B, U = v
+            p = self.packed
+            v = self._views = (p[2 * B:].view(B, U), p[:B], p[B:2 * B])
+        return v
+
+    @property
+    def labels(self):
+        return self._tensors()[0]
+
+    @property
+    def frame_lengths(self):
+        return self._tensors()[1]
+
+    @property
+    def label_lengths(self):
+        return self._tensors()[2]
+
+    def lib_args(self):
+        """(labels, frame_lengths, label_lengths) as _core takes them: addresses into packed
+        while no view of it was made, else the tensors."""
+        v = self._views
+        if len(v) == 3:
+            return v
+        B = v[0]
+        base = self.packed.data_ptr()
+        return base + 8 * B, base, base + 4 * B
 
 
 def _ready(t, device):
@@ -211,8 +249,7 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device, 
         packed = torch.empty(batch * (max_labels + 2), dtype=torch.int32, device=device)
         flag = _core.pack_indices(pack[0], max_labels, pack[1], pack[2], x, fl, ll, packed,
                                   pack[3])
-        return _Indices(packed[2 * batch:].view(batch, max_labels), packed[:batch],
-                        packed[batch:2 * batch], cols, packed, None, flag)
+        return _Indices.of_packed(packed, batch, max_labels, cols, check=flag)
     if cols > max_labels:
         x = x[:, :max_labels]
     if cols >= max_labels and _ready(x, device) and _ready(fl, device) and _ready(ll, device):
@@ -235,8 +272,7 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device, 
     if packed.device != device:  # built on the host: validation reads it there
         host = packed
         packed = packed.to(device)
-    return _Indices(packed[2 * batch:].view(batch, max_labels), packed[:batch],
-                    packed[batch:2 * batch], cols, packed, host)
+    return _Indices.of_packed(packed, batch, max_labels, cols, host)
 
 
 def _check_label_columns(idx, rows, ref, validate):
@@ -338,9 +374,9 @@ def _costs_only(logits, duration):
 
 def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reduction):
     """The reduced loss (_autograd.reduce: "none", "sum", "mean_batch", "mean", "mean_volume")."""
-    labels, frame_lengths, label_lengths = idx.labels, idx.frame_lengths, idx.label_lengths
     use_ops = _ops.AVAILABLE and not in_place and (_FORCE_CUSTOM_OPS or _is_compiling())
     if use_ops:
+        labels, frame_lengths, label_lengths = idx.labels, idx.frame_lengths, idx.label_lengths
         costs = _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
                            validate)
         return _autograd.reduce(costs, label_lengths, reduction, with_scale=False)[0]
@@ -358,22 +394,21 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
         else:
             _core.validation_finish(spec, logits, idx.check, names)
     elif later:
-        pending = _core.validation_start(labels, frame_lengths, label_lengths, asynchronous=True,
-                                         packed=idx.packed, host=idx.host)
+        pending = _core.validation_start(idx.labels, idx.frame_lengths, idx.label_lengths,
+                                         asynchronous=True, packed=idx.packed, host=idx.host)
     elif validate:
         _core.validation_finish(spec, logits, _core.validation_start(
-            labels, frame_lengths, label_lengths, packed=idx.packed, host=idx.host), names)
+            idx.labels, idx.frame_lengths, idx.label_lengths, packed=idx.packed, host=idx.host),
+            names)
     as_rnnt = bool(torch.rand(()) < omega) if omega > 0 else False
     if _costs_only(logits, duration):
         # no gradient can be asked of this call (an evaluation under torch.no_grad(), or
         # logits without requires_grad): one costs-only library call, which sweeps alpha
         # alone, and no autograd node
-        costs, _ws = _core.forward(spec, logits, duration, labels, frame_lengths, label_lengths,
-                                   as_rnnt, costs_only=True)
-        loss = _autograd.reduce(costs, label_lengths, reduction, with_scale=False)[0]
+        loss = _autograd.costs_only(spec, logits, duration, idx, as_rnnt, reduction)
     else:
-        loss = _autograd.LossFunction.apply(logits, duration, labels, frame_lengths,
-                                            label_lengths, spec, as_rnnt, in_place, reduction)
+        loss = _autograd.LossFunction.apply(logits, duration, idx, spec, as_rnnt, in_place,
+                                            reduction)
     if pending is not None:
         _core.validation_finish(spec, logits, pending, names)
     return loss

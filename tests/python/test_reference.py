@@ -137,6 +137,24 @@ def test_empty_batch_and_no_frames(device):
         assert tok.grad.shape == tok.shape and (tok.grad == 0).all() and (dur.grad == 0).all()
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean", "mean_batch"])
+def test_reductions_of_an_empty_batch_and_of_no_frames(device, reduction):
+    """No library call there: the binding writes what the library would (a sum of 0 and a mean
+    of NaN for no sample, as torch's; inf when every sample is infeasible), and the gradient of
+    the infeasible samples is exactly 0."""
+    for B, T in ((0, 5), (2, 0)):
+        tok = torch.randn(B, T, 3, 4, device=device, requires_grad=True)
+        dur = torch.randn(B, T, 3, 3, device=device, requires_grad=True)
+        loss = warp_tdt.tdt_loss(tok, dur, torch.zeros(B, 2, dtype=torch.long), [T] * B, [2] * B, 3,
+                                 [0, 1, 2], reduction=reduction)
+        want = float("inf") if B else (0.0 if reduction == "sum" else float("nan"))
+        assert loss.shape == () and loss.dtype == torch.float32
+        assert (math.isnan(loss.item()) if math.isnan(want) else loss.item() == want), \
+            "B=%d T=%d %s: %r, not %r" % (B, T, reduction, loss.item(), want)
+        loss.backward()
+        assert (tok.grad == 0).all() and (dur.grad == 0).all()
+
+
 _TORCH_REDUCTIONS = {
     "sum": lambda c, ll: c.sum(),
     "mean": lambda c, ll: (c / ll.to(c.dtype)).mean(),
@@ -145,16 +163,32 @@ _TORCH_REDUCTIONS = {
 }
 
 
+def _library_reduction(costs, reduction, ll):
+    """What options.reduction writes for "sum", "mean" and "mean_batch" (tdt.h): the (per-label,
+    for "mean": the library's bits of costs / U_b in the accumulate type) costs summed in float64
+    in sample order, divided by B for a mean, rounded once to the costs' dtype."""
+    per = costs / ll.to(costs.dtype) if reduction == "mean" else costs
+    total = 0.0
+    for c in per.tolist():  # Python floats: float64 additions, b ascending
+        total += c
+    if reduction != "sum":
+        total /= per.shape[0]
+    return torch.tensor(total, dtype=torch.float64).to(costs.dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("reduction", sorted(_TORCH_REDUCTIONS))
-def test_reduction_inside_the_node_is_the_torch_expression_bitwise(device, reduction, dtype):
-    """The reduction runs inside the loss's one autograd node (_autograd.reduce): its value and
-    the gradient it sends back are those of the documented torch expression applied to
-    reduction="none", to the bit (a U_b = 0 sample included: its mean term is inf)."""
+def test_reduction_inside_the_node_is_the_torch_expression(device, reduction, dtype):
+    """The reduction runs inside the loss's one autograd node: the gradient it sends back is
+    that of the documented torch expression applied to reduction="none", to the bit (a U_b = 0
+    sample included: its mean term is inf). The value: for "sum" and the means the library's
+    own (options.reduction: a float64 sum rounded once, to the bit), within an ulp or two of
+    the torch expression's float32 sum; for "mean_volume" the torch expression's bits."""
     case = R.random_case(B=3, T=7, U=3, V=6, seed=23)  # B = 3: 1.7 / 3 is not 1.7 * (1 / 3)
     case["target_lengths"][2] = 0 if reduction != "mean" else case["target_lengths"][2]
     args = (case["targets"], case["logit_lengths"], case["target_lengths"],
             case["blank_token_id"], case["durations"])
+    ll = case["target_lengths"].to(device)
     grads = []
     for folded in (True, False):
         tok = case["token_logits"].to(device, dtype).requires_grad_(True)
@@ -163,12 +197,19 @@ def test_reduction_inside_the_node_is_the_torch_expression_bitwise(device, reduc
             loss = warp_tdt.tdt_loss(tok, dur, *args, reduction=reduction)
         else:
             costs = warp_tdt.tdt_loss(tok, dur, *args, reduction="none")
-            loss = _TORCH_REDUCTIONS[reduction](costs, case["target_lengths"].to(device))
+            loss = _TORCH_REDUCTIONS[reduction](costs, ll)
+            by_rule = _library_reduction(costs.detach(), reduction, ll)
         (loss * 1.7).backward()  # an upstream gradient other than 1
         grads.append((loss.detach().cpu(), tok.grad.cpu(), dur.grad.cpu()))
-    for what, a, b in zip(("loss", "token gradient", "duration gradient"), *grads):
+    for what, a, b in zip(("token gradient", "duration gradient"), grads[0][1:], grads[1][1:]):
         assert torch.equal(a, b), "%s with reduction=%r differs from the torch expression: %s vs %s" \
             % (what, reduction, a.flatten()[:4].tolist(), b.flatten()[:4].tolist())
+    got, torch_value = grads[0][0], grads[1][0]
+    want = torch_value if reduction == "mean_volume" else by_rule.cpu()
+    assert torch.equal(got, want), "loss with reduction=%r: %r, not %r (torch's expression: %r)" \
+        % (reduction, got.item(), want.item(), torch_value.item())
+    assert torch.allclose(got, torch_value, rtol=4 * torch.finfo(dtype).eps, atol=0), \
+        "loss with reduction=%r: %r, far from torch's %r" % (reduction, got.item(), torch_value.item())
 
 
 @pytest.mark.parametrize("reduction", ["mean", "mean_batch", "sum"])
@@ -218,7 +259,9 @@ def test_ahead_weights_are_the_reductions_gradient_bitwise(reduction, dtype):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_rnnt_reduction_inside_the_node_is_torchaudios_bitwise(device, reduction):
+def test_rnnt_reduction_inside_the_node_is_torchaudios(device, reduction):
+    """rnnt_loss's reductions: the gradient of torchaudio's expression to the bit, the value the
+    library's float64 sum rounded once (options.reduction), as tdt_loss's."""
     case = R.random_case(B=3, T=5, U=2, V=5, seed=29)
     z = case["token_logits"]
     args = (case["targets"], case["logit_lengths"], case["target_lengths"])
@@ -230,9 +273,13 @@ def test_rnnt_reduction_inside_the_node_is_torchaudios_bitwise(device, reduction
         else:
             c = warp_tdt.rnnt_loss(x, *args, blank=-1, reduction="none")
             loss = c.mean() if reduction == "mean" else c.sum()
+            want = _library_reduction(c.detach(), "mean_batch" if reduction == "mean" else "sum",
+                                      None).cpu()
         (loss * 0.3).backward()
         out.append((loss.detach().cpu(), x.grad.cpu()))
-    assert torch.equal(out[0][0], out[1][0]), "rnnt loss (%s): %s vs %s" % (reduction, out[0][0], out[1][0])
+    assert torch.equal(out[0][0], want), "rnnt loss (%s): %s vs %s" % (reduction, out[0][0], want)
+    assert torch.allclose(out[0][0], out[1][0], rtol=4e-7, atol=0), \
+        "rnnt loss (%s): %s vs torch's %s" % (reduction, out[0][0], out[1][0])
     assert torch.equal(out[0][1], out[1][1]), "rnnt gradient (%s) differs" % reduction
 
 
