@@ -47,6 +47,13 @@ def _capturing(t):
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def _call_mode(ref, compiling):
+    """(compiling, capturing) for a call on ref, each asked once a call (a capture query is a
+    CUDA call): under torch.compile (_is_compiling()), or while a CUDA graph is captured on the
+    current stream."""
+    return compiling, not compiling and _capturing(ref)
+
+
 # ---- argument checks ---------------------------------------------------------------------------
 
 
@@ -94,8 +101,27 @@ def _check_number(value, name, minimum=0.0, maximum=None, allow_negative=False):
     return v
 
 
-def _as_durations(durations):
+_checked_durations = {}  # tuple as given -> the checked tuple: a training loop passes one list
+
+
+def _as_durations(durations, compiling):
     # plain loops (no generator expressions): torch.compile traces this with fullgraph=True
+    if not compiling and isinstance(durations, (list, tuple)):
+        key = tuple(durations)
+        try:
+            hit = _checked_durations.get(key)
+        except TypeError:  # an unhashable element: the checks below name it
+            hit = None
+        if hit is not None:
+            return hit
+        ds = _check_durations(durations)
+        if len(_checked_durations) < 64:
+            _checked_durations[key] = ds
+        return ds
+    return _check_durations(durations)
+
+
+def _check_durations(durations):
     if isinstance(durations, torch.Tensor):
         if durations.dtype.is_floating_point or durations.dim() != 1:
             raise ValueError("durations must be a 1-D integer tensor or a list of ints, got %s of "
@@ -275,11 +301,10 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device, 
     return _Indices.of_packed(packed, batch, max_labels, cols, host)
 
 
-def _check_label_columns(idx, rows, ref, validate):
+def _check_label_columns(idx, rows, mode, validate):
     """Targets narrower than U: every U_b must fit in them (they were zero-padded to U)."""
     cols = idx.cols
-    if not validate or cols >= rows - 1 or idx.check is not None or _is_compiling() \
-            or _capturing(ref):
+    if not validate or cols >= rows - 1 or idx.check is not None or mode[0] or mode[1]:
         return
     B = idx.frame_lengths.shape[0]
     label_lengths = idx.label_lengths if idx.host is None else idx.host[B:2 * B]
@@ -356,13 +381,13 @@ def _joint_of(token, duration):
 # ---- running ----------------------------------------------------------------------------------
 
 
-def _pack_args(ref, T, V, blank, in_place, validate):
+def _pack_args(ref, T, V, blank, in_place, validate, mode):
     """_indices()'s pack argument for a call on ref: None on the CPU, under torch.compile (which
     cannot trace the library call) and where _loss() takes the custom ops (they check on their
     own)."""
-    if not ref.is_cuda or _is_compiling() or (_ops.AVAILABLE and not in_place and _FORCE_CUSTOM_OPS):
+    if not ref.is_cuda or mode[0] or (_ops.AVAILABLE and not in_place and _FORCE_CUSTOM_OPS):
         return None
-    return (int(T), V, blank, bool(validate) and not _capturing(ref))
+    return (int(T), V, blank, bool(validate) and not mode[1])
 
 
 def _costs_only(logits, duration):
@@ -372,15 +397,16 @@ def _costs_only(logits, duration):
     return not logits.requires_grad and (duration is None or not duration.requires_grad)
 
 
-def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reduction):
-    """The reduced loss (_autograd.reduce: "none", "sum", "mean_batch", "mean", "mean_volume")."""
-    use_ops = _ops.AVAILABLE and not in_place and (_FORCE_CUSTOM_OPS or _is_compiling())
+def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reduction, mode):
+    """The reduced loss (_autograd.reduce: "none", "sum", "mean_batch", "mean", "mean_volume").
+    mode: _call_mode(logits)."""
+    use_ops = _ops.AVAILABLE and not in_place and (_FORCE_CUSTOM_OPS or mode[0])
     if use_ops:
         labels, frame_lengths, label_lengths = idx.labels, idx.frame_lengths, idx.label_lengths
         costs = _ops.costs(spec, logits, duration, labels, frame_lengths, label_lengths, omega,
                            validate)
         return _autograd.reduce(costs, label_lengths, reduction, with_scale=False)[0]
-    validate = validate and not _capturing(logits)
+    validate = validate and not mode[1]
     # On CUDA the checks of lengths and labels run after the loss's kernels are enqueued: the
     # copy to the host (none when they were on the host already) goes ahead of the kernels, into
     # pinned memory, and the host waits for that copy alone, so the GPU is not idle while the host
@@ -418,7 +444,8 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
          durations, sigma, reduction, fastemit_lambda, clamp, omega, in_place, fuse_joint,
          validate, joint=None):
     _check_reduction(reduction, TDT_REDUCTIONS)
-    durations = _as_durations(durations)
+    compiling = _is_compiling()
+    durations = _as_durations(durations, compiling)
     D = len(durations)
     if joint is not None:
         _check_logits(joint, "joint_logits")
@@ -459,11 +486,12 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
     clamp = _check_number(clamp, "clamp", allow_negative=True)
     omega = _check_number(omega, "omega", 0.0, 1.0)
     device = ref.device
+    mode = _call_mode(ref, compiling)
     idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device,
-                   _pack_args(ref, T, V, blank_token_id, in_place, validate))
-    _check_label_columns(idx, rows, ref, validate)
+                   _pack_args(ref, T, V, blank_token_id, in_place, validate, mode))
+    _check_label_columns(idx, rows, mode, validate)
 
-    if joint is None and fuse_joint and not _is_compiling():
+    if joint is None and fuse_joint and not mode[0]:
         joint = _joint_of(token_logits, duration_logits)
     if joint is not None:
         if token_logits is not None and token_logits.dtype != duration_logits.dtype:
@@ -474,7 +502,7 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         joint = _readable(joint)
         _check_in_place(joint, names["logits"] if token_logits is None else "the joint tensor of "
                         "token_logits and duration_logits", in_place)
-        loss = _loss(spec, joint, None, idx, omega, in_place, validate, names, reduction)
+        loss = _loss(spec, joint, None, idx, omega, in_place, validate, names, reduction, mode)
     else:
         tok, dur = token_logits, duration_logits
         if tok.dtype != dur.dtype:
@@ -485,7 +513,7 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         tok, dur = _readable(tok), _readable(dur)
         _check_in_place(tok, "token_logits", in_place)
         _check_in_place(dur, "duration_logits", in_place)
-        loss = _loss(spec, tok, dur, idx, omega, in_place, validate, names, reduction)
+        loss = _loss(spec, tok, dur, idx, omega, in_place, validate, names, reduction, mode)
     return loss
 
 
@@ -584,12 +612,13 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
     clamp = _check_number(clamp, "clamp", allow_negative=True)
     fastemit_lambda = _check_number(fastemit_lambda, "fastemit_lambda")
     device = logits.device
+    mode = _call_mode(logits, _is_compiling())
     idx = _indices(targets, logit_lengths, target_lengths, B, rows - 1, device,
-                   _pack_args(logits, T, V, b, in_place, validate))
-    _check_label_columns(idx, rows, logits, validate)
+                   _pack_args(logits, T, V, b, in_place, validate, mode))
+    _check_label_columns(idx, rows, mode, validate)
     spec = _core.Spec("rnnt", V, (), b, 0.0, fastemit_lambda, clamp, not fused_log_softmax)
     x = _readable(logits)
     _check_in_place(x, "logits", in_place)
     loss = _loss(spec, x, None, idx, 0.0, in_place, validate, _RNNT_NAMES,
-                 "mean_batch" if reduction == "mean" else reduction)
+                 "mean_batch" if reduction == "mean" else reduction, mode)
     return loss.to(logits.dtype)
