@@ -1221,6 +1221,8 @@ TEST(GpuCalls, BatchMean) {
 // too), and those costs and the gradients the bits of the call without it.
 TEST(GpuCalls, Reduction) {
     REQUIRE_GPU();
+    cudaStream_t side = nullptr;  // a graph is captured on a stream of its own
+    CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64, TDT_DTYPE_BFLOAT16}) {
         Spec s = medium(dt);
         s.B = 5;
@@ -1239,6 +1241,7 @@ TEST(GpuCalls, Reduction) {
                 ro.mode = c.mode;
                 ro.schedule = c.schedule;
                 ro.graph = c.graph;
+                ro.stream = c.graph ? side : nullptr;
                 ro.normalize = per_label;
                 const Out plain = run_gpu(h, ro);
                 for (tdt_reduction_t r : {TDT_REDUCTION_SUM, TDT_REDUCTION_MEAN}) {
@@ -1262,6 +1265,7 @@ TEST(GpuCalls, Reduction) {
                 }
             }
     }
+    CUDA_OK(cudaStreamDestroy(side));
 }
 
 TEST(GpuCalls, OnlyOneGradient) {

@@ -17,6 +17,7 @@ without sigma, and gives the duration logits a zero gradient.
 import ctypes
 import os
 import threading
+import time
 from typing import NamedTuple, Tuple
 
 import torch
@@ -358,6 +359,8 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     if weights is not None:
         w, o.grad_costs_scalar = _upstream_arg(weights, logits)
     grads = _gradients(spec, g_logits, g_dur, spec.mode != "rnnt" and not as_rnnt)
+    if built is not None:  # scale() takes the same buffers: their struct too
+        built[-1] = built[-1] + (grads,)
     written = ctypes.c_int(0)
     _call("tdt_forward_ahead", logits, o, ctypes.byref(p), ctypes.byref(o), costs_at,
           None if w is None else w.data_ptr(), ctypes.byref(grads), workspace.data_ptr(), size,
@@ -378,9 +381,11 @@ def scale(spec, factor, logits, duration, labels, frame_lengths, label_lengths, 
         return
     if built is None:
         built = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
-    p, o, keep = built
+    p, o, keep = built[:3]
     f, o.grad_costs_scalar = _upstream_arg(factor, logits)
-    grads = _gradients(spec, g_logits, g_dur, spec.mode != "rnnt" and not as_rnnt)
+    # forward_ahead()'s struct of these very buffers, or a new one
+    grads = built[3] if len(built) > 3 else _gradients(spec, g_logits, g_dur,
+                                                       spec.mode != "rnnt" and not as_rnnt)
     _call("tdt_scale_gradients", logits, o, ctypes.byref(p), ctypes.byref(o), f.data_ptr(),
           ctypes.byref(grads))
     del keep
@@ -394,7 +399,8 @@ def _upstream_arg(grad_costs, logits):
     no copy."""
     acc = acc_dtype(logits.dtype)
     g = grad_costs
-    if g.device != logits.device or g.dtype != acc:
+    # (get_device(): an int, where .device makes an object on each side)
+    if g.dtype != acc or g.get_device() != logits.get_device():
         g = g.to(device=logits.device, dtype=acc)
     scalar = g.dim() == 0 or (g.dim() == 1 and g.shape[0] > 1 and g.stride(0) == 0)
     if not scalar and not g.is_contiguous():
@@ -473,7 +479,7 @@ def backward(spec, grad_costs, logits, duration, labels, frame_lengths, label_le
 
     if built is None:
         built = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
-    p, o, keep = built
+    p, o, keep = built[:3]
     o.grad_costs_scalar = scalar
     grads = _gradients(spec, g_logits, g_dur, spec.mode != "rnnt" and not as_rnnt)
     _call("tdt_backward", logits, o, ctypes.byref(p), ctypes.byref(o), g.data_ptr(),
@@ -539,12 +545,13 @@ class _PinnedSlot:
     from validation_start until validation_finish has read the buffer: a call that finds it
     busy (an earlier call that raised in between) gets a fresh slot instead."""
 
-    __slots__ = ("buf", "event", "busy")
+    __slots__ = ("buf", "event", "busy", "flag")
 
     def __init__(self, n):
         self.buf = torch.empty(n, dtype=torch.int32, pin_memory=True)
         self.event = torch.cuda.Event()
         self.busy = False
+        self.flag = ctypes.c_int32.from_address(self.buf.data_ptr())  # buf[0], read by the host
 
 
 _tls = threading.local()
@@ -594,8 +601,9 @@ def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_length
     One kernel, where torch's concatenation and cast took two ops and their views three more.
 
     check: also have the kernel judge the values (tdt_check_data's rules, a label length past
-    cols included) into the calling thread's pinned flag, with an event after it. Returns the
-    _FlagCheck that validation_finish() takes, or None without check.
+    cols included) into the calling thread's pinned flag, which the host reads as it lands
+    (_wait_for_flag). Returns the _FlagCheck that validation_finish() takes, or None without
+    check.
     """
     B = int(frame_lengths.shape[0])
     p = _lib.Problem()
@@ -608,18 +616,44 @@ def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_length
     ind.labels_stride = int(labels.stride(0))
     ind.frame_lengths = frame_lengths.data_ptr() or None
     ind.label_lengths = label_lengths.data_ptr() or None
-    done = _pinned_slot(packed.device, 1) if check else None
+    done = None
+    if check:
+        done = _pinned_slot(packed.device, 1)
+        done.flag.value = _FLAG_PENDING  # the kernel writes 1 or 0 over it
     _call("tdt_pack_indices", packed, o, ctypes.byref(p), ctypes.byref(o), ctypes.byref(ind),
           packed.data_ptr() or None, done.buf.data_ptr() if done is not None else None)
     if done is None:
         return None
-    done.event.record(torch.cuda.current_stream(packed.device))
     return _FlagCheck(done, labels, frame_lengths, label_lengths, max_labels)
 
 
+_FLAG_PENDING = -1
+
+
+def _wait_for_flag(flag, device):
+    """Until tdt_pack_indices' kernel has written its verdict over _FLAG_PENDING (pinned memory:
+    the host reads it as it lands; by the time a call has enqueued its loss it usually has). No
+    event: its record and wait took ~20 us of host time a call on an H200's host. A stream that
+    ran dry without the write (it failed, or the kernel never ran) ends the wait: its error is
+    raised by the synchronisation, or a RuntimeError if it has none."""
+    stream = None
+    polls = 0
+    while flag.value == _FLAG_PENDING:
+        polls += 1
+        if polls % 32 == 0:
+            if stream is None:
+                stream = torch.cuda.current_stream(device)
+            if stream.query() and flag.value == _FLAG_PENDING:
+                stream.synchronize()
+                raise RuntimeError("warp_tdt: the check of lengths and labels (tdt_pack_indices) "
+                                   "did not run on the stream")
+            time.sleep(0)  # let other Python threads run while the GPU gets there
+
+
 class _FlagCheck(NamedTuple):
-    """A pending check by tdt_pack_indices(): its verdict lands in done.buf[0] (pinned), the
-    event after it; the sources name the first bad value when the verdict is 0."""
+    """A pending check by tdt_pack_indices(): its verdict (1 or 0) lands over _FLAG_PENDING in
+    done.buf[0] (pinned), read as done.flag; the sources name the first bad value when it is
+    0."""
 
     done: "_PinnedSlot"
     labels: torch.Tensor
@@ -629,9 +663,10 @@ class _FlagCheck(NamedTuple):
 
     def finish(self, spec, logits, names):
         done = self.done
-        done.event.synchronize()
         try:
-            ok = ctypes.c_int32.from_address(done.buf.data_ptr()).value == 1
+            if done.flag.value == _FLAG_PENDING:
+                _wait_for_flag(done.flag, self.frame_lengths.device)
+            ok = done.flag.value == 1
         finally:
             done.busy = False  # the flag read: the thread's next call may reuse the slot
         if ok:

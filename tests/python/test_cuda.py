@@ -217,6 +217,28 @@ def test_device_indices_packed_and_checked_by_the_library(monkeypatch, mode, ity
     torch.cuda.synchronize()
 
 
+def test_the_check_polls_its_flag_behind_other_work(monkeypatch):
+    # The pack kernel queued behind ~20 ms of other GPU work: the host waits for its verdict by
+    # reading the pinned flag as it lands (_wait_for_flag), and gets it right both ways.
+    waits = []
+    real = _core._wait_for_flag
+    monkeypatch.setattr(_core, "_wait_for_flag", lambda *a: (waits.append(1), real(*a))[1])
+    case = R.random_case(B=3, T=6, U=3, V=5, seed=92, device="cuda")
+    case["targets"][case["targets"] < 0] = 0
+    want = warp_tdt.tdt_loss(**case)
+    torch.cuda._sleep(40_000_000)  # cycles: ~20 ms
+    got = warp_tdt.tdt_loss(**case)
+    assert len(waits) == 1, "the host found the verdict without waiting for it (%d)" % len(waits)
+    assert torch.equal(got, want)
+    bad = dict(case, logit_lengths=case["logit_lengths"].clone())
+    bad["logit_lengths"][0] = 7
+    torch.cuda._sleep(40_000_000)
+    with pytest.raises(ValueError, match=r"logit_lengths\[0\] = 7 is outside \[0, 6\]"):
+        warp_tdt.tdt_loss(**bad)
+    assert len(waits) == 2
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("mode", ["1", "0"])
 def test_device_indices_of_mixed_types_packed_by_torch(monkeypatch, mode):
     # int64 targets with int32 lengths: not one tdt_pack_indices type, so torch concatenates and

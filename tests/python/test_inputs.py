@@ -211,6 +211,14 @@ def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, val
         return real(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
 
     monkeypatch.setattr(_core, "_build", spy)
+    packs = []
+    real_pack = _core.pack_indices
+
+    def pack_spy(*args):
+        packs.append(args[7])  # the packed int32 tensor the kernel writes
+        return real_pack(*args)
+
+    monkeypatch.setattr(_core, "pack_indices", pack_spy)
     case = R.random_case(B=3, T=6, U=4, V=6, seed=32)
     targets = case["targets"].to(device=device, dtype=int_dtype)
     fl = case["logit_lengths"].to(device=device, dtype=int_dtype)
@@ -219,17 +227,20 @@ def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, val
                              targets, fl, ll, case["blank_token_id"], case["durations"],
                              reduction="none", validate=validate)
     labels, f, l = seen[0]
-    assert labels.dtype == f.dtype == l.dtype == torch.int32
     if int_dtype == torch.int32 and (device == "cpu" or not validate):
+        assert labels.dtype == f.dtype == l.dtype == torch.int32
         assert (labels.data_ptr(), f.data_ptr(), l.data_ptr()) == \
             (targets.data_ptr(), fl.data_ptr(), ll.data_ptr())
     elif device == "cuda":
-        base = f.data_ptr()
-        assert l.data_ptr() == base + 4 * 3 and labels.data_ptr() == base + 4 * 6
-        assert labels.is_contiguous() and torch.equal(labels.cpu(), case["targets"].int())
-        assert torch.equal(f.cpu(), case["logit_lengths"].int())
-        assert torch.equal(l.cpu(), case["target_lengths"].int())
+        # the packed tensor's three parts, by address (no views made)
+        assert all(isinstance(x, int) for x in (labels, f, l)), (labels, f, l)
+        assert len(packs) == 1 and packs[0].data_ptr() == f and packs[0].dtype == torch.int32
+        assert l == f + 4 * 3 and labels == f + 4 * 6
+        want = torch.cat([case["logit_lengths"], case["target_lengths"],
+                          case["targets"].reshape(-1)]).int()
+        assert torch.equal(packs[0].cpu(), want), (packs[0].cpu(), want)
     else:
+        assert labels.dtype == f.dtype == l.dtype == torch.int32
         for got, want in ((labels, case["targets"]), (f, case["logit_lengths"]),
                           (l, case["target_lengths"])):
             assert got.is_contiguous() and torch.equal(got, want.int()), (got, want)
