@@ -6,7 +6,8 @@ gradient straight to tdt_backward(), which folds it into the one pass that write
 element: reductions (sum, batch mean, ...) reach the library as per-sample weights, and no
 second pass over the gradient happens in Python. The "mean" reduction's division by U_b is the
 library's own (options.normalize_costs: the costs it returns are cost_b / U_b, and it divides
-the upstream of each by U_b), torch's part being a batch mean.
+the upstream of each by U_b). The value of "sum" and of the batch means is the library's too
+(options.reduction: the costs' float64 sum, rounded once); "mean_volume" is torch's.
 
 On CUDA, where the library's plan runs the gradient pass with the forward (the fused schedule:
 long rows, or rows of at least 0.4 MB a diagonal, where it overlaps both lattice sweeps; the
@@ -137,7 +138,7 @@ class LossFunction(torch.autograd.Function):
     library reads them by address, idx.lib_args(); idx keeps their memory alive). The reduction
     runs inside (the library's own for "sum" and the batch means, else reduce()), so a step's
     autograd graph holds this one node: on a GPU whose kernels take less time than the host's
-    autograd work, each node and op saved is time saved (benchmark/NOTES.md, v8, v39)."""
+    autograd work, each node and op saved is time saved (benchmark/NOTES.md, v8, v32)."""
 
     @staticmethod
     def forward(ctx, logits, duration, idx, spec, as_rnnt, in_place, reduction="none"):

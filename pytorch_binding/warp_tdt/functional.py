@@ -552,9 +552,11 @@ def tdt_loss(token_logits, duration_logits, targets, logit_lengths, target_lengt
         fuse_joint: when the two logits are the token / duration slices of one joint tensor, run
             autograd on that tensor, so its gradient is written once with no slice-backward copies
             (hooks on the slice views then see no gradient; pass False to keep them).
-        validate: check lengths and labels on the data (on CUDA: one small copy to the host,
-            waited for after the kernels are enqueued; skipped while a CUDA graph is being
-            captured). Without it the GPU gives a bad sample a NaN loss.
+        validate: check lengths and labels on the data (on CUDA: judged on the device by the
+            library's kernel that packs them, its verdict read from pinned memory once the
+            loss's kernels are enqueued, or, where they cannot be packed there, one small copy
+            to the host; skipped while a CUDA graph is being captured). Without it the GPU gives
+            a bad sample a NaN loss.
 
     Returns:
         float32 loss (float64 for float64 logits): a scalar, or ``(batch,)`` for ``"none"``.
