@@ -224,7 +224,7 @@ def test_mean_reduction_divides_by_the_label_lengths_in_the_library(device, redu
     real = _core._call
 
     def spy(fn_name, logits, o, *args):
-        seen.append((fn_name, (o.normalize_costs, o.batch_mean)))
+        seen.append((fn_name, (o.normalize_costs, o.batch_mean), o.reduction))
         return real(fn_name, logits, o, *args)
 
     monkeypatch.setattr(_core, "_call", spy)
@@ -233,9 +233,13 @@ def test_mean_reduction_divides_by_the_label_lengths_in_the_library(device, redu
     dur = case["duration_logits"].to(device).requires_grad_(True)
     warp_tdt.tdt_loss(tok, dur, case["targets"], case["logit_lengths"], case["target_lengths"],
                       case["blank_token_id"], case["durations"], reduction=reduction).backward()
-    loss_calls = [n for f, n in seen if f != "tdt_pack_indices"]
+    loss_calls = [n for f, n, _ in seen if f != "tdt_pack_indices"]
     want = (int(reduction == "mean"), int(reduction != "sum" and device == "cuda"))
     assert len(loss_calls) >= 2 and set(loss_calls) == {want}, seen
+    # the value: the library's reduction (options.reduction), asked of the forward call
+    forward = [r for f, _, r in seen if f in ("tdt_forward", "tdt_forward_ahead")]
+    lib = _core._lib
+    assert forward == [lib.REDUCTION_SUM if reduction == "sum" else lib.REDUCTION_MEAN], seen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
