@@ -156,7 +156,7 @@ def _options(spec, cuda, tdt):
 
 def _address(x):
     """The device (or host) address of an int32 index tensor, or x itself where the caller
-    passed the address (functional._Indices.addresses(): views of one packed tensor it keeps
+    passed the address (functional._Indices.lib_args(): parts of one packed tensor it keeps
     alive, which no torch op needs to make)."""
     return x if isinstance(x, int) else x.data_ptr()
 
