@@ -20,8 +20,9 @@ script measures that host time for one shape at a time, with no claim about the 
      check's verdict, and reading it);
      --baseline NAME adds the three loss variants of another copy of the binding, imported as
      package NAME (an earlier tree's pytorch_binding/warp_tdt renamed, its custom ops' namespace
-     too), interleaved with ours in the same process: an A/B that the host's drift between
-     processes (2x on the H200's host) cannot blur;
+     too: `benchmark/baseline_binding.py REV DIR` writes one), interleaved with ours in the same
+     process: an A/B that the host's drift between processes (2x on the H200's host) cannot
+     blur;
   3. with --profile, torch.profiler's CPU ops of --steps default steps, by self time, and
      cProfile's Python functions of as many more, by their own time.
 
