@@ -262,7 +262,7 @@ __device__ __forceinline__ void dur_log_softmax(const typename tdt_elem<DT>::T *
         const int n = D - c < G ? D - c : G;
         for (int j = 0; j < n; ++j) sum += __shfl_sync(mask, e, j, G);
     }
-    const double lse = m == -TDT_INF ? -TDT_INF : m + log(sum);
+    const double lse = tdt_lse_finish(m, sum);
     for (int k = lane; k < D; k += G) out[k] = (double)E::to_acc(h[k]) - lse;
 }
 
