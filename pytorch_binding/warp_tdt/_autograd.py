@@ -185,9 +185,9 @@ class LossFunction(torch.autograd.Function):
         ctx.built = built[0] if built else None  # the C structs, reused by backward
         ctx.spec, ctx.as_rnnt, ctx.in_place = spec, as_rnnt, in_place
         ctx.spent = False
-        if lib_reduce is not None:  # the value is the library's; the backward's scale reduce()'s
+        if lib_reduce is not None:  # the value is the library's; the backward's scale as reduce()'s
             out = costs
-            ctx.scale = (int(logits.shape[0]),) if reduction == "mean_batch" else None
+            ctx.scale = scale_items(None, reduction, int(logits.shape[0]), None)
         else:
             out, ctx.scale = reduce(costs, label_lengths, reduction, items=items)
         if batch_mean:
