@@ -50,7 +50,7 @@ extern "C" {
  * library that was loaded. Compare the two to catch a stale shared library.
  * ------------------------------------------------------------------------------------------- */
 #define TDT_VERSION_MAJOR 0
-#define TDT_VERSION_MINOR 4
+#define TDT_VERSION_MINOR 5
 #define TDT_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
 #define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
@@ -157,6 +157,24 @@ typedef enum tdt_reduction {
     TDT_REDUCTION_MEAN = 2  /* that sum divided by B (NaN for B = 0) */
 } tdt_reduction_t;
 
+/* Labels and lengths in the caller's integer type (tdt_pack_indices(), tdt_options_t.pack):
+ * the loss reads them as int32 (tdt_problem_t); frameworks hold int64. */
+typedef enum tdt_index_type {
+    TDT_INDEX_INT32 = 0,
+    TDT_INDEX_INT64 = 1
+} tdt_index_type_t;
+
+typedef struct tdt_indices {
+    tdt_index_type_t type;     /* of all three arrays */
+    const void *labels;        /* (batch, columns): row b starts at element b * labels_stride.
+                                  May be NULL when no label is read (columns or max_labels 0). */
+    int64_t columns;           /* labels given a sample, >= 0. Rows are zero-padded from columns
+                                  up to max_labels; beyond max_labels nothing is read. */
+    int64_t labels_stride;     /* elements between rows, >= 0 */
+    const void *frame_lengths; /* (batch), contiguous */
+    const void *label_lengths; /* (batch), contiguous */
+} tdt_indices_t;
+
 /* ---------------------------------------------------------------------------------------------
  * Options. Zero-initialise (tdt_options_t o = {0};) and set what you need: every zero field
  * means its documented default.
@@ -216,6 +234,29 @@ typedef struct tdt_options {
     void *reduced_cost;      /* with a reduction: one value of the accumulate type, in the memory
                                 costs lives in (device memory on the GPU, written in stream
                                 order after the costs). Must not overlap costs. */
+    const tdt_indices_t *pack; /* compute_tdt_loss(), tdt_forward(), tdt_forward_ahead(): non-NULL
+                                  = the call first converts these labels and lengths (int32 or
+                                  int64, any row stride) into the problem's int32 arrays, exactly
+                                  as tdt_pack_indices(problem, options, pack, packed, pack_valid)
+                                  with packed = problem->frame_lengths, and then reads them there.
+                                  The problem's three arrays must then be that one writable
+                                  packed array: label_lengths = frame_lengths + batch and, when
+                                  max_labels > 0, labels = frame_lengths + 2 * batch
+                                  (TDT_STATUS_INVALID_OPTION otherwise). The GPU runs the packing
+                                  in the kernel that zeroes the workspace's counters, which the
+                                  overlapped schedules launch anyway, so a framework caller saves
+                                  a call and a launch. tdt_backward() and tdt_scale_gradients()
+                                  ignore it: they read the packed arrays this call wrote. CPU:
+                                  the packing precedes the data check, so a call that fails it
+                                  (TDT_STATUS_INVALID_LENGTH or _LABEL, naming the first bad
+                                  element of pack's arrays) has written the packed arrays and
+                                  *pack_valid, and nothing else. GPU: bad values are handled as
+                                  "GPU and bad data" below says, and *pack_valid reports them. */
+    int32_t *pack_valid;       /* with pack: NULL, or where tdt_pack_indices()'s verdict goes (1:
+                                  every value one the loss accepts, else 0), in the same memory
+                                  (GPU: device memory, or pinned host memory, which holds it once
+                                  the stream has passed the call's first kernel). An empty batch
+                                  gets 1. */
 } tdt_options_t;
 
 /* ---------------------------------------------------------------------------------------------
@@ -382,26 +423,12 @@ TDT_API tdt_status_t tdt_scale_gradients(const tdt_problem_t *problem, const tdt
 TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_options_t *options);
 
 /* ---------------------------------------------------------------------------------------------
- * Labels and lengths in the caller's integer type. The loss reads them as int32 (tdt_problem_t);
- * frameworks hold int64 (PyTorch's default). tdt_pack_indices() converts and checks them where
- * they live, in one pass (one small kernel on the GPU), into one int32 array that a problem's
- * three pointers then point into.
+ * Labels and lengths in the caller's integer type (tdt_indices_t, above). The loss reads them as
+ * int32 (tdt_problem_t); frameworks hold int64 (PyTorch's default). tdt_pack_indices() converts
+ * and checks them where they live, in one pass (one small kernel on the GPU), into one int32
+ * array that a problem's three pointers then point into. A forward call can do the same itself,
+ * first (tdt_options_t.pack).
  * ------------------------------------------------------------------------------------------- */
-typedef enum tdt_index_type {
-    TDT_INDEX_INT32 = 0,
-    TDT_INDEX_INT64 = 1
-} tdt_index_type_t;
-
-typedef struct tdt_indices {
-    tdt_index_type_t type;     /* of all three arrays */
-    const void *labels;        /* (batch, columns): row b starts at element b * labels_stride.
-                                  May be NULL when no label is read (columns or max_labels 0). */
-    int64_t columns;           /* labels given a sample, >= 0. Rows are zero-padded from columns
-                                  up to max_labels; beyond max_labels nothing is read. */
-    int64_t labels_stride;     /* elements between rows, >= 0 */
-    const void *frame_lengths; /* (batch), contiguous */
-    const void *label_lengths; /* (batch), contiguous */
-} tdt_indices_t;
 
 /* Writes packed[0 .. 2 B + B * max_labels) as int32: the frame lengths, the label lengths, then
  * the labels row-major (B, max_labels), so that a problem takes frame_lengths = packed,

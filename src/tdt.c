@@ -2,9 +2,11 @@
  * tdt.c - the dispatch layer: validates every argument before any work, then routes the call
  * to one backend (warp-ctc's entry-point pattern).
  *
- * Nothing is written on any status but SUCCESS (except the thread's error detail). Checks run
- * in a fixed order: structs, options, sizes, dtype, blank, durations, pointers, strides,
- * workspace, backend; then, on the CPU only, the data (lengths and labels).
+ * Nothing is written on any status but SUCCESS (except the thread's error detail, and on the CPU
+ * the arrays options.pack packs into, which its data check reads). Checks run in a fixed order:
+ * structs, options, sizes, dtype, blank, durations, pointers, strides, workspace, backend,
+ * options.pack's arguments; then, on the CPU only, the data (lengths and labels, packed first
+ * with options.pack).
  */
 #include <math.h>
 #include <string.h>
@@ -193,6 +195,101 @@ static tdt_status_t check_data(const tdt_problem_t *p, int blank) {
     return TDT_STATUS_SUCCESS;
 }
 
+/* ---- packed indices (tdt_pack_indices, options.pack) ----------------------------------------- */
+
+/* The arguments of a packing of `in` into `packed` (names: how errors call them): the index type,
+ * columns and stride, 64-bit sizes and offsets, and the pointers a non-empty batch reads. */
+static tdt_status_t check_pack(const tdt_problem_t *problem, const tdt_indices_t *in,
+                               const int32_t *packed, const char *name, const char *packed_name) {
+    if (in->type != TDT_INDEX_INT32 && in->type != TDT_INDEX_INT64)
+        TDT_FAIL(TDT_STATUS_INVALID_DTYPE, "%s->type = %d is not a tdt_index_type_t", name, (int)in->type);
+    if (in->columns < 0)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "%s->columns = %lld must be >= 0", name, (long long)in->columns);
+    if (in->labels_stride < 0)
+        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s->labels_stride = %lld is negative", name,
+                 (long long)in->labels_stride);
+    const int64_t B = problem->batch, U = problem->max_labels;
+    int64_t n;
+    if (__builtin_mul_overflow(B, U + 2, &n) || n > INT64_MAX / 8)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "batch %lld x (max_labels %lld + 2) overflows 64-bit sizes",
+                 (long long)B, (long long)U);
+    const int64_t read = in->columns < U ? in->columns : U;
+    int64_t reach;
+    if (B > 1 && read > 0 && (__builtin_mul_overflow(in->labels_stride, B - 1, &reach) ||
+                              reach > INT64_MAX / 8 - read))
+        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s->labels_stride = %lld overflows 64-bit offsets",
+                 name, (long long)in->labels_stride);
+    if (B > 0) {
+        if (!in->frame_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "%s->frame_lengths is NULL", name);
+        if (!in->label_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "%s->label_lengths is NULL", name);
+        if (read > 0 && !in->labels)
+            TDT_FAIL(TDT_STATUS_NULL_POINTER, "%s->labels is NULL but %lld columns are read", name,
+                     (long long)read);
+        if (!packed) TDT_FAIL(TDT_STATUS_NULL_POINTER, "%s is NULL", packed_name);
+    }
+    return TDT_STATUS_SUCCESS;
+}
+
+/* Packs in into packed on the host; returns the index of the first element the loss does not
+ * accept (tdt_pack_one), or -1 when there is none. */
+static int64_t cpu_pack(const tdt_problem_t *problem, int blank, const tdt_indices_t *in,
+                        int32_t *packed) {
+    const tdt_pack_shape_t shape = {problem->batch, problem->max_frames, problem->max_labels,
+                                    problem->vocab_size, blank};
+    const int64_t n = problem->batch * (problem->max_labels + 2);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; ++i)
+        if (!tdt_pack_one(in, &shape, i, packed + i) && bad < 0) bad = i;
+    return bad;
+}
+
+/* options.pack's error for packed element i, the first the loss does not accept: its value as
+ * the caller gave it, and why. */
+static tdt_status_t pack_error(const tdt_problem_t *p, int blank, const tdt_indices_t *in, int64_t i) {
+    const int64_t B = p->batch;
+    if (i < 2 * B) {
+        const int second = i >= B;
+        const int64_t b = second ? i - B : i;
+        const long long v = (long long)tdt_index_at(second ? in->label_lengths : in->frame_lengths, b, in->type);
+        if (v < INT32_MIN || v > INT32_MAX)
+            TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "options->pack->%s[%lld] = %lld is outside int32",
+                     second ? "label_lengths" : "frame_lengths", (long long)b, v);
+        if (!second)
+            TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "options->pack->frame_lengths[%lld] = %lld is outside "
+                     "[0, %lld] (max_frames)", (long long)b, v, (long long)p->max_frames);
+        if (v > in->columns && v <= p->max_labels)
+            TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "options->pack->label_lengths[%lld] = %lld exceeds "
+                     "options->pack->columns = %lld", (long long)b, v, (long long)in->columns);
+        TDT_FAIL(TDT_STATUS_INVALID_LENGTH, "options->pack->label_lengths[%lld] = %lld is outside "
+                 "[0, %lld] (max_labels)", (long long)b, v, (long long)p->max_labels);
+    }
+    const int64_t j = i - 2 * B, b = j / p->max_labels, k = j - b * p->max_labels;
+    const long long y = (long long)tdt_index_at(in->labels, b * in->labels_stride + k, in->type);
+    if (y < INT32_MIN || y > INT32_MAX)
+        TDT_FAIL(TDT_STATUS_INVALID_LABEL, "options->pack->labels[%lld][%lld] = %lld is outside int32",
+                 (long long)b, (long long)k, y);
+    if (y == blank)
+        TDT_FAIL(TDT_STATUS_INVALID_LABEL, "options->pack->labels[%lld][%lld] = %lld equals blank %d",
+                 (long long)b, (long long)k, y, blank);
+    TDT_FAIL(TDT_STATUS_INVALID_LABEL, "options->pack->labels[%lld][%lld] = %lld is outside [0, %lld) "
+             "(vocab_size)", (long long)b, (long long)k, y, (long long)p->vocab_size);
+}
+
+/* options.pack of a forward call: its arguments, and the problem's arrays as one packed array. */
+static tdt_status_t check_pack_option(const tdt_problem_t *p, const tdt_options_t *o) {
+    TDT_CHECK(check_pack(p, o->pack, p->frame_lengths, "options->pack", "problem->frame_lengths"));
+    if (p->batch == 0) return TDT_STATUS_SUCCESS;
+    if (p->label_lengths != p->frame_lengths + p->batch)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->pack is set but problem->label_lengths %p is not "
+                 "problem->frame_lengths %p + batch %lld (one packed array)", (const void *)p->label_lengths,
+                 (const void *)p->frame_lengths, (long long)p->batch);
+    if (p->max_labels > 0 && p->labels != p->frame_lengths + 2 * p->batch)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->pack is set but problem->labels %p is not "
+                 "problem->frame_lengths %p + 2 * batch %lld (one packed array)", (const void *)p->labels,
+                 (const void *)p->frame_lengths, (long long)p->batch);
+    return TDT_STATUS_SUCCESS;
+}
+
 /* ---- the call --------------------------------------------------------------------------------- */
 
 /* Validates everything a call reads, fills *c, and returns SUCCESS or the first failure.
@@ -269,7 +366,18 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
         TDT_FAIL(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes = %zu < %zu (tdt_get_workspace_size)",
                  workspace_bytes, c->layout.total + TDT_WS_ALIGN);
 
-    if (o->location == TDT_LOCATION_CPU && p->batch > 0) TDT_CHECK(check_data(p, o->blank));
+    if (!do_forward) {
+        c->o.pack = NULL; /* the backward and the scaling read what the forward packed */
+        c->o.pack_valid = NULL;
+    } else if (o->pack) {
+        TDT_CHECK(check_pack_option(p, o));
+        if (o->location == TDT_LOCATION_CPU) { /* the packing is the data check */
+            const int64_t bad = cpu_pack(p, o->blank, o->pack, (int32_t *)p->frame_lengths);
+            if (o->pack_valid) *o->pack_valid = bad < 0;
+            if (bad >= 0) return pack_error(p, o->blank, o->pack, bad);
+        }
+    }
+    if (o->location == TDT_LOCATION_CPU && p->batch > 0 && !o->pack) TDT_CHECK(check_data(p, o->blank));
 
     c->workspace = workspace;
     c->costs = costs;
@@ -373,42 +481,14 @@ TDT_API tdt_status_t tdt_pack_indices(const tdt_problem_t *problem, const tdt_op
     TDT_CHECK(check_options(options));
     TDT_CHECK(check_sizes(problem));
     TDT_CHECK(check_blank(problem, options));
-    const tdt_indices_t *in = indices;
-    if (in->type != TDT_INDEX_INT32 && in->type != TDT_INDEX_INT64)
-        TDT_FAIL(TDT_STATUS_INVALID_DTYPE, "indices->type = %d is not a tdt_index_type_t", (int)in->type);
-    if (in->columns < 0)
-        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "indices->columns = %lld must be >= 0", (long long)in->columns);
-    if (in->labels_stride < 0)
-        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "indices->labels_stride = %lld is negative",
-                 (long long)in->labels_stride);
-    const int64_t B = problem->batch, U = problem->max_labels;
-    int64_t n;
-    if (__builtin_mul_overflow(B, U + 2, &n) || n > INT64_MAX / 8)
-        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "batch %lld x (max_labels %lld + 2) overflows 64-bit sizes",
-                 (long long)B, (long long)U);
-    const int64_t read = in->columns < U ? in->columns : U;
-    int64_t reach;
-    if (B > 1 && read > 0 && (__builtin_mul_overflow(in->labels_stride, B - 1, &reach) ||
-                              reach > INT64_MAX / 8 - read))
-        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "indices->labels_stride = %lld overflows 64-bit offsets",
-                 (long long)in->labels_stride);
-    if (B > 0) {
-        if (!in->frame_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "indices->frame_lengths is NULL");
-        if (!in->label_lengths) TDT_FAIL(TDT_STATUS_NULL_POINTER, "indices->label_lengths is NULL");
-        if (read > 0 && !in->labels)
-            TDT_FAIL(TDT_STATUS_NULL_POINTER, "indices->labels is NULL but %lld columns are read",
-                     (long long)read);
-        if (!packed) TDT_FAIL(TDT_STATUS_NULL_POINTER, "packed is NULL");
-    }
+    TDT_CHECK(check_pack(problem, indices, packed, "indices", "packed"));
     if (options->location == TDT_LOCATION_GPU) {
-        tdt_status_t s = tdt_gpu_pack(problem, options, in, packed, valid);
+        tdt_status_t s = tdt_gpu_pack(problem, options, indices, packed, valid);
         if (s == TDT_STATUS_SUCCESS) tdt_clear_error();
         return s;
     }
-    const tdt_pack_shape_t shape = {B, problem->max_frames, U, problem->vocab_size, options->blank};
-    int ok = 1;
-    for (int64_t i = 0; i < n; ++i) ok &= tdt_pack_one(in, &shape, i, packed + i);
-    if (valid) *valid = ok;
+    const int64_t bad = cpu_pack(problem, options->blank, indices, packed);
+    if (valid) *valid = bad < 0;
     tdt_clear_error();
     return TDT_STATUS_SUCCESS;
 }

@@ -488,6 +488,183 @@ TEST_P(Layouts, ReductionOfNoSample) {
     }
 }
 
+// options.pack: labels and lengths handed over as int64 and packed by the forward call itself
+// (run_lib checks the packed array and the verdict): the same bits as int32 arrays given
+// directly, for every call shape, and tdt_backward / tdt_scale_gradients reading what the
+// forward packed.
+TEST_P(Layouts, PackedByTheCall) {
+    for (bool rnnt : {false, true}) {
+        Problem p = random_problem(81, 4, 7, 3, 6, rnnt ? std::vector<int>{} : std::vector<int>{0, 1, 2}, 0,
+                                   1.0, 1, {7, 5, 6, 4}, {3, 2, 0, 1});
+        quantize_inputs(p, dtype());
+        const std::vector<double> scale = {0.5, 2.0, 1.0, -3.0};
+        const char *calls[] = {"one-shot", "pair", "ahead", "costs-only", "pair, scaled"};
+        for (int call = 0; call < 5; ++call) {
+            RunOptions ro;
+            ro.dtype = dtype();
+            ro.layout = call == 1 ? Layout::Joint : Layout::Contiguous;
+            ro.two_phase = call == 1 || call == 2 || call == 4;
+            ro.ahead = call == 2;
+            ro.costs_only = call == 3;
+            ro.scale = call == 4 ? &scale : nullptr;
+            ro.reduction = call == 0 ? TDT_REDUCTION_MEAN : TDT_REDUCTION_NONE;
+            const Output plain = run_lib(p, ro);
+            ASSERT_EQ(plain.status, TDT_STATUS_SUCCESS) << plain.error;
+            ro.pack = true;
+            const Output got = run_lib(p, ro);
+            const std::string what = std::string(rnnt ? "RNN-T, " : "TDT, ") + calls[call];
+            ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << what << ": " << got.error;
+            expect_bitwise(got, plain, p, what + ": packed by the call vs int32 given");
+            EXPECT_EQ(std::memcmp(&got.reduced, &plain.reduced, sizeof got.reduced), 0) << what;
+        }
+    }
+}
+
+// ---- options.pack: the empty batch and the errors ------------------------------------------
+
+struct PackCall {  // a CPU forward of B = 2, T = 3, U = 2, V = 4 (blank 3) with options.pack
+    std::vector<float> tok = std::vector<float>(2 * 3 * 3 * 4, 0.25f);
+    std::vector<float> dur = std::vector<float>(2 * 3 * 3 * 2, 0.5f);
+    std::vector<int> durations{0, 1};
+    std::vector<int64_t> labels{0, 1, 2, 1}, fl{3, 2}, ll{2, 1};
+    std::vector<int32_t> packed = std::vector<int32_t>(2 * (2 + 2), -77);
+    std::vector<unsigned char> ws;
+    float costs[2] = {0, 0};
+    int32_t valid = -1;
+    tdt_problem_t p;
+    tdt_options_t o;
+    tdt_indices_t in;
+    PackCall() {
+        std::memset(&p, 0, sizeof p);
+        p.batch = 2;
+        p.max_frames = 3;
+        p.max_labels = 2;
+        p.vocab_size = 4;
+        p.dtype = TDT_DTYPE_FLOAT32;
+        p.token_logits = tok.data();
+        p.duration_logits = dur.data();
+        const int64_t ts[3] = {3 * 3 * 4, 3 * 4, 4}, ds[3] = {3 * 3 * 2, 3 * 2, 2};
+        std::memcpy(p.token_strides, ts, sizeof ts);
+        std::memcpy(p.duration_strides, ds, sizeof ds);
+        p.frame_lengths = packed.data();
+        p.label_lengths = packed.data() + 2;
+        p.labels = packed.data() + 4;
+        std::memset(&o, 0, sizeof o);
+        o.blank = 3;
+        o.durations = durations.data();
+        o.num_durations = 2;
+        std::memset(&in, 0, sizeof in);
+        in.type = TDT_INDEX_INT64;
+        in.labels = labels.data();
+        in.columns = 2;
+        in.labels_stride = 2;
+        in.frame_lengths = fl.data();
+        in.label_lengths = ll.data();
+        o.pack = &in;
+        o.pack_valid = &valid;
+        size_t n = 0;
+        EXPECT_EQ(tdt_get_workspace_size(&p, &o, &n), TDT_STATUS_SUCCESS);
+        ws.assign(n, 0);
+    }
+    tdt_status_t forward() { return tdt_forward(&p, &o, costs, ws.data(), ws.size()); }
+};
+
+TEST(PackOption, EmptyBatchIsValid) {
+    PackCall c;
+    c.p.batch = 0;
+    EXPECT_EQ(c.forward(), TDT_STATUS_SUCCESS) << tdt_last_error();
+    EXPECT_EQ(c.valid, 1);
+    EXPECT_EQ(c.packed[0], -77) << "nothing to pack";
+}
+
+// Bad values: the packed arrays and the verdict written, the error naming the element as the
+// caller gave it, nothing else written.
+TEST(PackOption, BadValuesNamed) {
+    struct Bad {
+        const char *what;
+        void (*change)(PackCall &);
+        tdt_status_t status;
+        const char *message;
+    };
+    const Bad bads[] = {
+        {"frame length", [](PackCall &c) { c.fl[1] = 4; }, TDT_STATUS_INVALID_LENGTH,
+         "options->pack->frame_lengths[1] = 4 is outside [0, 3]"},
+        {"label length past the columns", [](PackCall &c) { c.in.columns = 1; c.ll[0] = 2; },
+         TDT_STATUS_INVALID_LENGTH, "options->pack->label_lengths[0] = 2 exceeds options->pack->columns = 1"},
+        {"label length", [](PackCall &c) { c.ll[1] = -1; }, TDT_STATUS_INVALID_LENGTH,
+         "options->pack->label_lengths[1] = -1 is outside [0, 2]"},
+        {"blank label", [](PackCall &c) { c.labels[2] = 3; }, TDT_STATUS_INVALID_LABEL,
+         "options->pack->labels[1][0] = 3 equals blank 3"},
+        {"label past the vocabulary", [](PackCall &c) { c.labels[1] = 9; }, TDT_STATUS_INVALID_LABEL,
+         "options->pack->labels[0][1] = 9 is outside [0, 4)"},
+        {"label past int32", [](PackCall &c) { c.labels[0] = (int64_t{1} << 32) + 1; },
+         TDT_STATUS_INVALID_LABEL, "options->pack->labels[0][0] = 4294967297 is outside int32"},
+    };
+    for (const Bad &b : bads) {
+        SCOPED_TRACE(b.what);
+        PackCall c;
+        b.change(c);
+        EXPECT_EQ(c.forward(), b.status);
+        EXPECT_NE(std::string(tdt_last_error()).find(b.message), std::string::npos) << tdt_last_error();
+        EXPECT_EQ(c.valid, 0);
+        EXPECT_NE(c.packed[0], -77) << "the packed arrays are written before the check";
+        EXPECT_EQ(c.costs[0], 0.0f) << "costs written after a failed check";
+    }
+    PackCall good;
+    EXPECT_EQ(good.forward(), TDT_STATUS_SUCCESS) << tdt_last_error();
+    EXPECT_EQ(good.valid, 1);
+    EXPECT_EQ(good.packed, (std::vector<int32_t>{3, 2, 2, 1, 0, 1, 2, 1}));
+    EXPECT_TRUE(std::isfinite(good.costs[0]) && std::isfinite(good.costs[1]));
+}
+
+TEST(PackOption, ArgumentErrors) {
+    struct Bad {
+        const char *what;
+        void (*change)(PackCall &);
+        tdt_status_t status;
+        const char *message;
+    };
+    const Bad bads[] = {
+        {"label_lengths apart", [](PackCall &c) { c.p.label_lengths = c.packed.data() + 3; },
+         TDT_STATUS_INVALID_OPTION, "is not problem->frame_lengths"},
+        {"labels apart", [](PackCall &c) { c.p.labels = c.packed.data() + 5; }, TDT_STATUS_INVALID_OPTION,
+         "problem->labels"},
+        {"index type", [](PackCall &c) { c.in.type = (tdt_index_type_t)5; }, TDT_STATUS_INVALID_DTYPE,
+         "options->pack->type = 5"},
+        {"columns", [](PackCall &c) { c.in.columns = -1; }, TDT_STATUS_INVALID_SIZE, "options->pack->columns"},
+        {"stride", [](PackCall &c) { c.in.labels_stride = -2; }, TDT_STATUS_INVALID_STRIDES,
+         "options->pack->labels_stride"},
+        {"NULL labels", [](PackCall &c) { c.in.labels = nullptr; }, TDT_STATUS_NULL_POINTER,
+         "options->pack->labels is NULL"},
+        {"NULL lengths", [](PackCall &c) { c.in.frame_lengths = nullptr; }, TDT_STATUS_NULL_POINTER,
+         "options->pack->frame_lengths is NULL"},
+    };
+    for (const Bad &b : bads) {
+        SCOPED_TRACE(b.what);
+        PackCall c;
+        b.change(c);
+        EXPECT_EQ(c.forward(), b.status);
+        EXPECT_NE(std::string(tdt_last_error()).find(b.message), std::string::npos) << tdt_last_error();
+        EXPECT_EQ(c.valid, -1) << "the verdict written by a call refused before the packing";
+        EXPECT_EQ(c.packed[0], -77) << "packed by a call refused before the packing";
+    }
+    // the backward ignores it: a bad pack there is never looked at
+    PackCall c;
+    ASSERT_EQ(c.forward(), TDT_STATUS_SUCCESS) << tdt_last_error();
+    c.in.type = (tdt_index_type_t)5;
+    std::vector<float> gtok(c.tok.size()), gdur(c.dur.size());
+    tdt_gradients_t g;
+    std::memset(&g, 0, sizeof g);
+    g.token_grads = gtok.data();
+    g.duration_grads = gdur.data();
+    std::memcpy(g.token_strides, c.p.token_strides, sizeof g.token_strides);
+    std::memcpy(g.duration_strides, c.p.duration_strides, sizeof g.duration_strides);
+    c.valid = -1;
+    EXPECT_EQ(tdt_backward(&c.p, &c.o, nullptr, &g, c.ws.data(), c.ws.size()), TDT_STATUS_SUCCESS)
+        << tdt_last_error();
+    EXPECT_EQ(c.valid, -1) << "tdt_backward wrote options.pack_valid";
+}
+
 // tdt_scale_gradients: each element inside sample b's lattice times scale[b], rounded once to the
 // dtype; zeros (an infeasible sample's gradient, whatever its factor) and everything outside the
 // lattices stay as they were; in every layout, padded gaps untouched (run_lib checks them).

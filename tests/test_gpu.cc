@@ -266,6 +266,8 @@ struct Out {
     std::vector<int32_t> order;  // RunOpts::keep_order: the workspace's int32 counters after the call
     int written = -1;            // Mode::Ahead: tdt_forward_ahead's grads_written
     std::vector<uint8_t> raw_reduced;  // options.reduced_cost's one value (0xff bytes: unwritten)
+    std::vector<int32_t> packed;       // RunOpts::pack: the problem's int32 array after the calls
+    int pack_valid = -1;               // RunOpts::pack: options.pack_valid after the calls
 };
 
 // CostsOnly: compute_tdt_loss() without gradients (alpha alone is swept); FwdOnly: tdt_forward().
@@ -291,6 +293,10 @@ struct RunOpts {
     bool scale_scalar = false;       // scale holds one value for every sample
     bool keep_order = false;         // download the workspace's counters (Out::order)
     tdt_reduction_t reduction = TDT_REDUCTION_NONE;  // options.reduction, into Out::raw_reduced
+    bool pack = false;               // options.pack: the labels and lengths uploaded as int64
+                                     // (label rows one wider, the spare element -1), packed by
+                                     // the forward call into one int32 array of garbage; the
+                                     // verdict in pinned host memory (Out::packed, pack_valid)
 };
 
 void fill_options(const Host &h, tdt_location_t loc, tdt_options_t *o, cudaStream_t stream) {
@@ -501,6 +507,33 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     p.labels = (int32_t *)labels.p;
     p.T = (int32_t *)T.p;
     p.U = (int32_t *)U.p;
+    DevBuf lab64, T64, U64, packed;
+    tdt_indices_t pin;
+    std::memset(&pin, 0, sizeof pin);
+    int32_t *pack_flag = nullptr;
+    if (ro.pack) {
+        std::vector<int64_t> l, t(h.T.begin(), h.T.end()), u(h.U.begin(), h.U.end());
+        for (int64_t b = 0; b < s.B; ++b) {
+            for (int64_t i = 0; i < s.U; ++i) l.push_back(h.labels[b * s.U + i]);
+            l.push_back(-1);
+        }
+        EXPECT_EQ(lab64.upload(l.data(), l.size() * 8), cudaSuccess);
+        EXPECT_EQ(T64.upload(t.data(), t.size() * 8), cudaSuccess);
+        EXPECT_EQ(U64.upload(u.data(), u.size() * 8), cudaSuccess);
+        EXPECT_EQ(packed.alloc((size_t)(s.B * (s.U + 2)) * 4), cudaSuccess);
+        EXPECT_EQ(cudaMemset(packed.p, 0x7f, packed.n), cudaSuccess);  // lengths of 2^31 - ...
+        EXPECT_EQ(cudaHostAlloc((void **)&pack_flag, sizeof *pack_flag, cudaHostAllocDefault), cudaSuccess);
+        *pack_flag = -1;
+        pin.type = TDT_INDEX_INT64;
+        pin.labels = s.U > 0 ? lab64.p : nullptr;
+        pin.columns = s.U;
+        pin.labels_stride = s.U + 1;
+        pin.frame_lengths = T64.p;
+        pin.label_lengths = U64.p;
+        p.T = (int32_t *)packed.p;
+        p.U = p.T + s.B;
+        p.labels = p.T + 2 * s.B;
+    }
     if (s.grads == Grads::InPlace) {
         p.gtok = p.tok;
         p.gdur = p.dur;
@@ -529,6 +562,10 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     EXPECT_EQ(cudaMemset(reduced.p, 0xff, reduced.n), cudaSuccess);
     o.reduction = ro.reduction;
     o.reduced_cost = reduced.p;
+    if (ro.pack) {
+        o.pack = &pin;
+        o.pack_valid = pack_flag;
+    }
     tdt_problem_t pr;
     tdt_gradients_t g;
     fill_problem(h, p, &pr, &g, ro);
@@ -607,6 +644,13 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     out.raw_costs = costs.download();
     out.raw_costs.resize((size_t)s.B * acc_size(s.dt));
     out.raw_reduced = reduced.download();
+    if (ro.pack) {
+        const std::vector<uint8_t> raw = packed.download();
+        out.packed.resize(raw.size() / 4);
+        std::memcpy(out.packed.data(), raw.data(), raw.size());
+        out.pack_valid = *pack_flag;
+        cudaFreeHost(pack_flag);
+    }
     unpack_costs(h, &out);
     if (ro.mode == Mode::FwdOnly || ro.mode == Mode::CostsOnly) return out;
     const DevBuf &gt = s.grads == Grads::InPlace ? tok : gtok;
@@ -904,6 +948,16 @@ TEST_P(GpuEdge, MaxFramesZeroAndEmptyBatch) {
     RunOpts sum;
     sum.reduction = TDT_REDUCTION_SUM;
     EXPECT_EQ(reduced_of(run_gpu(h0, sum), s.dt), 0.0) << "the sum of no sample";
+    // options.pack: T = 0 packs (every sample infeasible); an empty batch gets the verdict 1,
+    // with a reduction (on reduced_cost's device) and without
+    RunOpts pack;
+    pack.pack = true;
+    const Out p2 = run_gpu(h, pack);
+    EXPECT_EQ(p2.pack_valid, 1) << "T = 0";
+    for (double c : p2.costs) EXPECT_TRUE(std::isinf(c) && c > 0);
+    EXPECT_EQ(run_gpu(h0, pack).pack_valid, 1) << "an empty batch";
+    pack.reduction = TDT_REDUCTION_SUM;
+    EXPECT_EQ(run_gpu(h0, pack).pack_valid, 1) << "an empty batch, with a reduction";
 }
 
 TEST_P(GpuEdge, LargeLogitsAndPadding) {
@@ -1266,6 +1320,83 @@ TEST(GpuCalls, Reduction) {
             }
     }
     CUDA_OK(cudaStreamDestroy(side));
+}
+
+// options.pack: labels and lengths handed over as int64 and packed by the forward call's first
+// kernel (which also zeroes the counters the overlapped schedules use): every schedule and call
+// shape, and in a CUDA graph, gives the bits of int32 arrays given directly; the packed array
+// holds them and the verdict is 1; tdt_backward and tdt_scale_gradients read what the forward
+// packed.
+TEST(GpuCalls, PackedByTheCall) {
+    REQUIRE_GPU();
+    cudaStream_t side = nullptr;  // a graph is captured on a stream of its own
+    CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16}) {
+        Spec s = medium(dt);
+        s.B = 5;
+        s.V = 1025;
+        const Host h = make_host(s);
+        std::vector<int32_t> want(h.T.begin(), h.T.end());
+        want.insert(want.end(), h.U.begin(), h.U.end());
+        want.insert(want.end(), h.labels.begin(), h.labels.begin() + s.B * s.U);
+        struct Case { Mode mode; tdt_gpu_schedule_t schedule; bool graph; const char *name; };
+        const Case cases[] = {{Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, false, "one-shot, auto"},
+                              {Mode::OneShot, TDT_GPU_SCHEDULE_SERIAL, false, "one-shot, serial"},
+                              {Mode::FwdBwd, TDT_GPU_SCHEDULE_OVERLAP, false, "pair, overlap"},
+                              {Mode::FwdBwd, TDT_GPU_SCHEDULE_SPLIT, false, "pair, split"},
+                              {Mode::Ahead, TDT_GPU_SCHEDULE_FUSED, false, "fused, ahead"},
+                              {Mode::Ahead, TDT_GPU_SCHEDULE_TRAIL, false, "trail, ahead"},
+                              {Mode::CostsOnly, TDT_GPU_SCHEDULE_AUTO, false, "costs-only"},
+                              {Mode::Ahead, TDT_GPU_SCHEDULE_AUTO, true, "ahead in a graph"}};
+        for (const Case &c : cases) {
+            const std::string what = std::string(dt_name(dt)) + ", " + c.name;
+            RunOpts ro;
+            ro.mode = c.mode;
+            ro.schedule = c.schedule;
+            ro.graph = c.graph;
+            ro.stream = c.graph ? side : nullptr;
+            ro.reduction = TDT_REDUCTION_MEAN;
+            if (c.mode == Mode::Ahead) ro.scale = {0.5, 2.0, 1.0, -3.0, 1.0};
+            const Out plain = run_gpu(h, ro);
+            ro.pack = true;
+            const Out got = run_gpu(h, ro);
+            EXPECT_EQ(got.packed, want) << what << ": the packed array";
+            EXPECT_EQ(got.pack_valid, 1) << what << ": the verdict";
+            EXPECT_EQ(got.raw_costs, plain.raw_costs) << what << ": costs";
+            EXPECT_EQ(got.raw_reduced, plain.raw_reduced) << what << ": the mean";
+            EXPECT_EQ(got.raw_gtok, plain.raw_gtok) << what << ": token gradient";
+            EXPECT_EQ(got.raw_gdur, plain.raw_gdur) << what << ": duration gradient";
+            if (c.mode == Mode::Ahead) {
+                EXPECT_EQ(got.written, plain.written) << what;
+            }
+        }
+    }
+    CUDA_OK(cudaStreamDestroy(side));
+}
+
+// Bad values packed by the call: the verdict 0, and the results of the same bad values given as
+// int32 (their samples NaN, the others untouched), under the schedules that wait on samples.
+TEST(GpuCalls, PackedBadValues) {
+    REQUIRE_GPU();
+    Spec s = medium(TDT_DTYPE_FLOAT32);
+    s.B = 6;
+    s.ragged = false;
+    Host bad = make_host(s);
+    bad.T[1] = (int32_t)s.T + 1;
+    bad.U[2] = -1;
+    bad.labels[3 * s.U + 2] = (int32_t)s.V + 100;
+    bad.labels[4 * s.U] = s.blank_id();
+    for (tdt_gpu_schedule_t sch : {TDT_GPU_SCHEDULE_AUTO, TDT_GPU_SCHEDULE_FUSED, TDT_GPU_SCHEDULE_TRAIL}) {
+        RunOpts ro;
+        ro.schedule = sch;
+        const Out plain = run_gpu(bad, ro);
+        ro.pack = true;
+        const Out got = run_gpu(bad, ro);
+        EXPECT_EQ(got.pack_valid, 0) << "schedule " << (int)sch;
+        EXPECT_EQ(got.raw_costs, plain.raw_costs) << "schedule " << (int)sch;
+        EXPECT_EQ(got.raw_gtok, plain.raw_gtok) << "schedule " << (int)sch;
+        EXPECT_TRUE(std::isfinite(got.costs[0]) && std::isnan(got.costs[1])) << got.costs[0] << " " << got.costs[1];
+    }
 }
 
 TEST(GpuCalls, OnlyOneGradient) {

@@ -351,6 +351,28 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     prob.labels = p.maxU > 0 ? p.labels.data() : nullptr;
     prob.frame_lengths = p.T.data();
     prob.label_lengths = p.U.data();
+    // options.pack: int64 sources (label rows one element wider than max_labels, the spare
+    // element -1), and the problem's arrays one int32 array of garbage the call must overwrite
+    std::vector<int64_t> lab64, fl64(p.T.begin(), p.T.end()), ll64(p.U.begin(), p.U.end());
+    std::vector<int32_t> packed(static_cast<size_t>(p.B * (p.maxU + 2)), -77);
+    tdt_indices_t pack;
+    std::memset(&pack, 0, sizeof pack);
+    int32_t pack_valid = -1;
+    if (ro.pack) {
+        for (int64_t b = 0; b < p.B; ++b) {
+            for (int64_t i = 0; i < p.maxU; ++i) lab64.push_back(p.labels[b * p.maxU + i]);
+            lab64.push_back(-1);
+        }
+        pack.type = TDT_INDEX_INT64;
+        pack.labels = lab64.empty() ? nullptr : lab64.data();
+        pack.columns = p.maxU;
+        pack.labels_stride = p.maxU + 1;
+        pack.frame_lengths = fl64.data();
+        pack.label_lengths = ll64.data();
+        prob.frame_lengths = packed.data();
+        prob.label_lengths = packed.data() + p.B;
+        prob.labels = p.maxU > 0 ? packed.data() + 2 * p.B : nullptr;
+    }
 
     tdt_options_t opt;
     std::memset(&opt, 0, sizeof opt);
@@ -366,6 +388,10 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     opt.grad_costs_scalar = ro.grad_costs_scalar;
     opt.normalize_costs = ro.normalize_costs;
     opt.batch_mean = ro.batch_mean;
+    if (ro.pack) {
+        opt.pack = &pack;
+        opt.pack_valid = &pack_valid;
+    }
 
     tdt_gradients_t grads;
     std::memset(&grads, 0, sizeof grads);
@@ -425,7 +451,15 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
         out.status = tdt_scale_gradients(&prob, &so, acc_values(ro.scale, sc_d, sc_f), &grads);
     }
     out.error = tdt_last_error();
+    out.pack_valid = pack_valid;
     if (out.status != TDT_STATUS_SUCCESS) return out;
+    if (ro.pack) {  // the packed array holds what the Problem gave as int32
+        std::vector<int32_t> want(p.T.begin(), p.T.end());
+        want.insert(want.end(), p.U.begin(), p.U.end());
+        want.insert(want.end(), p.labels.begin(), p.labels.begin() + p.B * p.maxU);
+        EXPECT_EQ(packed, want) << "options.pack's packed array";
+        EXPECT_EQ(pack_valid, 1) << "options.pack_valid";
+    }
 
     out.costs.resize(p.B);
     for (int64_t b = 0; b < p.B; ++b) out.costs[b] = dbl ? costs_d[b] : costs_f[b];

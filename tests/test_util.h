@@ -76,6 +76,7 @@ struct Output {
     std::vector<double> gtok;      // (B, maxT, maxU + 1, V); empty when not requested
     std::vector<double> gdur;      // (B, maxT, maxU + 1, D); empty when not requested
     double reduced = 0.0;          // options.reduction's value (RunOptions.reduction)
+    int pack_valid = -1;           // options.pack_valid after the calls (RunOptions.pack)
 };
 
 enum class Layout {
@@ -105,6 +106,11 @@ struct RunOptions {
     tdt_reduction_t reduction = TDT_REDUCTION_NONE;   // options.reduction, into Output.reduced
     bool want_tok = true, want_dur = true;            // which gradients to request
     size_t misalign = 0;                              // bytes added to the workspace pointer
+    bool pack = false;                                // options.pack: labels and lengths handed
+                                                      // over as int64 (rows strided), packed by
+                                                      // the forward call into the problem's
+                                                      // int32 array (checked against the
+                                                      // Problem's own; Output.pack_valid)
 };
 
 Output run_lib(const Problem &p, const RunOptions &ro = RunOptions());

@@ -8,7 +8,9 @@
  *               two overlapped: a memset of the workspace's layer counters, the normaliser in
  *               the order the sweep consumes its values, the sweep as its programmatic
  *               dependent (sweep.cuh, "The overlapped schedules"; the split schedule: alpha alone)
- *               then, with options.reduction, one thread's sum of the costs
+ *               then, with options.reduction, one thread's sum of the costs; with options.pack,
+ *               first one block that packs the labels and lengths and zeroes the counters, in
+ *               place of the memset
  *     backward: grad (per node); for the split schedule (tdt_gpu_schedule_t) the beta sweep
  *               first, the gradient pass trailing it as its programmatic dependent; for the
  *               fused schedule (a one-shot call), enqueued by the forward, the gradient pass
@@ -119,8 +121,32 @@ tdt_status_t enqueue_reduction(const tdt_call_t *c) {
     return e != cudaSuccess ? cuda_fail(e, "reduce_costs_kernel launch") : TDT_STATUS_SUCCESS;
 }
 
-/* An empty batch: only the reduction to write, on the device that owns it. */
-tdt_status_t enqueue_empty(const tdt_call_t *c, int) { return enqueue_reduction(c); }
+/* tdt_pack_indices()'s sizes and blank, for the packing kernel. */
+tdt_pack_shape_t prologue_shape(const tdt_problem_t *p, const tdt_options_t *o) {
+    const tdt_pack_shape_t s = {p->batch, p->max_frames, p->max_labels, p->vocab_size, o->blank};
+    return s;
+}
+
+/* options.pack of a forward call (the problem's frame_lengths the packed array), or NULL. */
+const tdt_gpu_prologue_t *prologue_of(const tdt_call_t *c, tdt_gpu_prologue_t *pro) {
+    if (!c->do_forward || !c->o.pack) return NULL;
+    pro->in = *c->o.pack;
+    pro->shape = prologue_shape(&c->p, &c->o);
+    pro->packed = c->p.batch > 0 ? (int32_t *)c->p.frame_lengths : NULL;
+    pro->valid = c->o.pack_valid;
+    return pro;
+}
+
+/* An empty batch: only the reduction and options.pack's verdict (1) to write, on the current
+ * device (the one owning reduced_cost, with a reduction). */
+tdt_status_t enqueue_empty(const tdt_call_t *c, int) {
+    tdt_gpu_prologue_t pro;
+    if (prologue_of(c, &pro) && pro.valid) {
+        const cudaError_t e = tdt_launch_prologue(&pro, NULL, 0, (cudaStream_t)c->o.stream);
+        if (e != cudaSuccess) return cuda_fail(e, "the packing kernel's launch");
+    }
+    return enqueue_reduction(c);
+}
 
 /* The device that owns ptr (named `what` in errors): 0 and *device set, or a status. Host
  * memory is refused (the GPU location takes device memory); registered or managed memory names
@@ -153,8 +179,9 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
     build_args(c, &a);
     bool bwd_done = false; /* the fused schedule runs a one-shot call's backward in its forward */
     if (c->do_forward) {
+        tdt_gpu_prologue_t pro;
         e = tdt_launch_forward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream,
-                               c->do_backward ? &bwd_done : NULL);
+                               c->do_backward ? &bwd_done : NULL, prologue_of(c, &pro));
         if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
         const tdt_status_t st = enqueue_reduction(c);
         if (st != TDT_STATUS_SUCCESS) return st;
@@ -213,12 +240,14 @@ struct kept_entry {
 };
 kept_entry g_kept[KEPT_ENTRIES];
 
-/* tdt_pack_indices(): one block strides over the packed array, each thread packing and
- * checking its elements (tdt_pack_one); the block's verdict goes to *valid, fenced for the
- * system so that pinned host memory holds it when the stream passes the kernel. */
-__global__ void pack_indices_kernel(const tdt_indices_t in, const tdt_pack_shape_t s,
-                                    int32_t *packed, int32_t *valid) {
-    const int64_t n = s.batch * (s.max_labels + 2);
+/* tdt_launch_prologue()'s kernel: one block strides over the counters to zero and over the
+ * packed array, each thread zeroing and packing and checking its elements (tdt_pack_one); the
+ * block's verdict goes to *valid, fenced for the system so that pinned host memory holds it when
+ * the stream passes the kernel. */
+__global__ void prologue_kernel(const tdt_indices_t in, const tdt_pack_shape_t s, int32_t *packed,
+                                int32_t *valid, int32_t *zero, int64_t nzero) {
+    for (int64_t i = threadIdx.x; i < nzero; i += blockDim.x) zero[i] = 0;
+    const int64_t n = packed ? s.batch * (s.max_labels + 2) : 0;
     int bad = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) bad |= !tdt_pack_one(&in, &s, i, packed + i);
     bad = __syncthreads_or(bad);
@@ -268,15 +297,38 @@ cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value) {
                     [&](int *v) { return cudaDeviceGetAttribute(v, attr, device); });
 }
 
+cudaError_t tdt_launch_prologue(const tdt_gpu_prologue_t *pro, int32_t *zero, int64_t nzero,
+                                cudaStream_t stream) {
+    tdt_indices_t in;
+    tdt_pack_shape_t shape;
+    memset(&in, 0, sizeof in);
+    memset(&shape, 0, sizeof shape);
+    int32_t *packed = NULL, *valid = NULL;
+    if (pro) {
+        in = pro->in;
+        shape = pro->shape;
+        packed = pro->packed;
+        valid = pro->valid;
+    }
+    const int64_t n = packed ? shape.batch * (shape.max_labels + 2) : 0;
+    const int64_t most = n > nzero ? n : nzero;
+    const int threads = most >= 1024 ? 1024 : (int)((most + 31) / 32 * 32) + (most == 0 ? 32 : 0);
+    prologue_kernel<<<1, threads, 0, stream>>>(in, shape, packed, valid, zero, nzero);
+    return cudaGetLastError();
+}
+
 /* ================================================================================================
  * backend entry points (internal.h)
  * ============================================================================================== */
 
 extern "C" tdt_status_t tdt_gpu_run(const tdt_call_t *call) {
-    if (call->p.batch == 0) /* nothing to write but a reduction's sum (0) or mean (NaN) */
-        return call->do_forward && call->o.reduction != TDT_REDUCTION_NONE
-                   ? on_device(call, call->o.reduced_cost, "options->reduced_cost", enqueue_empty)
-                   : TDT_STATUS_SUCCESS;
+    if (call->p.batch == 0) { /* nothing to write but a reduction's sum (0) or mean (NaN) and
+                                 options.pack's verdict */
+        if (!call->do_forward) return TDT_STATUS_SUCCESS;
+        if (call->o.reduction != TDT_REDUCTION_NONE)
+            return on_device(call, call->o.reduced_cost, "options->reduced_cost", enqueue_empty);
+        return call->o.pack && call->o.pack_valid ? enqueue_empty(call, 0) : TDT_STATUS_SUCCESS;
+    }
     return on_device(call, call->workspace, "workspace", enqueue);
 }
 
@@ -300,13 +352,10 @@ extern "C" tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_opt
         if (st != TDT_STATUS_SUCCESS) return st;
     }
     if (device != prev && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
-    const tdt_pack_shape_t shape = {problem->batch, problem->max_frames, problem->max_labels,
-                                    problem->vocab_size, options->blank};
-    const int threads = n >= 1024 ? 1024 : (int)((n + 31) / 32 * 32) + (n == 0 ? 32 : 0);
-    pack_indices_kernel<<<1, threads, 0, (cudaStream_t)options->stream>>>(*indices, shape, packed, valid);
+    const tdt_gpu_prologue_t pro = {*indices, prologue_shape(problem, options), packed, valid};
     tdt_status_t st = TDT_STATUS_SUCCESS;
-    e = cudaGetLastError();
-    if (e != cudaSuccess) st = cuda_fail(e, "pack_indices_kernel launch");
+    e = tdt_launch_prologue(&pro, NULL, 0, (cudaStream_t)options->stream);
+    if (e != cudaSuccess) st = cuda_fail(e, "the packing kernel's launch");
     if (device != prev) {
         e = cudaSetDevice(prev);
         if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");

@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "common/indices.h"
 #include "internal.h"
 
 /* The most samples the trail schedule takes: its gradient pass ranks them in shared memory
@@ -572,6 +573,18 @@ cudaError_t tdt_kept(const void *key, int arg, int device, int *value, Ask ask) 
 /* cudaDeviceGetAttribute, kept. */
 cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value);
 
+/* options.pack's packing, done by the forward's first kernel (tdt_launch_prologue). */
+typedef struct tdt_gpu_prologue {
+    tdt_indices_t in;       /* the caller's labels and lengths */
+    tdt_pack_shape_t shape; /* the problem's sizes and the blank */
+    int32_t *packed;        /* the problem's frame_lengths: the packed array */
+    int32_t *valid;         /* options.pack_valid, or NULL */
+} tdt_gpu_prologue_t;
+/* One block that zeroes zero[0 .. nzero) and, with pro, packs pro's indices and writes its
+ * verdict (fenced for the system: pinned host memory holds it once the stream has passed the
+ * kernel). gpu.cu; tdt_pack_indices() is this kernel with nothing to zero. */
+cudaError_t tdt_launch_prologue(const tdt_gpu_prologue_t *pro, int32_t *zero, int64_t nzero,
+                                cudaStream_t stream);
 /* ---- launchers (each in its kernel's file) ---------------------------------------------------
  * Each enqueues its kernels on stream and returns the first error of a launch. */
 cudaError_t tdt_launch_normalize(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
@@ -588,7 +601,8 @@ cudaError_t tdt_normalize_ordered_fit(int64_t V, int64_t nodes, tdt_dtype_t dtyp
  * a.fwd_* are set here, on a copy. bwd_done (NULL: none) for a one-shot call whose backward
  * follows: set when the fused schedule (sweep.cuh) ran the gradient pass here as well. */
 cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
-                               tdt_gpu_schedule_t schedule, cudaStream_t stream, bool *bwd_done);
+                               tdt_gpu_schedule_t schedule, cudaStream_t stream, bool *bwd_done,
+                               const tdt_gpu_prologue_t *prologue);
 /* The backward: the gradient pass, or for the split schedule the beta sweep with the ordered
  * gradient pass trailing it (sweep.cuh). */
 cudaError_t tdt_launch_backward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
@@ -622,6 +636,7 @@ typedef struct tdt_fwd_env {
     int sm90;        /* compute capability 9.0 or above */
     tdt_gpu_schedule_t schedule; /* as asked (tdt_options_t.gpu_schedule) */
     int device;      /* the current device, where the launches go */
+    const tdt_gpu_prologue_t *prologue; /* the forward: options.pack's packing, or NULL */
 } tdt_fwd_env_t;
 /* generic.cu: the same kernels for arc counts without their own instantiation. */
 cudaError_t tdt_launch_sweep_generic(const tdt_gpu_args_t &a, int span, const tdt_fwd_env_t &env,

@@ -28,6 +28,7 @@ cudaError_t env_of(tdt_dtype_t dtype, int num_sms, tdt_gpu_schedule_t schedule, 
     env->sm90 = major >= 9;
     env->schedule = schedule;
     env->device = device;
+    env->prologue = NULL;
     return cudaSuccess;
 }
 
@@ -51,13 +52,15 @@ template <bool BACKWARD> struct launch_arcs {
  * ============================================================================================== */
 
 cudaError_t tdt_launch_forward(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int num_sms,
-                               tdt_gpu_schedule_t schedule, cudaStream_t stream, bool *bwd_done) {
+                               tdt_gpu_schedule_t schedule, cudaStream_t stream, bool *bwd_done,
+                               const tdt_gpu_prologue_t *prologue) {
     if (bwd_done) *bwd_done = false;
     if (a.B == 0) return cudaSuccess;
     const int span = arc_span(a.arcs);
     tdt_fwd_env_t env;
     const cudaError_t e = env_of(dtype, num_sms, schedule, &env);
     if (e != cudaSuccess) return e;
+    env.prologue = prologue;
     bool done;
     const cudaError_t e2 =
         tdt_with_arcs(a.arcs.count, launch_arcs<false>{a, span, env, stream, bwd_done}, &done);

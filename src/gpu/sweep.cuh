@@ -1147,9 +1147,9 @@ inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     return true;
 }
 
-/* Enqueues the forward: the normaliser, then sweep(a, false); or, when a carries an overlap
- * plan, the layer counters zeroed, the ordered normaliser, and sweep(a, true): the sweep as its
- * programmatic dependent; and with a fused plan (a.fus_alpha), every counter zeroed and the
+/* Enqueues the forward (after options.pack's packing, env.prologue, if any): the normaliser,
+ * then sweep(a, false); or, when a carries an overlap plan, the layer counters zeroed, the
+ * ordered normaliser, and sweep(a, true): the sweep as its programmatic dependent; and with a fused plan (a.fus_alpha), every counter zeroed and the
  * fused gradient pass on grad_blocks blocks as the sweep's programmatic dependent. A trail plan
  * (a.trail, no overlap plan): every counter zeroed, the normaliser, the sweep, and the trail
  * gradient pass on grad_blocks blocks as its programmatic dependent. */
@@ -1162,7 +1162,10 @@ cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, c
     const int64_t counters = a.trail || a.fus_alpha ? tdt_ws_counters(a.B, a.maxT, a.maxU)
                              : a.fwd_tickets != 0   ? a.fwd_layers + 1
                                                     : 0;
-    if (counters > 0) e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
+    /* options.pack: one kernel packs the indices and zeroes the counters (none for the serial
+     * schedule), in place of the memset */
+    if (env.prologue) e = tdt_launch_prologue(env.prologue, a.ws.order, counters, stream);
+    else if (counters > 0) e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
     if (e != cudaSuccess) return e;
     if (a.fwd_tickets == 0) {
         e = tdt_launch_normalize(a, env.dtype, env.num_sms, stream);
