@@ -151,8 +151,9 @@ class LossFunction(torch.autograd.Function):
         batch_mean = (reduction == "mean_batch" and logits.is_cuda
                       and _core.batch_mean_available())
         lib_reduce = _library_reduction(reduction)
-        args = idx.lib_args()
+        # (views first: a pack request they need is packed now, and lib_args() then says where)
         label_lengths = idx.label_lengths if reduction in ("mean", "mean_volume") else None
+        args = idx.lib_args()
         key = _ahead_key(ctx, logits, spec, as_rnnt, in_place)
         if key is not None and _ahead_plans.get(key, True):
             # the gradients for a loss gradient of 1: the reduction's weights, by the very

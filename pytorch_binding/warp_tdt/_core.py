@@ -30,7 +30,8 @@ except ImportError:  # pragma: no cover
     _np = None
 
 __all__ = ["Spec", "forward", "forward_ahead", "backward", "scale", "grad_buffers",
-           "validate_data", "workspace_bound", "acc_dtype", "pack_indices"]
+           "validate_data", "workspace_bound", "acc_dtype", "pack_indices", "pack_request",
+           "PackRequest"]
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32,
@@ -223,6 +224,9 @@ def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths,
     tail, and what comes back as costs is the 0-d reduction the library writes."""
     B = int(logits.shape[0])
     acc = acc_dtype(logits.dtype)
+    req = labels if isinstance(labels, PackRequest) else None
+    if req is not None:  # packed by the call into the workspace's allocation: addresses below
+        labels = frame_lengths = label_lengths = 0
     p, o, keep = _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt)
     if per_label:
         o.normalize_costs = 1
@@ -238,9 +242,14 @@ def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths,
             "for B=%d T=%d U+1=%d D=%d; the library's workspace layout grew, update "
             "_core.workspace_bound()" % (size, need, B, logits.shape[1], logits.shape[2],
                                         len(spec.durations)))
+    # one allocation: the workspace, then (16-byte aligned) the packed labels and lengths of a
+    # pack request, then the (B) costs where the library reduces them
     total = size
-    if reduce is not None:  # the (B) costs after the workspace, 16-byte aligned: one allocation
-        at = (size + 15) // 16 * 16
+    if req is not None:
+        at_pack = (total + 15) // 16 * 16
+        total = at_pack + 4 * req.n
+    if reduce is not None:
+        at = (total + 15) // 16 * 16
         total = at + B * (8 if acc == torch.float64 else 4)
     workspace = None
     if zero_workspace:
@@ -249,6 +258,12 @@ def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths,
         workspace = _hostmem.empty((total,), torch.uint8, "workspace")
     if workspace is None:
         workspace = torch.empty(total, dtype=torch.uint8, device=logits.device)
+    if req is not None:
+        base = req.placed(workspace, at_pack)
+        p.frame_lengths, p.label_lengths = base, base + 4 * B
+        p.labels = base + 8 * B if p.max_labels > 0 else None
+        o.pack = ctypes.addressof(req.ind)
+        o.pack_valid = req.valid
     if reduce is None:
         costs = torch.empty(B, dtype=acc, device=logits.device)
         return p, o, keep, size, workspace, costs, costs.data_ptr()
@@ -263,12 +278,15 @@ def reduction_available():
     return _has_version(400)
 
 
-def _nothing_to_read(logits, costs, reduce=None):
+def _nothing_to_read(logits, costs, reduce=None, labels=None):
     """Whether a forward has no library call to make: an empty batch, or T == 0, where every
     sample is infeasible (its cost set to +inf here; with reduce, the reduction written here as
-    the library would: a sum or mean of infs, or of no sample, 0 and NaN)."""
+    the library would: a sum or mean of infs, or of no sample, 0 and NaN). labels: a
+    PackRequest is packed (and judged) all the same, by tdt_pack_indices()."""
     if logits.numel() != 0:
         return False
+    if isinstance(labels, PackRequest):
+        labels.pack_now()
     if logits.shape[0] > 0:
         costs.fill_(float("inf"))
     elif reduce is not None:
@@ -299,7 +317,7 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     p, o, keep, size, workspace, costs, costs_at = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, workspace_bytes,
         zero_workspace, built, per_label, batch_mean, reduce)
-    if _nothing_to_read(logits, costs, reduce):
+    if _nothing_to_read(logits, costs, reduce, labels):
         return costs, workspace
     if costs_only:
         _call("compute_tdt_loss", logits, o, ctypes.byref(p), ctypes.byref(o), costs_at, None,
@@ -307,6 +325,7 @@ def forward(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnn
     else:
         _call("tdt_forward", logits, o, ctypes.byref(p), ctypes.byref(o), costs_at,
               workspace.data_ptr(), size)
+    o.pack = o.pack_valid = None  # (a backward on built ignores them)
     return costs, workspace
 
 
@@ -353,7 +372,7 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     p, o, keep, size, workspace, costs, costs_at = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built,
         per_label, batch_mean, reduce)
-    if _nothing_to_read(logits, costs, reduce):
+    if _nothing_to_read(logits, costs, reduce, labels):
         return costs, workspace, False
     w = None
     if weights is not None:
@@ -365,6 +384,7 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     _call("tdt_forward_ahead", logits, o, ctypes.byref(p), ctypes.byref(o), costs_at,
           None if w is None else w.data_ptr(), ctypes.byref(grads), workspace.data_ptr(), size,
           ctypes.byref(written))
+    o.pack = o.pack_valid = None
     del keep
     if written.value:
         _rnnt_draw_zeros(spec, as_rnnt, g_logits, g_dur)
@@ -593,6 +613,87 @@ def pack_available():
     return hasattr(_lib.load(), "tdt_pack_indices")
 
 
+def fold_pack_available():
+    """Whether the loaded library packs the indices in the forward call (options.pack, 0.5.0)."""
+    return _has_version(500)
+
+
+def _indices_struct(labels, frame_lengths, label_lengths):
+    ind = _lib.Indices()
+    ind.type = _INDEX_TYPES[labels.dtype]
+    ind.labels = labels.data_ptr() or None
+    ind.columns = int(labels.shape[1])
+    ind.labels_stride = int(labels.stride(0))
+    ind.frame_lengths = frame_lengths.data_ptr() or None
+    ind.label_lengths = label_lengths.data_ptr() or None
+    return ind
+
+
+def _pack_call(ref, shape, ind, packed_address, valid_address):
+    """tdt_pack_indices() on ref's current CUDA stream. shape: (batch, max_frames, max_labels,
+    vocab_size, blank)."""
+    p = _lib.Problem()
+    p.batch, p.max_frames, p.max_labels, p.vocab_size = shape[:4]
+    o = _lib.Options.from_buffer_copy(_blank_opts(shape[4], _lib.LOCATION_GPU))
+    _call("tdt_pack_indices", ref, o, ctypes.byref(p), ctypes.byref(o), ctypes.byref(ind),
+          packed_address or None, valid_address)
+
+
+class PackRequest:
+    """Labels and lengths (int32 or int64 on a CUDA device) that the forward call packs itself
+    into the int32 layout the loss reads (options.pack, library 0.5.0): in the kernel that
+    zeroes the workspace's counters, into the workspace's own allocation, so a step saves the
+    separate tdt_pack_indices() call (its ctypes crossing, its pointer query and launch) and
+    the packed tensor's allocation. ``valid``: the pinned flag's address (the check), or None.
+    Once placed (forward's _forward_setup), ``owner`` (the workspace tensor) holds the packed
+    array at byte ``offset``, address ``address``; a request that someone needs before any
+    forward call ran is packed by pack_now() into a tensor of its own."""
+
+    __slots__ = ("ind", "keep", "valid", "n", "shape", "ref", "owner", "offset", "address")
+
+    def __init__(self, ind, keep, valid, shape, ref):
+        self.ind, self.keep, self.valid, self.shape, self.ref = ind, keep, valid, shape, ref
+        self.n = shape[0] * (shape[2] + 2)
+        self.owner, self.offset, self.address = None, 0, 0
+
+    def placed(self, owner, offset):
+        """The packed array's place: byte offset in owner (uint8). Returns its address."""
+        self.owner, self.offset = owner, offset
+        self.address = owner.data_ptr() + offset
+        return self.address
+
+    def pack_now(self):
+        """tdt_pack_indices() into the place given, or into a new tensor: for a call that makes
+        no library call, or views asked for before the forward."""
+        if self.owner is None:
+            self.placed(torch.empty(4 * self.n, dtype=torch.uint8, device=self.ref.device), 0)
+        _pack_call(self.ref, self.shape, self.ind, self.address, self.valid)
+
+    def packed(self):
+        """The packed int32 array, as a tensor (packing it now if no call has)."""
+        if self.owner is None:
+            self.pack_now()
+        return self.owner[self.offset:self.offset + 4 * self.n].view(torch.int32)
+
+
+def pack_request(max_frames, max_labels, vocab_size, blank, labels, frame_lengths, label_lengths,
+                 check):
+    """A PackRequest for these (as pack_indices() takes them), and the _FlagCheck of its verdict
+    when check (else None): the forward call packs and judges them."""
+    B = int(frame_lengths.shape[0])
+    done = None
+    if check:
+        done = _pinned_slot(labels.device, 1)
+        done.flag.value = _FLAG_PENDING  # the forward's first kernel writes 1 or 0 over it
+    req = PackRequest(_indices_struct(labels, frame_lengths, label_lengths),
+                      (labels, frame_lengths, label_lengths),
+                      done.buf.data_ptr() if done is not None else None,
+                      (B, max_frames, max_labels, vocab_size, blank), labels)
+    if done is None:
+        return req, None
+    return req, _FlagCheck(done, labels, frame_lengths, label_lengths, max_labels)
+
+
 def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_lengths, label_lengths,
                  packed, check):
     """tdt_pack_indices() on the current CUDA stream: labels (B, cols) with a contiguous last
@@ -606,22 +707,13 @@ def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_length
     check.
     """
     B = int(frame_lengths.shape[0])
-    p = _lib.Problem()
-    p.batch, p.max_frames, p.max_labels, p.vocab_size = B, max_frames, max_labels, vocab_size
-    o = _lib.Options.from_buffer_copy(_blank_opts(blank, _lib.LOCATION_GPU))
-    ind = _lib.Indices()
-    ind.type = _INDEX_TYPES[labels.dtype]
-    ind.labels = labels.data_ptr() or None
-    ind.columns = int(labels.shape[1])
-    ind.labels_stride = int(labels.stride(0))
-    ind.frame_lengths = frame_lengths.data_ptr() or None
-    ind.label_lengths = label_lengths.data_ptr() or None
     done = None
     if check:
         done = _pinned_slot(packed.device, 1)
         done.flag.value = _FLAG_PENDING  # the kernel writes 1 or 0 over it
-    _call("tdt_pack_indices", packed, o, ctypes.byref(p), ctypes.byref(o), ctypes.byref(ind),
-          packed.data_ptr() or None, done.buf.data_ptr() if done is not None else None)
+    _pack_call(packed, (B, max_frames, max_labels, vocab_size, blank),
+               _indices_struct(labels, frame_lengths, label_lengths), packed.data_ptr(),
+               done.buf.data_ptr() if done is not None else None)
     if done is None:
         return None
     return _FlagCheck(done, labels, frame_lengths, label_lengths, max_labels)

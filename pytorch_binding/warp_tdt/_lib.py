@@ -102,6 +102,8 @@ class Options(ctypes.Structure):
         ("batch_mean", ctypes.c_int),
         ("reduction", ctypes.c_int),
         ("reduced_cost", ctypes.c_void_p),
+        ("pack", ctypes.c_void_p),  # const tdt_indices_t * (0.5.0)
+        ("pack_valid", ctypes.c_void_p),
     ]
 
 

@@ -178,27 +178,31 @@ class _Indices:
     tensor ``packed`` = [frame lengths, label lengths, labels]: written by the library's
     tdt_pack_indices() kernel where the three were on the device in one integer type (``check``
     then holds its pending verdict when validation is on), else made by one concatenation (at
-    most one conversion kernel a call, and one copy to the host for validation). ``packed`` is
-    None when the inputs were used as they were (or cast one by one for CPU logits); ``host`` is
-    packed's CPU twin when it was built on the host (inputs on the CPU), which validation then
-    reads with no copy back.
+    most one conversion kernel a call, and one copy to the host for validation). With library
+    0.5.0 and later, the library's kernel is the forward call's own first one (options.pack):
+    ``request`` (a _core.PackRequest) then stands for packed until that call has placed it in
+    its workspace's allocation. ``packed`` is None when the inputs were used as they were (or
+    cast one by one for CPU logits); ``host`` is packed's CPU twin when it was built on the host
+    (inputs on the CPU), which validation then reads with no copy back.
 
     The library reads packed's three parts by address (lib_args()): their tensor views, ~8 us
     of host time each on an H200's host, are made only if something asks for them
     (``labels``, ``frame_lengths``, ``label_lengths``: the mean_volume reduction, say).
     """
 
-    __slots__ = ("cols", "packed", "host", "check", "_views")
+    __slots__ = ("cols", "packed", "host", "check", "_views", "request")
 
     def __init__(self, labels, frame_lengths, label_lengths, cols, packed, host, check=None):
         self.cols = cols  # targets.shape[1] as given
         self.packed, self.host, self.check = packed, host, check
         self._views = None if labels is None else (labels, frame_lengths, label_lengths)
+        self.request = None
 
     @classmethod
-    def of_packed(cls, packed, batch, max_labels, cols, host=None, check=None):
+    def of_packed(cls, packed, batch, max_labels, cols, host=None, check=None, request=None):
         idx = cls(None, None, None, cols, packed, host, check)
         idx._views = (batch, max_labels)  # views not made yet
+        idx.request = request  # packed is None: the forward call packs them (_core.PackRequest)
         return idx
 
     def _tensors(self):
@@ -206,6 +210,8 @@ class _Indices:
         if len(v) == 2:
             B, U = v
             p = self.packed
+            if p is None:
+                p = self.packed = self.request.packed()
             v = self._views = (p[2 * B:].view(B, U), p[:B], p[B:2 * B])
         return v
 
@@ -223,12 +229,18 @@ class _Indices:
 
     def lib_args(self):
         """(labels, frame_lengths, label_lengths) as _core takes them: addresses into packed
-        while no view of it was made, else the tensors."""
+        while no view of it was made, else the tensors; (request, None, None) while a pack
+        request waits for the forward call that packs it."""
         v = self._views
         if len(v) == 3:
             return v
         B = v[0]
-        base = self.packed.data_ptr()
+        if self.packed is not None:
+            base = self.packed.data_ptr()
+        elif self.request.owner is None:
+            return self.request, None, None
+        else:
+            base = self.request.address
         return base + 8 * B, base, base + 4 * B
 
 
@@ -271,7 +283,12 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device, 
             and _packable(x, fl, ll, device) and _core.pack_available()):
         # on the device: the library's one kernel converts, pads and (with check) judges them,
         # where torch's concatenation, cast and the check's copy cost ~200 us of host time a
-        # call on an H200's host (benchmark/NOTES.md, v22)
+        # call on an H200's host (benchmark/NOTES.md, v22); from library 0.5.0 the forward call
+        # does it in its first kernel, into its workspace's allocation (options.pack)
+        if _core.fold_pack_available():
+            req, flag = _core.pack_request(pack[0], max_labels, pack[1], pack[2], x, fl, ll,
+                                           pack[3])
+            return _Indices.of_packed(None, batch, max_labels, cols, check=flag, request=req)
         packed = torch.empty(batch * (max_labels + 2), dtype=torch.int32, device=device)
         flag = _core.pack_indices(pack[0], max_labels, pack[1], pack[2], x, fl, ll, packed,
                                   pack[3])

@@ -166,13 +166,14 @@ def test_device_indices_packed_and_checked_by_the_library(monkeypatch, mode, ity
     # strided targets; and each bad value raises the message the host checks give.
     monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", mode)
     packs = []
-    real = _core.pack_indices
+    for name in ("pack_indices", "pack_request"):  # the library's pack: its own call, or the
+        real = getattr(_core, name)                # forward's (options.pack, 0.5.0)
 
-    def spy(*args):
-        packs.append(args[-1])
-        return real(*args)
+        def spy(*args, real=real):
+            packs.append(args[-1])
+            return real(*args)
 
-    monkeypatch.setattr(_core, "pack_indices", spy)
+        monkeypatch.setattr(_core, name, spy)
     monkeypatch.setattr(_core, "validation_start", None)  # must not be reached
     case = R.random_case(B=4, T=7, U=3, V=6, seed=91)
     case["target_lengths"].clamp_(max=2)
@@ -217,6 +218,59 @@ def test_device_indices_packed_and_checked_by_the_library(monkeypatch, mode, ity
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_the_forward_call_packs_the_indices(monkeypatch, reduction):
+    # Library 0.5.0: int64 device indices are packed (and judged) by the forward call's first
+    # kernel (options.pack), not by a tdt_pack_indices call of their own: a step makes the
+    # forward call and its backward half only, and gives the bits of the separate pack. A call
+    # with nothing for the library to read (T = 0, an empty batch) still packs and judges them.
+    if not _core.fold_pack_available():
+        pytest.skip("a library before 0.5.0")
+    calls = []
+    real = _core._call
+
+    def spy(fn_name, logits, o, *args):
+        calls.append((fn_name, bool(o.pack)))
+        return real(fn_name, logits, o, *args)
+
+    monkeypatch.setattr(_core, "_call", spy)
+    case = R.random_case(B=4, T=12, U=5, V=40, seed=96, device="cuda")
+    case["targets"][case["targets"] < 0] = 0
+    for layout in ("joint", "separate"):
+        calls.clear()
+        folded = lib_tdt(case, "cuda", torch.float32, layout, reduction)
+        if reduction == "mean_volume":  # its weights read the label lengths before the forward
+            assert calls[0] == ("tdt_pack_indices", False) and len(calls) == 3, calls
+            assert not calls[1][1] and not calls[2][1], calls
+        else:
+            names = [n for n, _ in calls]
+            assert "tdt_pack_indices" not in names and len(names) == 2, calls
+            assert calls[0][1] and not calls[1][1], calls  # the forward packs; its backward not
+        monkeypatch.setattr(_core, "fold_pack_available", lambda: False)
+        calls.clear()
+        separate = lib_tdt(case, "cuda", torch.float32, layout, reduction)
+        monkeypatch.undo()
+        monkeypatch.setattr(_core, "_call", spy)
+        assert [n for n, _ in calls][0] == "tdt_pack_indices", calls
+        for x, y, what in zip(folded, separate, ("loss", "token grad", "duration grad")):
+            assert torch.equal(x, y), (layout, what)
+    bad = dict(case, targets=case["targets"].clone())
+    bad["targets"][2, 0] = case["blank_token_id"]
+    bad["target_lengths"] = case["target_lengths"].clamp(min=1)
+    with pytest.raises(ValueError, match=r"targets\[2\]\[0\] = \d+ equals blank_token_id"):
+        warp_tdt.tdt_loss(**bad)
+    # no frame: every cost inf, the labels judged all the same
+    empty = dict(case, token_logits=case["token_logits"][:, :0], duration_logits=case["duration_logits"][:, :0],
+                 logit_lengths=torch.zeros_like(case["logit_lengths"]))
+    got = warp_tdt.tdt_loss(**dict(empty, reduction="none"))
+    assert torch.isinf(got).all() and (got > 0).all()
+    with pytest.raises(ValueError, match=r"equals blank_token_id"):
+        warp_tdt.tdt_loss(**dict(empty, targets=bad["targets"], target_lengths=bad["target_lengths"]))
+    none = {k: (v[:0] if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    assert warp_tdt.tdt_loss(**dict(none, reduction="sum")).item() == 0.0
+    torch.cuda.synchronize()
+
+
 def test_the_check_polls_its_flag_behind_other_work(monkeypatch):
     # The pack kernel queued behind ~20 ms of other GPU work: the host waits for its verdict by
     # reading the pinned flag as it lands (_wait_for_flag), and gets it right both ways.
@@ -245,6 +299,7 @@ def test_device_indices_of_mixed_types_packed_by_torch(monkeypatch, mode):
     # casts them and the check copies them to the host, as before the library packed them
     monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", mode)
     monkeypatch.setattr(_core, "pack_indices", None)  # must not be reached
+    monkeypatch.setattr(_core, "pack_request", None)
     case = R.random_case(B=3, T=6, U=3, V=5, seed=92, device="cuda")
     mixed = dict(case, logit_lengths=case["logit_lengths"].to(torch.int32),
                  target_lengths=case["target_lengths"].to(torch.int32))

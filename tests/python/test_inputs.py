@@ -1,6 +1,8 @@
 """Input handling: dtypes, integer types, strides (no copy of strided leading dims), devices,
 autocast."""
 
+import ctypes
+
 import pytest
 import torch
 
@@ -219,6 +221,23 @@ def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, val
         return real_pack(*args)
 
     monkeypatch.setattr(_core, "pack_indices", pack_spy)
+    requests = []  # the forward call packs them itself (options.pack, library 0.5.0)
+    real_request = _core.pack_request
+
+    def request_spy(*args):
+        requests.append(real_request(*args))
+        return requests[-1]
+
+    monkeypatch.setattr(_core, "pack_request", request_spy)
+    calls = []
+    real_call = _core._call
+
+    def call_spy(fn_name, logits, o, *args):
+        p = args[0]._obj  # the tdt_problem_t
+        calls.append((fn_name, p.frame_lengths, p.label_lengths, p.labels, o.pack))
+        return real_call(fn_name, logits, o, *args)
+
+    monkeypatch.setattr(_core, "_call", call_spy)
     case = R.random_case(B=3, T=6, U=4, V=6, seed=32)
     targets = case["targets"].to(device=device, dtype=int_dtype)
     fl = case["logit_lengths"].to(device=device, dtype=int_dtype)
@@ -232,13 +251,25 @@ def test_labels_and_lengths_reach_the_library_in_one_pack(device, int_dtype, val
         assert (labels.data_ptr(), f.data_ptr(), l.data_ptr()) == \
             (targets.data_ptr(), fl.data_ptr(), ll.data_ptr())
     elif device == "cuda":
-        # the packed tensor's three parts, by address (no views made)
-        assert all(isinstance(x, int) for x in (labels, f, l)), (labels, f, l)
-        assert len(packs) == 1 and packs[0].data_ptr() == f and packs[0].dtype == torch.int32
-        assert l == f + 4 * 3 and labels == f + 4 * 6
         want = torch.cat([case["logit_lengths"], case["target_lengths"],
                           case["targets"].reshape(-1)]).int()
-        assert torch.equal(packs[0].cpu(), want), (packs[0].cpu(), want)
+        if requests:
+            # packed by the forward call (options.pack) into its workspace's allocation: no
+            # call of its own, and the problem's three arrays that one packed array
+            req, _flag = requests[0]
+            assert packs == [] and len(requests) == 1
+            assert len(calls) == 1 and calls[0][0] in ("compute_tdt_loss", "tdt_forward"), calls
+            _, f, l, labels, pack = calls[0]
+            assert pack == ctypes.addressof(req.ind) and f == req.address
+            assert l == f + 4 * 3 and labels == f + 4 * 6
+            assert req.owner.data_ptr() + req.offset == f and req.offset % 16 == 0
+            assert torch.equal(req.packed().cpu(), want), (req.packed().cpu(), want)
+        else:
+            # the packed tensor's three parts, by address (no views made)
+            assert all(isinstance(x, int) for x in (labels, f, l)), (labels, f, l)
+            assert len(packs) == 1 and packs[0].data_ptr() == f and packs[0].dtype == torch.int32
+            assert l == f + 4 * 3 and labels == f + 4 * 6
+            assert torch.equal(packs[0].cpu(), want), (packs[0].cpu(), want)
     else:
         assert labels.dtype == f.dtype == l.dtype == torch.int32
         for got, want in ((labels, case["targets"]), (f, case["logit_lengths"]),
