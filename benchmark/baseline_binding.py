@@ -8,8 +8,10 @@ The package is pytorch_binding/warp_tdt at that revision (git archive of this re
 renamed, with its torch.compile custom ops moved to a namespace of the same name, so that both
 bindings import into one process and their steps interleave there (the H200 host's drift between
 processes is larger than the differences these A/Bs look for: benchmark/NOTES.md, v23). Both
-load the library WARP_TDT_LIBRARY names; a binding older than the library reads only the
-options it knows (tdt_options_t grows at its end).
+load the library WARP_TDT_LIBRARY names. The library reads its whole tdt_options_t from the
+caller's memory, which grows at its end from version to version (every field's zero its
+default): the older package's ctypes Options is given 256 zero bytes at its end, so a newer
+library reads the fields that package does not know as their defaults.
 """
 
 import argparse
@@ -18,6 +20,14 @@ import os
 import subprocess
 import sys
 import tarfile
+
+
+def _zero_tail(text):
+    """_lib.py with 256 zero bytes appended to class Options's fields (see the docstring)."""
+    at = text.index("class Options(ctypes.Structure):")
+    end = text.index("\n    ]\n", at)
+    return (text[:end] + "\n        (\"_newer_fields_zero\", ctypes.c_char * 256),"
+            + text[end:])
 
 
 def main():
@@ -47,6 +57,8 @@ def main():
             # torch.ops.warp_tdt.*, which two bindings in one process may not share
             text = text.replace('"warp_tdt::', '"%s::' % args.name)
             text = text.replace("torch.ops.warp_tdt.", "torch.ops.%s." % args.name)
+            if os.path.basename(m.name) == "_lib.py":
+                text = _zero_tail(text)
             with open(os.path.join(dest, os.path.basename(m.name)), "w") as f:
                 f.write(text)
     print(dest)

@@ -66,7 +66,7 @@ def _timed(fn, name):
 def _instrument():
     """Times every library entry point the binding calls, in place."""
     _core._call = _timed(_core._call, lambda a: a[0])
-    for name in ("pack_indices", "validation_finish"):
+    for name in ("pack_indices", "pack_request", "validation_finish"):
         if hasattr(_core, name):
             setattr(_core, name, _timed(getattr(_core, name), lambda a, n=name: n + "()"))
 
