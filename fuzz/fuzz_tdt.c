@@ -47,7 +47,8 @@
  *     in-place gradient equals the out-of-place one bitwise; backward with grad_costs_scalar
  *     equals backward with that one value repeated for every sample, bitwise;
  *   - tdt_pack_indices on the call's labels and lengths (int32, or int64 copies) gives them back
- *     in its packed layout, with tdt_check_data's verdict;
+ *     in its packed layout, with tdt_check_data's verdict; a forward that packs them itself
+ *     (options.pack) gives the plain forward's costs bitwise, or a data status;
  *   - tdt_forward_ahead on the CPU writes no gradient and the costs of tdt_forward;
  *     tdt_scale_gradients gives each element inside a lattice times its factor, rounded once,
  *     and touches nothing else.
@@ -741,6 +742,59 @@ static int avoid(const char *tag) {
     return e && strstr(e, tag) != NULL;
 }
 
+/* options.pack: tdt_forward packing `in` (the call's labels and lengths, or int64 copies) into
+ * a fresh packed array gives, where the data pass the check (ok), SUCCESS and the costs of
+ * tdt_forward on the call's own arrays, bitwise, and the packed arrays back; else a length or
+ * label status (the first bad element of the packed order, which may be another one than
+ * tdt_check_data names), the verdict 0 and no cost written. */
+static void check_pack_option(const tdt_problem_t *p, const tdt_options_t *o, const tdt_indices_t *in,
+                              int ok) {
+    const int64_t B = p->batch, U = p->max_labels, n = B * (U + 2);
+    const size_t as = p->dtype == TDT_DTYPE_FLOAT64 ? 8 : 4;
+    size_t need = 0;
+    REQUIRE(tdt_get_workspace_size(p, o, &need) == TDT_STATUS_SUCCESS, "options.pack: workspace size");
+    unsigned char *ws = (unsigned char *)malloc(need + 1), *c1 = (unsigned char *)malloc((size_t)(B + 1) * as),
+                  *c2 = (unsigned char *)malloc((size_t)(B + 1) * as);
+    int32_t *packed = (int32_t *)malloc((size_t)(n + 1) * 4), valid = -1;
+    memset(c1, 0xC3, (size_t)(B + 1) * as);
+    memset(c2, 0xC3, (size_t)(B + 1) * as);
+    for (int64_t i = 0; i <= n; ++i) packed[i] = -77;
+    tdt_options_t plain = *o;
+    plain.pack = NULL;
+    plain.pack_valid = NULL;
+    const tdt_status_t s1 = tdt_forward(p, &plain, c1, ws, need);
+    REQUIRE((s1 == TDT_STATUS_SUCCESS) == ok, "options.pack: the plain forward %d, the check %d", (int)s1, ok);
+    tdt_problem_t q = *p;
+    q.frame_lengths = packed;
+    q.label_lengths = packed + B;
+    q.labels = U > 0 ? packed + 2 * B : NULL;
+    tdt_options_t po = plain;
+    po.pack = in;
+    po.pack_valid = &valid;
+    const tdt_status_t s2 = tdt_forward(&q, &po, c2, ws, need);
+    REQUIRE(valid == ok, "options.pack_valid %d, the check %d", (int)valid, ok);
+    if (ok) {
+        REQUIRE(s2 == TDT_STATUS_SUCCESS, "options.pack: status %d (%s): %s", (int)s2, tdt_status_string(s2),
+                tdt_last_error());
+        REQUIRE(memcmp(c1, c2, (size_t)(B + 1) * as) == 0, "options.pack: costs differ from the plain forward's");
+        for (int64_t b = 0; b < B; ++b)
+            REQUIRE(packed[b] == p->frame_lengths[b] && packed[B + b] == p->label_lengths[b],
+                    "options.pack: lengths of sample %lld", (long long)b);
+        for (int64_t i = 0; i < B * U; ++i)
+            REQUIRE(packed[2 * B + i] == p->labels[i], "options.pack: label %lld", (long long)i);
+    } else {
+        REQUIRE(s2 == TDT_STATUS_INVALID_LENGTH || s2 == TDT_STATUS_INVALID_LABEL,
+                "options.pack on bad data: status %d (%s)", (int)s2, tdt_status_string(s2));
+        for (size_t i = 0; i < (size_t)(B + 1) * as; ++i)
+            REQUIRE(c2[i] == 0xC3, "options.pack: costs written on failure");
+    }
+    REQUIRE(packed[n] == -77, "options.pack wrote past 2 B + B U elements");
+    free(ws);
+    free(c1);
+    free(c2);
+    free(packed);
+}
+
 /* tdt_pack_indices() on the call's int32 labels and lengths, as int64 copies (wide) or as they
  * are: SUCCESS, the same arrays back in the packed layout, nothing written past it, and a
  * verdict that is tdt_check_data's (ok). */
@@ -773,6 +827,7 @@ static void check_pack(const tdt_problem_t *p, const tdt_options_t *o, int ok, i
     for (int64_t i = 0; i < B * U; ++i)
         REQUIRE(packed[2 * B + i] == p->labels[i], "tdt_pack_indices: label %lld", (long long)i);
     REQUIRE(packed[n] == -77, "tdt_pack_indices wrote past 2 B + B U elements");
+    check_pack_option(p, o, &in, ok);
     free(l64);
     free(f64);
     free(u64);
