@@ -227,6 +227,11 @@ class _Indices:
     def label_lengths(self):
         return self._tensors()[2]
 
+    def pack_now(self):
+        """A pack request not yet packed by a forward call is packed now (tdt_pack_indices)."""
+        if self.request is not None and self.request.owner is None:
+            self.request.pack_now()
+
     def lib_args(self):
         """(labels, frame_lengths, label_lengths) as _core takes them: addresses into packed
         while no view of it was made, else the tensors; (request, None, None) while a pack
@@ -434,7 +439,8 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
     if idx.check is not None:  # tdt_pack_indices judged them on the device: its flag, pending
         if later:
             pending = idx.check
-        else:
+        else:  # (a pack request is packed and judged now, by its own call)
+            idx.pack_now()
             _core.validation_finish(spec, logits, idx.check, names)
     elif later:
         pending = _core.validation_start(idx.labels, idx.frame_lengths, idx.label_lengths,
