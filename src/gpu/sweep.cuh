@@ -1149,10 +1149,11 @@ inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
 
 /* Enqueues the forward (after options.pack's packing, env.prologue, if any): the normaliser,
  * then sweep(a, false); or, when a carries an overlap plan, the layer counters zeroed, the
- * ordered normaliser, and sweep(a, true): the sweep as its programmatic dependent; and with a fused plan (a.fus_alpha), every counter zeroed and the
- * fused gradient pass on grad_blocks blocks as the sweep's programmatic dependent. A trail plan
- * (a.trail, no overlap plan): every counter zeroed, the normaliser, the sweep, and the trail
- * gradient pass on grad_blocks blocks as its programmatic dependent. */
+ * ordered normaliser, and sweep(a, true): the sweep as its programmatic dependent; and with a
+ * fused plan (a.fus_alpha), every counter zeroed and the fused gradient pass on grad_blocks
+ * blocks as the sweep's programmatic dependent. A trail plan (a.trail, no overlap plan): every
+ * counter zeroed, the normaliser, the sweep, and the trail gradient pass on grad_blocks blocks
+ * as its programmatic dependent. */
 template <typename F>
 cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, cudaStream_t stream,
                             F sweep, int64_t grad_blocks = 0) {
