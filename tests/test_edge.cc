@@ -569,6 +569,14 @@ struct PackCall {  // a CPU forward of B = 2, T = 3, U = 2, V = 4 (blank 3) with
     tdt_status_t forward() { return tdt_forward(&p, &o, costs, ws.data(), ws.size()); }
 };
 
+// One way to spoil a PackCall, the status it must then give and words its message must hold.
+struct PackBad {
+    const char *what;
+    void (*change)(PackCall &);
+    tdt_status_t status;
+    const char *message;
+};
+
 TEST(PackOption, EmptyBatchIsValid) {
     PackCall c;
     c.p.batch = 0;
@@ -580,13 +588,7 @@ TEST(PackOption, EmptyBatchIsValid) {
 // Bad values: the packed arrays and the verdict written, the error naming the element as the
 // caller gave it, nothing else written.
 TEST(PackOption, BadValuesNamed) {
-    struct Bad {
-        const char *what;
-        void (*change)(PackCall &);
-        tdt_status_t status;
-        const char *message;
-    };
-    const Bad bads[] = {
+    const PackBad bads[] = {
         {"frame length", [](PackCall &c) { c.fl[1] = 4; }, TDT_STATUS_INVALID_LENGTH,
          "options->pack->frame_lengths[1] = 4 is outside [0, 3]"},
         {"label length past the columns", [](PackCall &c) { c.in.columns = 1; c.ll[0] = 2; },
@@ -600,7 +602,7 @@ TEST(PackOption, BadValuesNamed) {
         {"label past int32", [](PackCall &c) { c.labels[0] = (int64_t{1} << 32) + 1; },
          TDT_STATUS_INVALID_LABEL, "options->pack->labels[0][0] = 4294967297 is outside int32"},
     };
-    for (const Bad &b : bads) {
+    for (const PackBad &b : bads) {
         SCOPED_TRACE(b.what);
         PackCall c;
         b.change(c);
@@ -618,13 +620,7 @@ TEST(PackOption, BadValuesNamed) {
 }
 
 TEST(PackOption, ArgumentErrors) {
-    struct Bad {
-        const char *what;
-        void (*change)(PackCall &);
-        tdt_status_t status;
-        const char *message;
-    };
-    const Bad bads[] = {
+    const PackBad bads[] = {
         {"label_lengths apart", [](PackCall &c) { c.p.label_lengths = c.packed.data() + 3; },
          TDT_STATUS_INVALID_OPTION, "is not problem->frame_lengths"},
         {"labels apart", [](PackCall &c) { c.p.labels = c.packed.data() + 5; }, TDT_STATUS_INVALID_OPTION,
@@ -639,7 +635,7 @@ TEST(PackOption, ArgumentErrors) {
         {"NULL lengths", [](PackCall &c) { c.in.frame_lengths = nullptr; }, TDT_STATUS_NULL_POINTER,
          "options->pack->frame_lengths is NULL"},
     };
-    for (const Bad &b : bads) {
+    for (const PackBad &b : bads) {
         SCOPED_TRACE(b.what);
         PackCall c;
         b.change(c);

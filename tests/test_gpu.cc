@@ -1269,6 +1269,14 @@ TEST(GpuCalls, BatchMean) {
     }
 }
 
+// A call shape, its schedule, and whether it runs captured in a CUDA graph.
+struct CallCase {
+    Mode mode;
+    tdt_gpu_schedule_t schedule;
+    bool graph;
+    const char *name;
+};
+
 // options.reduction on the device, in every call that runs a forward (one-shot, the pair, the
 // fused and trail schedules' tdt_forward_ahead(), costs-only) and in a CUDA graph: the
 // reduction of the costs the call wrote, by the rule above (so the CPU's bits, which is checked
@@ -1282,14 +1290,13 @@ TEST(GpuCalls, Reduction) {
         s.B = 5;
         s.V = 1025;
         const Host h = make_host(s);
-        struct Case { Mode mode; tdt_gpu_schedule_t schedule; bool graph; const char *name; };
-        const Case cases[] = {{Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, false, "one-shot"},
+        const CallCase cases[] = {{Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, false, "one-shot"},
                               {Mode::FwdBwd, TDT_GPU_SCHEDULE_AUTO, false, "pair"},
                               {Mode::Ahead, TDT_GPU_SCHEDULE_FUSED, false, "fused, ahead"},
                               {Mode::Ahead, TDT_GPU_SCHEDULE_TRAIL, false, "trail, ahead"},
                               {Mode::CostsOnly, TDT_GPU_SCHEDULE_AUTO, false, "costs-only"},
                               {Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, true, "one-shot in a graph"}};
-        for (const Case &c : cases)
+        for (const CallCase &c : cases)
             for (bool per_label : {false, true}) {
                 RunOpts ro;
                 ro.mode = c.mode;
@@ -1339,8 +1346,7 @@ TEST(GpuCalls, PackedByTheCall) {
         std::vector<int32_t> want(h.T.begin(), h.T.end());
         want.insert(want.end(), h.U.begin(), h.U.end());
         want.insert(want.end(), h.labels.begin(), h.labels.begin() + s.B * s.U);
-        struct Case { Mode mode; tdt_gpu_schedule_t schedule; bool graph; const char *name; };
-        const Case cases[] = {{Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, false, "one-shot, auto"},
+        const CallCase cases[] = {{Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, false, "one-shot, auto"},
                               {Mode::OneShot, TDT_GPU_SCHEDULE_SERIAL, false, "one-shot, serial"},
                               {Mode::FwdBwd, TDT_GPU_SCHEDULE_OVERLAP, false, "pair, overlap"},
                               {Mode::FwdBwd, TDT_GPU_SCHEDULE_SPLIT, false, "pair, split"},
@@ -1348,7 +1354,7 @@ TEST(GpuCalls, PackedByTheCall) {
                               {Mode::Ahead, TDT_GPU_SCHEDULE_TRAIL, false, "trail, ahead"},
                               {Mode::CostsOnly, TDT_GPU_SCHEDULE_AUTO, false, "costs-only"},
                               {Mode::Ahead, TDT_GPU_SCHEDULE_AUTO, true, "ahead in a graph"}};
-        for (const Case &c : cases) {
+        for (const CallCase &c : cases) {
             const std::string what = std::string(dt_name(dt)) + ", " + c.name;
             RunOpts ro;
             ro.mode = c.mode;
