@@ -577,6 +577,20 @@ struct PackBad {
     const char *message;
 };
 
+// The spoiled call: its status, its message, and no cost written; packed: the data check
+// refused it, after the packing (the verdict 0, the packed arrays written), else the argument
+// checks, before it (neither).
+void expect_refused(const PackBad &b, bool packed) {
+    SCOPED_TRACE(b.what);
+    PackCall c;
+    b.change(c);
+    EXPECT_EQ(c.forward(), b.status);
+    EXPECT_NE(std::string(tdt_last_error()).find(b.message), std::string::npos) << tdt_last_error();
+    EXPECT_EQ(c.valid, packed ? 0 : -1) << "the verdict";
+    EXPECT_EQ(c.packed[0] != -77, packed) << "the packed arrays (written only by the packing)";
+    EXPECT_EQ(c.costs[0], 0.0f) << "costs written by a refused call";
+}
+
 TEST(PackOption, EmptyBatchIsValid) {
     PackCall c;
     c.p.batch = 0;
@@ -602,16 +616,7 @@ TEST(PackOption, BadValuesNamed) {
         {"label past int32", [](PackCall &c) { c.labels[0] = (int64_t{1} << 32) + 1; },
          TDT_STATUS_INVALID_LABEL, "options->pack->labels[0][0] = 4294967297 is outside int32"},
     };
-    for (const PackBad &b : bads) {
-        SCOPED_TRACE(b.what);
-        PackCall c;
-        b.change(c);
-        EXPECT_EQ(c.forward(), b.status);
-        EXPECT_NE(std::string(tdt_last_error()).find(b.message), std::string::npos) << tdt_last_error();
-        EXPECT_EQ(c.valid, 0);
-        EXPECT_NE(c.packed[0], -77) << "the packed arrays are written before the check";
-        EXPECT_EQ(c.costs[0], 0.0f) << "costs written after a failed check";
-    }
+    for (const PackBad &b : bads) expect_refused(b, true);
     PackCall good;
     EXPECT_EQ(good.forward(), TDT_STATUS_SUCCESS) << tdt_last_error();
     EXPECT_EQ(good.valid, 1);
@@ -635,15 +640,7 @@ TEST(PackOption, ArgumentErrors) {
         {"NULL lengths", [](PackCall &c) { c.in.frame_lengths = nullptr; }, TDT_STATUS_NULL_POINTER,
          "options->pack->frame_lengths is NULL"},
     };
-    for (const PackBad &b : bads) {
-        SCOPED_TRACE(b.what);
-        PackCall c;
-        b.change(c);
-        EXPECT_EQ(c.forward(), b.status);
-        EXPECT_NE(std::string(tdt_last_error()).find(b.message), std::string::npos) << tdt_last_error();
-        EXPECT_EQ(c.valid, -1) << "the verdict written by a call refused before the packing";
-        EXPECT_EQ(c.packed[0], -77) << "packed by a call refused before the packing";
-    }
+    for (const PackBad &b : bads) expect_refused(b, false);
     // the backward ignores it: a bad pack there is never looked at
     PackCall c;
     ASSERT_EQ(c.forward(), TDT_STATUS_SUCCESS) << tdt_last_error();
