@@ -177,7 +177,10 @@ typedef struct tdt_indices {
 
 /* ---------------------------------------------------------------------------------------------
  * Options. Zero-initialise (tdt_options_t o = {0};) and set what you need: every zero field
- * means its documented default.
+ * means its documented default. The struct grows at its end from version to version and the
+ * library reads all of it, so compile against the header of the library you load
+ * (tdt_version() == TDT_VERSION_NUMBER); a binding that cannot (ctypes, say) appends zero bytes
+ * to its copy of the struct, which a newer library reads as its new fields' defaults.
  * ------------------------------------------------------------------------------------------- */
 typedef struct tdt_options {
     tdt_location_t location; /* default TDT_LOCATION_CPU */

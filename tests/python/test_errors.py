@@ -159,6 +159,46 @@ def test_workspace_refusal_is_a_runtime_error():
     assert not isinstance(info.value, ValueError)
 
 
+def test_options_struct_matches_the_library():
+    """The ctypes tdt_options_t: its last fields where the library reads them (each read back
+    through an error that names it), then zero bytes a newer library would read as its new
+    fields' defaults."""
+    import ctypes
+    lib = _lib.load()
+    kw = _args()
+    fl = kw["logit_lengths"].int()
+    ll = kw["target_lengths"].int()
+    labels = kw["targets"].int().contiguous()
+    spec = _core.Spec("separate", 6, (0, 1, 2), 5, 0.0, 0.0, 0.0, False)
+    p, o, keep = _core._build(spec, kw["token_logits"], kw["duration_logits"], labels, fl, ll,
+                              False)
+    n = ctypes.c_size_t(0)
+    assert lib.tdt_get_workspace_size(ctypes.byref(p), ctypes.byref(o), ctypes.byref(n)) == 0
+    ws = torch.empty(n.value, dtype=torch.uint8)
+    costs = torch.empty(2)
+
+    def status(opts):
+        return lib.tdt_forward(ctypes.byref(p), ctypes.byref(opts), costs.data_ptr(),
+                               ws.data_ptr(), n.value)
+
+    assert status(o) == 0, _lib.last_error()
+    bad = _lib.Options.from_buffer_copy(o)
+    bad.reduction = 7
+    assert status(bad) == 13 and "options->reduction = 7" in _lib.last_error()
+    if _core.fold_pack_available():
+        ind = _lib.Indices()
+        ind.type = 9
+        bad = _lib.Options.from_buffer_copy(o)
+        bad.pack = ctypes.addressof(ind)
+        assert status(bad) == 8 and "options->pack->type = 9" in _lib.last_error(), \
+            _lib.last_error()
+    tail = _lib.Options._newer_fields_zero
+    raw = bytes(o)
+    assert tail.offset + tail.size == ctypes.sizeof(_lib.Options) and tail.size >= 256
+    assert raw[tail.offset:] == bytes(tail.size)
+    del keep
+
+
 def test_mixed_devices_raise():
     if not warp_tdt.cuda_available():
         pytest.skip("needs CUDA")
