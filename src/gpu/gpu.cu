@@ -142,7 +142,7 @@ const tdt_gpu_prologue_t *prologue_of(const tdt_call_t *c, tdt_gpu_prologue_t *p
 tdt_status_t enqueue_empty(const tdt_call_t *c, int) {
     tdt_gpu_prologue_t pro;
     if (prologue_of(c, &pro) && pro.valid) {
-        const cudaError_t e = tdt_launch_prologue(&pro, NULL, 0, (cudaStream_t)c->o.stream);
+        const cudaError_t e = tdt_launch_prologue(pro, NULL, 0, (cudaStream_t)c->o.stream);
         if (e != cudaSuccess) return cuda_fail(e, "the packing kernel's launch");
     }
     return enqueue_reduction(c);
@@ -297,23 +297,12 @@ cudaError_t tdt_device_attribute(cudaDeviceAttr attr, int device, int *value) {
                     [&](int *v) { return cudaDeviceGetAttribute(v, attr, device); });
 }
 
-cudaError_t tdt_launch_prologue(const tdt_gpu_prologue_t *pro, int32_t *zero, int64_t nzero,
+cudaError_t tdt_launch_prologue(const tdt_gpu_prologue_t &pro, int32_t *zero, int64_t nzero,
                                 cudaStream_t stream) {
-    tdt_indices_t in;
-    tdt_pack_shape_t shape;
-    memset(&in, 0, sizeof in);
-    memset(&shape, 0, sizeof shape);
-    int32_t *packed = NULL, *valid = NULL;
-    if (pro) {
-        in = pro->in;
-        shape = pro->shape;
-        packed = pro->packed;
-        valid = pro->valid;
-    }
-    const int64_t n = packed ? shape.batch * (shape.max_labels + 2) : 0;
+    const int64_t n = pro.packed ? pro.shape.batch * (pro.shape.max_labels + 2) : 0;
     const int64_t most = n > nzero ? n : nzero;
     const int threads = most >= 1024 ? 1024 : (int)((most + 31) / 32 * 32) + (most == 0 ? 32 : 0);
-    prologue_kernel<<<1, threads, 0, stream>>>(in, shape, packed, valid, zero, nzero);
+    prologue_kernel<<<1, threads, 0, stream>>>(pro.in, pro.shape, pro.packed, pro.valid, zero, nzero);
     return cudaGetLastError();
 }
 
@@ -354,7 +343,7 @@ extern "C" tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_opt
     if (device != prev && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
     const tdt_gpu_prologue_t pro = {*indices, prologue_shape(problem, options), packed, valid};
     tdt_status_t st = TDT_STATUS_SUCCESS;
-    e = tdt_launch_prologue(&pro, NULL, 0, (cudaStream_t)options->stream);
+    e = tdt_launch_prologue(pro, NULL, 0, (cudaStream_t)options->stream);
     if (e != cudaSuccess) st = cuda_fail(e, "the packing kernel's launch");
     if (device != prev) {
         e = cudaSetDevice(prev);

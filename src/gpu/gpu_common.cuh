@@ -580,10 +580,11 @@ typedef struct tdt_gpu_prologue {
     int32_t *packed;        /* the problem's frame_lengths: the packed array */
     int32_t *valid;         /* options.pack_valid, or NULL */
 } tdt_gpu_prologue_t;
-/* One block that zeroes zero[0 .. nzero) and, with pro, packs pro's indices and writes its
- * verdict (fenced for the system: pinned host memory holds it once the stream has passed the
- * kernel). gpu.cu; tdt_pack_indices() is this kernel with nothing to zero. */
-cudaError_t tdt_launch_prologue(const tdt_gpu_prologue_t *pro, int32_t *zero, int64_t nzero,
+/* One block that zeroes zero[0 .. nzero), packs pro's indices (none when pro.packed is NULL:
+ * an empty batch) and writes its verdict (fenced for the system: pinned host memory holds it
+ * once the stream has passed the kernel). gpu.cu; tdt_pack_indices() is this kernel with
+ * nothing to zero. */
+cudaError_t tdt_launch_prologue(const tdt_gpu_prologue_t &pro, int32_t *zero, int64_t nzero,
                                 cudaStream_t stream);
 /* ---- launchers (each in its kernel's file) ---------------------------------------------------
  * Each enqueues its kernels on stream and returns the first error of a launch. */

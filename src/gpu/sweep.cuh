@@ -1165,7 +1165,7 @@ cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, c
                                                     : 0;
     /* options.pack: one kernel packs the indices and zeroes the counters (none for the serial
      * schedule), in place of the memset */
-    if (env.prologue) e = tdt_launch_prologue(env.prologue, a.ws.order, counters, stream);
+    if (env.prologue) e = tdt_launch_prologue(*env.prologue, a.ws.order, counters, stream);
     else if (counters > 0) e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
     if (e != cudaSuccess) return e;
     if (a.fwd_tickets == 0) {
