@@ -649,10 +649,10 @@ class PackRequest:
     array at byte ``offset``, address ``address``; a request that someone needs before any
     forward call ran is packed by pack_now() into a tensor of its own."""
 
-    __slots__ = ("ind", "keep", "valid", "n", "shape", "ref", "owner", "offset", "address")
+    __slots__ = ("ind", "keep", "valid", "n", "shape", "owner", "offset", "address")
 
-    def __init__(self, ind, keep, valid, shape, ref):
-        self.ind, self.keep, self.valid, self.shape, self.ref = ind, keep, valid, shape, ref
+    def __init__(self, ind, keep, valid, shape):
+        self.ind, self.keep, self.valid, self.shape = ind, keep, valid, shape  # keep: the sources
         self.n = shape[0] * (shape[2] + 2)
         self.owner, self.offset, self.address = None, 0, 0
 
@@ -665,9 +665,10 @@ class PackRequest:
     def pack_now(self):
         """tdt_pack_indices() into the place given, or into a new tensor: for a call that makes
         no library call, or views asked for before the forward."""
+        labels = self.keep[0]
         if self.owner is None:
-            self.placed(torch.empty(4 * self.n, dtype=torch.uint8, device=self.ref.device), 0)
-        _pack_call(self.ref, self.shape, self.ind, self.address, self.valid)
+            self.placed(torch.empty(4 * self.n, dtype=torch.uint8, device=labels.device), 0)
+        _pack_call(labels, self.shape, self.ind, self.address, self.valid)
 
     def packed(self):
         """The packed int32 array, as a tensor (packing it now if no call has)."""
@@ -681,17 +682,29 @@ def pack_request(max_frames, max_labels, vocab_size, blank, labels, frame_length
     """A PackRequest for these (as pack_indices() takes them), and the _FlagCheck of its verdict
     when check (else None): the forward call packs and judges them."""
     B = int(frame_lengths.shape[0])
-    done = None
-    if check:
-        done = _pinned_slot(labels.device, 1)
-        done.flag.value = _FLAG_PENDING  # the forward's first kernel writes 1 or 0 over it
+    done = _armed_flag(labels.device, check)  # the forward's first kernel writes over it
     req = PackRequest(_indices_struct(labels, frame_lengths, label_lengths),
                       (labels, frame_lengths, label_lengths),
                       done.buf.data_ptr() if done is not None else None,
-                      (B, max_frames, max_labels, vocab_size, blank), labels)
+                      (B, max_frames, max_labels, vocab_size, blank))
+    return req, _flag_check(done, labels, frame_lengths, label_lengths, max_labels)
+
+
+def _armed_flag(device, check):
+    """With check, the calling thread's pinned slot, its flag set pending (a packing kernel
+    writes 1 or 0 over it); else None."""
+    if not check:
+        return None
+    done = _pinned_slot(device, 1)
+    done.flag.value = _FLAG_PENDING
+    return done
+
+
+def _flag_check(done, labels, frame_lengths, label_lengths, max_labels):
+    """The _FlagCheck of an armed flag, or None."""
     if done is None:
-        return req, None
-    return req, _FlagCheck(done, labels, frame_lengths, label_lengths, max_labels)
+        return None
+    return _FlagCheck(done, labels, frame_lengths, label_lengths, max_labels)
 
 
 def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_lengths, label_lengths,
@@ -707,16 +720,11 @@ def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_length
     check.
     """
     B = int(frame_lengths.shape[0])
-    done = None
-    if check:
-        done = _pinned_slot(packed.device, 1)
-        done.flag.value = _FLAG_PENDING  # the kernel writes 1 or 0 over it
+    done = _armed_flag(packed.device, check)
     _pack_call(packed, (B, max_frames, max_labels, vocab_size, blank),
                _indices_struct(labels, frame_lengths, label_lengths), packed.data_ptr(),
                done.buf.data_ptr() if done is not None else None)
-    if done is None:
-        return None
-    return _FlagCheck(done, labels, frame_lengths, label_lengths, max_labels)
+    return _flag_check(done, labels, frame_lengths, label_lengths, max_labels)
 
 
 _FLAG_PENDING = -1
