@@ -293,6 +293,8 @@ struct RunOpts {
     bool scale_scalar = false;       // scale holds one value for every sample
     bool keep_order = false;         // download the workspace's counters (Out::order)
     tdt_reduction_t reduction = TDT_REDUCTION_NONE;  // options.reduction, into Out::raw_reduced
+    bool twice = false;              // the calls enqueued twice over one workspace (the
+                                     // second finds the first one's counters)
     bool pack = false;               // options.pack: the labels and lengths uploaded as int64
                                      // (label rows one wider, the spare element -1), packed by
                                      // the forward call into one int32 array of garbage; the
@@ -609,6 +611,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     };
     auto enqueue = [&]() -> tdt_status_t {
         tdt_status_t st = enqueue_call();
+        if (st == TDT_STATUS_SUCCESS && ro.twice) st = enqueue_call();
         if (st != TDT_STATUS_SUCCESS || ro.mode == Mode::Ahead || ro.scale.empty()) return st;
         return tdt_scale_gradients(&pr, &so, sc.p, &g);
     };
@@ -1325,6 +1328,79 @@ TEST(GpuCalls, Reduction) {
                     }
                 }
             }
+    }
+    CUDA_OK(cudaStreamDestroy(side));
+}
+
+// options.reduction as the sweeps write it (the thread that writes the batch's last cost sums
+// them: tdt_cost_counted), under every schedule and call shape, on one-block sweeps and on the
+// cluster sweep of long diagonals (whose blocks all mark a bad sample, one counting it), called
+// twice over one workspace (so the count the first call left must be zeroed again) and in a
+// graph: a clean batch gives the costs' sum in sample order, to the bit; a T_b = 0 sample makes
+// it +inf; a sample with bad data makes it NaN, and written (unwritten, it holds 0xff bytes).
+TEST(GpuCalls, ReductionBySweeps) {
+    REQUIRE_GPU();
+    cudaStream_t side = nullptr;  // a graph is captured on a stream of its own
+    CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    enum Kind { Clean, Infeasible, Bad };
+    for (int shape = 0; shape < 2; ++shape) {
+        Spec s;
+        s.dt = TDT_DTYPE_FLOAT32;
+        s.ragged = true;
+        if (shape == 0) {
+            s.B = 6; s.T = 24; s.U = 8; s.V = 33;
+        } else {  // diagonals of 151 nodes: the cluster sweep (sweep.cuh, sweep_choose)
+            s.B = 2; s.T = 160; s.U = 150; s.V = 17;
+        }
+        for (Kind kind : {Clean, Infeasible, Bad}) {
+            Host h = make_host(s);
+            h.T[0] = (int32_t)s.T;
+            h.U[0] = (int32_t)s.U;
+            if (kind == Infeasible) h.T[s.B - 1] = 0;
+            if (kind == Bad) {
+                h.U[s.B - 1] = std::max<int32_t>(h.U[s.B - 1], 1);
+                h.labels[(s.B - 1) * s.U] = s.blank_id();
+            }
+            const CallCase cases[] = {{Mode::OneShot, TDT_GPU_SCHEDULE_SERIAL, false, "one-shot, serial"},
+                                      {Mode::OneShot, TDT_GPU_SCHEDULE_OVERLAP, false, "one-shot, overlap"},
+                                      {Mode::OneShot, TDT_GPU_SCHEDULE_SPLIT, false, "one-shot, split"},
+                                      {Mode::OneShot, TDT_GPU_SCHEDULE_AUTO, false, "one-shot, auto"},
+                                      {Mode::FwdBwd, TDT_GPU_SCHEDULE_SPLIT, false, "pair, split"},
+                                      {Mode::FwdBwd, TDT_GPU_SCHEDULE_SERIAL, false, "pair, serial"},
+                                      {Mode::Ahead, TDT_GPU_SCHEDULE_FUSED, false, "fused, ahead"},
+                                      {Mode::Ahead, TDT_GPU_SCHEDULE_TRAIL, false, "trail, ahead"},
+                                      {Mode::CostsOnly, TDT_GPU_SCHEDULE_SERIAL, false, "costs-only, serial"},
+                                      {Mode::CostsOnly, TDT_GPU_SCHEDULE_OVERLAP, false, "costs-only, overlap"},
+                                      {Mode::Ahead, TDT_GPU_SCHEDULE_AUTO, true, "ahead in a graph"}};
+            for (const CallCase &c : cases)
+                for (tdt_reduction_t r : {TDT_REDUCTION_SUM, TDT_REDUCTION_MEAN}) {
+                    const std::string what = s.str() + ", " + c.name +
+                                             (kind == Clean ? ", clean" : kind == Infeasible ? ", T_b = 0" : ", bad data") +
+                                             (r == TDT_REDUCTION_SUM ? ", sum" : ", mean");
+                    RunOpts ro;
+                    ro.mode = c.mode;
+                    ro.schedule = c.schedule;
+                    ro.graph = c.graph;
+                    ro.stream = c.graph ? side : nullptr;
+                    ro.twice = true;
+                    ro.reduction = r;
+                    const Out got = run_gpu(h, ro);
+                    const double v = reduced_of(got, TDT_DTYPE_FLOAT32);
+                    if (kind == Bad) {
+                        EXPECT_TRUE(std::isnan(v)) << what << ": " << v;
+                        EXPECT_NE(got.raw_reduced, std::vector<uint8_t>(4, 0xff)) << what << ": not written";
+                        EXPECT_TRUE(std::isnan(got.costs[s.B - 1])) << what << ": the bad sample's cost";
+                        continue;
+                    }
+                    EXPECT_EQ(got.raw_reduced, reduction_by_hand(got, TDT_DTYPE_FLOAT32, r == TDT_REDUCTION_MEAN))
+                        << what << ": " << v;
+                    if (kind == Infeasible) {
+                        EXPECT_TRUE(std::isinf(v) && v > 0) << what << ": " << v;
+                    } else {
+                        EXPECT_TRUE(std::isfinite(v)) << what << ": " << v;
+                    }
+                }
+        }
     }
     CUDA_OK(cudaStreamDestroy(side));
 }

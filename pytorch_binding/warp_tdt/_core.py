@@ -65,14 +65,14 @@ def workspace_bound(batch, max_frames, rows, num_durations):
     Used where the size must be known from (possibly symbolic) shapes alone: the fake
     implementation of the torch.compile custom op. It mirrors the layout drawn in
     src/common/workspace.h (five per-node double arrays, Dw per-node duration doubles, the (B)
-    arrays: two doubles, 32 double pairs and an int32 a sample, the GPU's 2 + (T + U) + 3 B int32
+    arrays: two doubles, 32 double pairs and an int32 a sample, the GPU's 3 + (T + U) + 3 B int32
     counters, a small header, one alignment pad per sub-buffer plus the pointer slack), and every
     real call checks it against the library's own answer, so a layout change cannot go
     unnoticed.
     """
     nodes = batch * max_frames * rows
     dw = max(int(num_durations), 1)
-    counters = 1 + max_frames + rows + 3 * batch  # 2 + (T + U) + 3 B, with rows = U + 1
+    counters = 2 + max_frames + rows + 3 * batch  # 3 + (T + U) + 3 B, with rows = U + 1
     return 8 * nodes * (5 + dw) + (16 + 512 + 4) * batch + 4 * counters + 64 + 14 * 256
 
 

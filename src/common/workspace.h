@@ -17,11 +17,12 @@
  *                     | cut_part [B * C]  | double pairs: its chunks' partial sums      |
  *                     |                   | (C = TDT_WS_CUT_CHUNKS)                     |
  *                     | state    [B]      | int32: per-sample state flags (GPU)         |
- *                     | order [2 + K + 3B]| int32, the GPU's overlapped schedules: a    |
- *                     |                   | work ticket, K = T + U per-layer done       |
- *                     |                   | counts, B per-sample beta progress counts,  |
- *                     |                   | B alpha progress counts, B cut chunk        |
- *                     |                   | counts, the gradient pass's own ticket      |
+ *                     | order [3 + K + 3B]| int32, the GPU's counters: a work ticket,   |
+ *                     |                   | K = T + U per-layer done counts, B          |
+ *                     |                   | per-sample beta progress counts, B alpha    |
+ *                     |                   | progress counts, B cut chunk counts, the    |
+ *                     |                   | gradient pass's own ticket, the costs       |
+ *                     |                   | written (options.reduction's ticket)        |
  *                     |                   | (nothing when B == 0)                       |
  *
  * The per-node arrays hold sample b's nodes at b * max_frames * (max_labels + 1) +
@@ -64,7 +65,9 @@ typedef struct tdt_ws {
                        [1 + K + b]: beta diagonals of sample b published (split backward,
                        fused); [1 + K + B + b]: alpha diagonals of sample b published, and
                        [1 + K + 2B + b]: sample b's cut chunks done (fused);
-                       [1 + K + 3B]: the fused gradient pass's next ticket */
+                       [1 + K + 3B]: the fused gradient pass's next ticket;
+                       [2 + K + 3B]: the samples whose cost the sweeps wrote (a forward
+                       with options.reduction: the last one sums them) */
 } tdt_ws_t;
 
 TDT_HD size_t tdt_align_up(size_t x) { return (x + TDT_WS_ALIGN - 1) & ~(TDT_WS_ALIGN - 1); }
@@ -94,7 +97,12 @@ TDT_HD int64_t tdt_ws_layers(int64_t max_frames, int64_t max_labels) { return ma
 
 /* The int32 counters of the order array (tdt_ws_t.order), for batch > 0. */
 TDT_HD int64_t tdt_ws_counters(int64_t batch, int64_t max_frames, int64_t max_labels) {
-    return 2 + tdt_ws_layers(max_frames, max_labels) + 3 * batch;
+    return 3 + tdt_ws_layers(max_frames, max_labels) + 3 * batch;
+}
+
+/* Index in the order array of the costs-written count (the last counter). */
+TDT_HD int64_t tdt_ws_cost_count(int64_t batch, int64_t max_frames, int64_t max_labels) {
+    return tdt_ws_counters(batch, max_frames, max_labels) - 1;
 }
 
 /* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T). 0 on overflow. */

@@ -7,10 +7,11 @@
  *     forward:  normalize (per node)  ->  sweep (alpha | beta per sample, LL, cost), or the
  *               two overlapped: a memset of the workspace's layer counters, the normaliser in
  *               the order the sweep consumes its values, the sweep as its programmatic
- *               dependent (sweep.cuh, "The overlapped schedules"; the split schedule: alpha alone)
- *               then, with options.reduction, one thread's sum of the costs; with options.pack,
- *               first one block that packs the labels and lengths and zeroes the counters, in
- *               place of the memset
+ *               dependent (sweep.cuh, "The overlapped schedules"; the split schedule: alpha alone);
+ *               with options.reduction, the sweeps count the costs they write and the last
+ *               one's thread sums them (tdt_cost_counted; the counters zeroed first); with
+ *               options.pack, first one block that packs the labels and lengths and zeroes the
+ *               counters, in place of the memset
  *     backward: grad (per node); for the split schedule (tdt_gpu_schedule_t) the beta sweep
  *               first, the gradient pass trailing it as its programmatic dependent; for the
  *               fused schedule (a one-shot call), enqueued by the forward, the gradient pass
@@ -95,25 +96,32 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
     a->arcs = c->arcs;
     a->sweep_only = c->costs_only ? 1 : 0; /* no backward follows: alpha alone gives the costs */
     if (c->workspace) tdt_workspace_carve(&c->layout, c->workspace, &a->ws); /* none: scaling */
+    /* options.reduction: written by the sweeps' last cost (tdt_cost_counted), where the count
+     * fits its int32 counter; else by reduce_costs_kernel after them (enqueue) */
+    if (c->do_forward && c->o.reduction != TDT_REDUCTION_NONE && c->workspace && p.batch > 0 &&
+        p.batch < INT32_MAX) {
+        a->reduce = c->o.reduction == TDT_REDUCTION_MEAN ? 2 : 1;
+        a->cost_count = a->ws.order + tdt_ws_cost_count(p.batch, p.max_frames, p.max_labels);
+        a->reduced = c->o.reduced_cost;
+    }
 #ifdef TDT_TIMELINE
     a->tl = timeline_buffer();
 #endif
 }
 
-/* options.reduction: one thread sums the costs in the order tdt_reduce_costs fixes (the CPU's
+/* options.reduction where no sweep writes it (an empty batch, or one too large for the
+ * sweeps' count): one thread sums the costs in the order tdt_reduce_costs fixes (the CPU's
  * bits), in stream order after the kernels that wrote them. */
 __global__ void reduce_costs_kernel(const void *costs, int acc_double, int64_t B, int mean,
                                     void *out) {
-    const double r = tdt_reduce_costs(costs, acc_double, B, mean);
-    if (acc_double)
-        *static_cast<double *>(out) = r;
-    else
-        *static_cast<float *>(out) = (float)r;
+    tdt_write_reduction(costs, acc_double, B, mean, out);
 }
 
-/* Enqueues options.reduction's kernel, if the call asks for one, on the current device. */
-tdt_status_t enqueue_reduction(const tdt_call_t *c) {
-    if (!c->do_forward || c->o.reduction == TDT_REDUCTION_NONE) return TDT_STATUS_SUCCESS;
+/* Enqueues options.reduction's kernel, if the call asks for one and no sweep writes it, on the
+ * current device. */
+tdt_status_t enqueue_reduction(const tdt_call_t *c, const tdt_gpu_args_t *a) {
+    if (!c->do_forward || c->o.reduction == TDT_REDUCTION_NONE || (a && a->reduce))
+        return TDT_STATUS_SUCCESS;
     reduce_costs_kernel<<<1, 1, 0, (cudaStream_t)c->o.stream>>>(
         c->costs, tdt_acc_is_double(c->p.dtype), c->p.batch, c->o.reduction == TDT_REDUCTION_MEAN,
         c->o.reduced_cost);
@@ -145,7 +153,7 @@ tdt_status_t enqueue_empty(const tdt_call_t *c, int) {
         const cudaError_t e = tdt_launch_prologue(pro, NULL, 0, (cudaStream_t)c->o.stream);
         if (e != cudaSuccess) return cuda_fail(e, "the packing kernel's launch");
     }
-    return enqueue_reduction(c);
+    return enqueue_reduction(c, NULL);
 }
 
 /* The device that owns ptr (named `what` in errors): 0 and *device set, or a status. Host
@@ -183,8 +191,9 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
         e = tdt_launch_forward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream,
                                c->do_backward ? &bwd_done : NULL, prologue_of(c, &pro));
         if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
-        const tdt_status_t st = enqueue_reduction(c);
+        const tdt_status_t st = enqueue_reduction(c, &a);
         if (st != TDT_STATUS_SUCCESS) return st;
+        a.reduce = 0; /* the forward's alone */
     }
     if (c->ahead) { /* tdt_forward_ahead(): the backward only if it ran with the forward */
         *c->ahead = bwd_done ? 1 : 0;

@@ -94,6 +94,13 @@ typedef struct tdt_gpu_args {
      * alpha's in fus_alpha[b], beta's in bwd_progress[b], and the gradient pass takes its
      * tickets from *fus_ticket. */
     int trail;
+    /* options.reduction in a forward (0: none, 1: the sum, 2: the mean): the sweeps count the
+     * costs they write in *cost_count (zeroed by the forward's first kernel or memset), and the
+     * thread that counts the batch's last one writes the reduction to *reduced
+     * (tdt_write_reduction), so no kernel of its own follows them. */
+    int reduce;
+    int32_t *cost_count;
+    void *reduced;
     unsigned long long *tl; /* -DTDT_TIMELINE benchmark builds: the kernels' timeline (tdt_tl) */
 } tdt_gpu_args_t;
 
@@ -128,6 +135,29 @@ __device__ __forceinline__ void tdt_tl_end(unsigned long long *tl, int i) {
 __device__ __forceinline__ void tdt_tl_start(unsigned long long *, int) {}
 __device__ __forceinline__ void tdt_tl_end(unsigned long long *, int) {}
 #endif
+
+/* options.reduction's value: the costs' float64 sum in sample order (tdt_reduce_costs, the CPU's
+ * bits), or their mean, rounded once to the accumulate type into out. One thread. */
+__device__ __forceinline__ void tdt_write_reduction(const void *costs, int acc_double, int64_t B,
+                                                    int mean, void *out) {
+    const double r = tdt_reduce_costs(costs, acc_double, B, mean);
+    if (acc_double)
+        *static_cast<double *>(out) = r;
+    else
+        *static_cast<float *>(out) = (float)r;
+}
+
+/* A sweep's thread that has just written a sample's cost (or NaN for bad data) counts it, with
+ * a.reduce; the one that counts the batch's last writes the reduction. The fence before the
+ * count publishes this thread's cost; the one after the last count orders its reads after
+ * every other cost's publication. */
+__device__ __forceinline__ void tdt_cost_counted(const tdt_gpu_args_t &a) {
+    if (!a.reduce) return;
+    __threadfence();
+    if (atomicAdd(a.cost_count, 1) != (int)(a.B - 1)) return;
+    __threadfence();
+    tdt_write_reduction(a.costs, a.acc_double, a.B, a.reduce == 2, a.reduced);
+}
 
 /* ---- element types ---------------------------------------------------------------------------
  * Acc is the precision of the V-wide sums: float for float32 / float16 / bfloat16, double for

@@ -294,10 +294,12 @@ __device__ __forceinline__ void tdt_sweep_finish(const tdt_gpu_args_t &a, int64_
 
 /* Block-wide: runs body(b, is_beta, L, out) for each (sample, direction) job of this block,
  * out the sample's workspace alpha or beta array; a sample with bad device data is marked and
- * skipped (tdt_sweep_bad_sample). */
+ * skipped (tdt_sweep_bad_sample). lead: this block's thread 0 is the one that writes an alpha
+ * job's cost (in body, tdt_sweep_finish, or here for bad data); it then counts the cost for
+ * options.reduction (tdt_cost_counted). A cluster's other blocks pass false. */
 template <typename Body>
 __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t first,
-                                               int64_t stride, Body body) {
+                                               int64_t stride, Body body, bool lead = true) {
     const int only = a.sweep_only; /* 1: alpha jobs only, 2: beta only */
     for (int64_t job = first; job < (only ? 1 : 2) * a.B; job += stride) { /* block-uniform */
         const int64_t b = only ? job : job >> 1;
@@ -313,6 +315,7 @@ __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t 
             body(b, is_beta, L,
                  (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row));
         }
+        if (!is_beta && lead && threadIdx.x == 0) tdt_cost_counted(a);
         int32_t *const progress = is_beta ? a.bwd_progress : a.fus_alpha;
         if (progress) {
             /* the split backward's beta, the fused schedule's alpha and beta: sample b's values
@@ -846,7 +849,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_cluster_kernel(const tdt
         } else {
             staged_sweep<true, KD, SPL, G, true>(L, g, sl, ring, glob, left);
         }
-    });
+    }, rank == 0);
     overlap_end(a);
 #endif
 }
@@ -1147,7 +1150,8 @@ inline bool trail_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     return true;
 }
 
-/* Enqueues the forward (after options.pack's packing, env.prologue, if any): the normaliser,
+/* Enqueues the forward (after options.pack's packing, env.prologue, if any; with a reduction,
+ * a.reduce, every counter zeroed first): the normaliser,
  * then sweep(a, false); or, when a carries an overlap plan, the layer counters zeroed, the
  * ordered normaliser, and sweep(a, true): the sweep as its programmatic dependent; and with a
  * fused plan (a.fus_alpha), every counter zeroed and the fused gradient pass on grad_blocks
@@ -1158,11 +1162,12 @@ template <typename F>
 cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, cudaStream_t stream,
                             F sweep, int64_t grad_blocks = 0) {
     cudaError_t e = cudaSuccess;
-    /* the counters: with a trail or fused plan every one (the sweeps' counts, the gradient
-     * pass's tickets), else the normaliser's layer counts and its ticket */
-    const int64_t counters = a.trail || a.fus_alpha ? tdt_ws_counters(a.B, a.maxT, a.maxU)
-                             : a.fwd_tickets != 0   ? a.fwd_layers + 1
-                                                    : 0;
+    /* the counters: with a trail or fused plan, or a reduction, every one (the sweeps' counts,
+     * the gradient pass's tickets, the costs written), else the normaliser's layer counts and
+     * its ticket */
+    const int64_t counters = a.trail || a.fus_alpha || a.reduce ? tdt_ws_counters(a.B, a.maxT, a.maxU)
+                             : a.fwd_tickets != 0                 ? a.fwd_layers + 1
+                                                                  : 0;
     /* options.pack: one kernel packs the indices and zeroes the counters (none for the serial
      * schedule), in place of the memset */
     if (env.prologue) e = tdt_launch_prologue(*env.prologue, a.ws.order, counters, stream);
