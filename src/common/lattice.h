@@ -527,10 +527,20 @@ TDT_HD double tdt_cost(double ll, double fastemit_lambda, int per_label, int acc
 /* options.reduction of the B costs (float64 when acc_double, else float32): their sum in
  * float64, b ascending, divided by B for the mean (0 / 0, NaN, for an empty batch's mean); the
  * caller rounds it once to the accumulate type. The one order both backends sum in. */
+TDT_HD double tdt_cost_at(const void *costs, int acc_double, int64_t b) {
+    return acc_double ? ((const double *)costs)[b] : (double)((const float *)costs)[b];
+}
 TDT_HD double tdt_reduce_costs(const void *costs, int acc_double, int64_t B, int mean) {
+    /* eight loads before their eight adds: on the GPU one thread sums costs that other blocks
+     * just wrote, from L2, and their latencies then overlap (the adds keep their order) */
     double sum = 0.0;
-    for (int64_t b = 0; b < B; ++b)
-        sum += acc_double ? ((const double *)costs)[b] : (double)((const float *)costs)[b];
+    int64_t b = 0;
+    for (; b + 8 <= B; b += 8) {
+        double v[8];
+        for (int k = 0; k < 8; ++k) v[k] = tdt_cost_at(costs, acc_double, b + k);
+        for (int k = 0; k < 8; ++k) sum += v[k];
+    }
+    for (; b < B; ++b) sum += tdt_cost_at(costs, acc_double, b);
     return mean ? sum / (double)B : sum;
 }
 

@@ -315,7 +315,6 @@ __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t 
             body(b, is_beta, L,
                  (is_beta ? a.ws.beta : a.ws.alpha) + tdt_sample_offset(b, a.maxT, a.row));
         }
-        if (!is_beta && lead && threadIdx.x == 0) tdt_cost_counted(a);
         int32_t *const progress = is_beta ? a.bwd_progress : a.fus_alpha;
         if (progress) {
             /* the split backward's beta, the fused schedule's alpha and beta: sample b's values
@@ -324,6 +323,8 @@ __device__ __forceinline__ void tdt_sweep_jobs(const tdt_gpu_args_t &a, int64_t 
             __syncthreads();
             if (threadIdx.x == 0) tdt_st_release(progress + b, INT_MAX); /* fences itself */
         }
+        /* after the release: the gradient pass waits for that, not for the count */
+        if (!is_beta && lead && threadIdx.x == 0) tdt_cost_counted(a);
     }
 }
 template <typename Body>
