@@ -728,14 +728,28 @@ def pack_indices(max_frames, max_labels, vocab_size, blank, labels, frame_length
 
 
 _FLAG_PENDING = -1
+_SPIN_SECONDS = 0.001  # how long _wait_for_flag polls before it also asks the stream
 
 
 def _wait_for_flag(flag, device):
     """Until tdt_pack_indices' kernel has written its verdict over _FLAG_PENDING (pinned memory:
     the host reads it as it lands; by the time a call has enqueued its loss it usually has). No
-    event: its record and wait took ~20 us of host time a call on an H200's host. A stream that
-    ran dry without the write (it failed, or the kernel never ran) ends the wait: its error is
-    raised by the synchronisation, or a RuntimeError if it has none."""
+    event: its record and wait took ~20 us of host time a call on an H200's host. First plain
+    reads for up to _SPIN_SECONDS (the clock read every 64): a stream query or a sleep(0) among
+    them cost an eager parakeet bfloat16 step on the H200 ~13 us of GPU time (benchmark/NOTES.md,
+    v34), and where a step waits on its kernels, up to parakeet, the wait is shorter. Then a stream that ran dry without
+    the write (it failed, or the kernel never ran) ends the wait: its error is raised by the
+    synchronisation, or a RuntimeError if it has none."""
+    polls = 0
+    start = None
+    while flag.value == _FLAG_PENDING:
+        polls += 1
+        if polls % 64 == 0:
+            now = time.perf_counter()
+            if start is None:
+                start = now
+            elif now - start > _SPIN_SECONDS:
+                break
     stream = None
     polls = 0
     while flag.value == _FLAG_PENDING:
