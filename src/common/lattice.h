@@ -524,12 +524,14 @@ TDT_HD double tdt_cost(double ll, double fastemit_lambda, int per_label, int acc
     return per_label ? tdt_acc_div(cost, acc_double, U) : cost;
 }
 
-/* options.reduction of the B costs (float64 when acc_double, else float32): their sum in
- * float64, b ascending, divided by B for the mean (0 / 0, NaN, for an empty batch's mean); the
- * caller rounds it once to the accumulate type. The one order both backends sum in. */
+/* Cost b of costs (float64 when acc_double, else float32), as a double. */
 TDT_HD double tdt_cost_at(const void *costs, int acc_double, int64_t b) {
     return acc_double ? ((const double *)costs)[b] : (double)((const float *)costs)[b];
 }
+
+/* options.reduction of the B costs: their sum in float64, b ascending, divided by B for the
+ * mean (0 / 0, NaN, for an empty batch's mean); the caller rounds it once to the accumulate
+ * type. The one order both backends sum in. */
 TDT_HD double tdt_reduce_costs(const void *costs, int acc_double, int64_t B, int mean) {
     /* eight loads before their eight adds: on the GPU one thread sums costs that other blocks
      * just wrote, from L2, and their latencies then overlap (the adds keep their order) */
