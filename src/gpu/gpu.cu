@@ -97,9 +97,9 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
     a->sweep_only = c->costs_only ? 1 : 0; /* no backward follows: alpha alone gives the costs */
     if (c->workspace) tdt_workspace_carve(&c->layout, c->workspace, &a->ws); /* none: scaling */
     /* options.reduction: written by the sweeps' last cost (tdt_cost_counted), where the count
-     * fits its int32 counter; else by reduce_costs_kernel after them (enqueue) */
-    if (c->do_forward && c->o.reduction != TDT_REDUCTION_NONE && c->workspace && p.batch > 0 &&
-        p.batch < INT32_MAX) {
+     * fits its int32 counter; else by reduce_costs_kernel after them (enqueue). A forward here
+     * has a workspace and a sample (an empty batch is enqueue_empty's). */
+    if (c->do_forward && c->o.reduction != TDT_REDUCTION_NONE && p.batch < INT32_MAX) {
         a->reduce = c->o.reduction == TDT_REDUCTION_MEAN ? 2 : 1;
         a->cost_count = a->ws.order + tdt_ws_cost_count(p.batch, p.max_frames, p.max_labels);
         a->reduced = c->o.reduced_cost;
@@ -135,9 +135,10 @@ tdt_pack_shape_t prologue_shape(const tdt_problem_t *p, const tdt_options_t *o) 
     return s;
 }
 
-/* options.pack of a forward call (the problem's frame_lengths the packed array), or NULL. */
+/* options.pack of a forward call (the problem's frame_lengths the packed array), or NULL (the
+ * dispatch layer clears it for every call but a forward). */
 const tdt_gpu_prologue_t *prologue_of(const tdt_call_t *c, tdt_gpu_prologue_t *pro) {
-    if (!c->do_forward || !c->o.pack) return NULL;
+    if (!c->o.pack) return NULL;
     pro->in = *c->o.pack;
     pro->shape = prologue_shape(&c->p, &c->o);
     pro->packed = c->p.batch > 0 ? (int32_t *)c->p.frame_lengths : NULL;
