@@ -1782,6 +1782,68 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
     }
 }
 
+// AUTO on a small lattice of rows that would split (sweep.cuh, kFusedOverSplitLayers): the
+// one-shot call and tdt_forward_ahead() run the fused schedule (its counters, the pair's costs
+// bit for bit, gradients within rounding; written ahead), while the pair still splits (the
+// serial bits, beta's progress written by the backward), and a tdt_backward() after the fused
+// forward_ahead, over its workspace, splits too: the pair's bits.
+TEST(GpuCalls, FusedOverSplitOnShortLattices) {
+    REQUIRE_GPU();
+    int major = 0, sms = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrComputeCapabilityMajor, &major));
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrMultiProcessorCount, &sms));
+    Spec s;
+    s.dt = TDT_DTYPE_FLOAT32;
+    s.B = 4; s.T = 40; s.U = 10; s.V = 19000;  // 2.6 MB of logits a diagonal (split: 2.5), 50 diagonals
+    s.ragged = true;
+    s.seed = 1931;
+    Host h = make_host(s);
+    h.T[0] = (int32_t)s.T;
+    h.U[0] = (int32_t)s.U;
+    const double per_diagonal = (double)(s.B * s.T * (s.U + 1)) * (double)(s.V + s.D()) * 4.0 / (double)(s.T + s.U);
+    ASSERT_GE(per_diagonal, 2.5 * 1024 * 1024) << "the case no longer reaches the split's rule";
+    if (major < 9 || 2 * s.B > sms / 4) GTEST_SKIP() << "no overlapped schedules here";
+    const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
+    RunOpts serial;
+    serial.mode = Mode::FwdBwd;
+    serial.schedule = TDT_GPU_SCHEDULE_SERIAL;
+    const Out ref = run_gpu(h, serial);
+
+    RunOpts pair;
+    pair.mode = Mode::FwdBwd;
+    pair.keep_order = true;
+    const Out p = run_gpu(h, pair);
+    EXPECT_EQ(p.raw_costs, ref.raw_costs) << s.str() << ", AUTO pair: costs";
+    EXPECT_EQ(p.raw_gtok, ref.raw_gtok) << s.str() << ", AUTO pair: token gradient";
+    EXPECT_EQ(p.raw_gdur, ref.raw_gdur) << s.str() << ", AUTO pair: duration gradient";
+    for (int64_t b = 0; b < s.B; ++b)
+        EXPECT_EQ(p.order[1 + K + (size_t)b], INT32_MAX) << s.str() << ", AUTO pair: sample " << b
+                                                         << "'s beta progress (the split backward's)";
+
+    RunOpts one;
+    one.keep_order = true;
+    const Out o = run_gpu(h, one);
+    EXPECT_EQ(o.raw_costs, ref.raw_costs) << s.str() << ", AUTO one-shot: costs";
+    expect_within_rounding(o.raw_gtok, ref.raw_gtok, s.dt, s.str() + ", AUTO one-shot: token gradient");
+    expect_within_rounding(o.raw_gdur, ref.raw_gdur, s.dt, s.str() + ", AUTO one-shot: duration gradient");
+    for (int64_t b = 0; b < s.B; ++b) {
+        const std::string sb = s.str() + ", AUTO one-shot: sample " + std::to_string(b);
+        EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX) << sb << "'s beta progress";
+        EXPECT_EQ(o.order[1 + K + (size_t)(s.B + b)], INT32_MAX) << sb << "'s alpha progress";
+        EXPECT_EQ(o.order[1 + K + (size_t)(2 * s.B + b)], h.T[b] > 0 ? 2 * TDT_WS_CUT_CHUNKS : 0)
+            << sb << "'s cut (the fused schedule's)";
+    }
+
+    RunOpts ahead;
+    ahead.mode = Mode::Ahead;
+    ahead.backward_twice = true;  // then tdt_backward() over the fused forward's workspace
+    const Out a = run_gpu(h, ahead);
+    EXPECT_EQ(a.written, 1) << s.str() << ": AUTO's forward_ahead did not write the gradients";
+    EXPECT_EQ(a.raw_costs, ref.raw_costs) << s.str() << ", AUTO ahead: costs";
+    EXPECT_EQ(a.raw_gtok, ref.raw_gtok) << s.str() << ", tdt_backward after the fused forward_ahead";
+    EXPECT_EQ(a.raw_gdur, ref.raw_gdur) << s.str() << ", tdt_backward after the fused forward_ahead (durations)";
+}
+
 // The trail schedule (TRAIL; AUTO takes it for a one-shot call whose forward is serial and whose
 // sweeps leave SMs free) on ragged batches: the serial pair's bits in the one-shot call, written
 // ahead by tdt_forward_ahead() for the same upstream, and captured in a CUDA graph; scaled

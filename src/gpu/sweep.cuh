@@ -1331,6 +1331,22 @@ inline bool split_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
     return logits_bytes_reach(a, dtype, kSplitBytesPerDiagonal);
 }
 
+/* A lattice of fewer diagonals than kFusedOverSplitLayers, each of at most
+ * kFusedOverSplitRows nodes a sample: there AUTO gives a one-shot call with gradients
+ * (compute_tdt_loss(), tdt_forward_ahead()) the fused schedule where it would split, the fused
+ * gradient pass beside both sweeps' second halves ending sooner than the split's beside the
+ * beta sweep after the forward. H200, tdt_bench f+b ms float32, fused / split, two or three
+ * rounds (benchmark/NOTES.md, v35), by (B, T, U, V): 240 diagonals of 41 rows, parakeet
+ * (4, 200, 40, 8193) 0.890-0.905 / 0.927-0.929 and (8, 200, 40, 8193) 1.725-1.729 /
+ * 1.754-1.758; 250 of 51, (16, 200, 50, 1025) 0.709-0.713 / 0.736-0.742. But 250 diagonals
+ * of 101 rows, (16, 150, 100, 1025) 1.072-1.080 / 1.022-1.025; and large's 500 of 101
+ * 2.668-2.676 / 2.457-2.460 (bfloat16 1.882-1.891 / 1.629-1.642), huge bfloat16's 475 of 101
+ * 4.610-4.613 / 4.307-4.317; (4, 400, 80, 8193), 480 of 81, a tie (3.385 / 3.382-3.398).
+ * A pair (tdt_forward(), tdt_backward()) still splits: its forward cannot run the gradient
+ * pass. */
+const int64_t kFusedOverSplitLayers = 360;
+const int64_t kFusedOverSplitRows = 64;
+
 /* The one-block sweep of choice c (*ob), and whether the split schedule runs for this call:
  * the forward and the backward both call this, so they agree (it depends on the problem, the
  * options and the device only). Split: the one-block staged sweep (c.cl == 1 as chosen,
@@ -1421,9 +1437,25 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
     cudaError_t e = split_plan<KD>(&a, c, env, &ob, &split);
     if (e != cudaSuccess) return e;
     bool fused = false, trail = false;
+    if (split && with_grads && env.schedule == TDT_GPU_SCHEDULE_AUTO &&
+        tdt_ws_layers(a.maxT, a.maxU) < kFusedOverSplitLayers && a.row <= kFusedOverSplitRows &&
+        overlap_wanted(env, jobs * a.B)) {
+        /* a small lattice: the fused schedule where its plan holds (then no backward follows
+         * this call; a later tdt_backward() on its workspace splits, as the pair does, the
+         * forward having written all the split backward reads) */
+        tdt_gpu_args_t f = a_in;
+        e = overlap_plan(&f, env, ob.kernel, jobs * f.B, 1, 0, jobs,
+                         norm_block_tickets(f, env.dtype, jobs));
+        if (e != cudaSuccess) return e;
+        if (fused_plan(&f, env, with_grads, false)) {
+            a = f;
+            split = false;
+            fused = true;
+        }
+    }
     if (split) {
         a.sweep_only = 1; /* beta runs in the backward (or not at all: costs only) */
-    } else if (KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, jobs * a.B)) {
+    } else if (!fused && KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, jobs * a.B)) {
         e = overlap_plan(&a, env, ob.kernel, jobs * a.B, 1, 0, jobs,
                          norm_block_tickets(a, env.dtype, jobs));
         if (e != cudaSuccess) return e;
