@@ -10,7 +10,7 @@ the upstream of each by U_b). The value of "sum" and of the batch means is the l
 (options.reduction: the costs' float64 sum, rounded once); "mean_volume" is torch's.
 
 On CUDA, where the library's plan runs the gradient pass with the forward (the fused schedule:
-long rows, or rows of at least 0.4 MB a diagonal, where it overlaps both lattice sweeps; the
+long rows, or rows of at least 0.4 MB a diagonal that it does not split; the
 trail schedule: ragged batches), forward calls tdt_forward_ahead() instead,
 with the reduction's weights (the upstream for a loss gradient of 1): the gradients are then
 written in the forward, and backward only multiplies them by the loss's upstream gradient
