@@ -742,6 +742,26 @@ void expect_within_rounding(const std::vector<uint8_t> &a, const std::vector<uin
                        << load_el(b.data(), (int64_t)first, dt) << " (" << steps << " one step apart)";
 }
 
+// A fused call's result against another schedule's: costs bitwise, gradients within rounding.
+void expect_fused_match(const Out &o, const Out &ref, tdt_dtype_t dt, const std::string &what) {
+    EXPECT_EQ(o.raw_costs, ref.raw_costs) << what << ": costs";
+    expect_within_rounding(o.raw_gtok, ref.raw_gtok, dt, what + ": token gradient");
+    expect_within_rounding(o.raw_gdur, ref.raw_gdur, dt, what + ": duration gradient");
+}
+
+// The fused schedule's counters in a call's workspace (Out::order; K layers): each sample's beta
+// and alpha progress complete, and every chunk of its middle cut counted and the cut done
+// (kCutDone); a sample without a lattice (T_b = 0) has no cut.
+void expect_fused_counters(const Out &o, const Host &h, size_t K, const std::string &what) {
+    const int64_t B = h.s.B;
+    for (int64_t b = 0; b < B; ++b) {
+        const std::string sb = what + ": sample " + std::to_string(b);
+        EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX) << sb << "'s beta progress";
+        EXPECT_EQ(o.order[1 + K + (size_t)(B + b)], INT32_MAX) << sb << "'s alpha progress";
+        EXPECT_EQ(o.order[1 + K + (size_t)(2 * B + b)], h.T[b] > 0 ? 2 * TDT_WS_CUT_CHUNKS : 0) << sb << "'s cut";
+    }
+}
+
 void expect_match(const Out &gpu, const Out &cpu, const Spec &s, bool grads = true) {
     Tol t = tol_for(s.dt);
     expect_close_vec("costs", gpu.costs, cpu.costs, t.cost_rel, t.cost_abs, s, 1);
@@ -1748,15 +1768,7 @@ TEST(GpuCalls, SchedulesMatchSerialBitwise) {
                     continue;
                 }
                 if (fused) {
-                    for (int64_t b = 0; b < s.B; ++b) {
-                        const std::string sb = what + ": sample " + std::to_string(b);
-                        EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX) << sb << "'s beta progress";
-                        EXPECT_EQ(o.order[1 + K + (size_t)(s.B + b)], INT32_MAX) << sb << "'s alpha progress";
-                        // every chunk of a lattice's cut counted, and the cut done (kCutDone);
-                        // a sample without a lattice (T_b = 0) has none
-                        EXPECT_EQ(o.order[1 + K + (size_t)(2 * s.B + b)], h.T[b] > 0 ? 2 * TDT_WS_CUT_CHUNKS : 0)
-                            << sb << "'s cut";
-                    }
+                    expect_fused_counters(o, h, K, what);
                     continue;
                 }
                 if (m == Mode::CostsOnly) {
@@ -1823,16 +1835,8 @@ TEST(GpuCalls, FusedOverSplitOnShortLattices) {
     RunOpts one;
     one.keep_order = true;
     const Out o = run_gpu(h, one);
-    EXPECT_EQ(o.raw_costs, ref.raw_costs) << s.str() << ", AUTO one-shot: costs";
-    expect_within_rounding(o.raw_gtok, ref.raw_gtok, s.dt, s.str() + ", AUTO one-shot: token gradient");
-    expect_within_rounding(o.raw_gdur, ref.raw_gdur, s.dt, s.str() + ", AUTO one-shot: duration gradient");
-    for (int64_t b = 0; b < s.B; ++b) {
-        const std::string sb = s.str() + ", AUTO one-shot: sample " + std::to_string(b);
-        EXPECT_EQ(o.order[1 + K + (size_t)b], INT32_MAX) << sb << "'s beta progress";
-        EXPECT_EQ(o.order[1 + K + (size_t)(s.B + b)], INT32_MAX) << sb << "'s alpha progress";
-        EXPECT_EQ(o.order[1 + K + (size_t)(2 * s.B + b)], h.T[b] > 0 ? 2 * TDT_WS_CUT_CHUNKS : 0)
-            << sb << "'s cut (the fused schedule's)";
-    }
+    expect_fused_match(o, ref, s.dt, s.str() + ", AUTO one-shot");
+    expect_fused_counters(o, h, K, s.str() + ", AUTO one-shot (the fused schedule's counters)");
 
     RunOpts ahead;
     ahead.mode = Mode::Ahead;
@@ -2174,10 +2178,7 @@ TEST(GpuLong, FusedScheduleOverClusters) {
         expect_match(f, run_cpu(h, RunOpts()), s);
         RunOpts serial;
         serial.schedule = TDT_GPU_SCHEDULE_SERIAL;
-        const Out r = run_gpu(h, serial);
-        EXPECT_EQ(f.raw_costs, r.raw_costs) << s.str() << ": costs";
-        expect_within_rounding(f.raw_gtok, r.raw_gtok, s.dt, s.str() + ": token gradient");
-        expect_within_rounding(f.raw_gdur, r.raw_gdur, s.dt, s.str() + ": duration gradient");
+        expect_fused_match(f, run_gpu(h, serial), s.dt, s.str());
         const Out again = run_gpu(h, fused), autos = run_gpu(h, RunOpts());
         EXPECT_EQ(again.raw_gtok, f.raw_gtok) << s.str() << ": a second run";
         EXPECT_EQ(again.raw_gdur, f.raw_gdur) << s.str() << ": a second run";
