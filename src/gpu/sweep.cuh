@@ -1437,30 +1437,26 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
     cudaError_t e = split_plan<KD>(&a, c, env, &ob, &split);
     if (e != cudaSuccess) return e;
     bool fused = false, trail = false;
-    if (split && with_grads && env.schedule == TDT_GPU_SCHEDULE_AUTO &&
-        tdt_ws_layers(a.maxT, a.maxU) < kFusedOverSplitLayers && a.row <= kFusedOverSplitRows &&
-        overlap_wanted(env, jobs * a.B)) {
-        /* a small lattice: the fused schedule where its plan holds (then no backward follows
-         * this call; a later tdt_backward() on its workspace splits, as the pair does, the
-         * forward having written all the split backward reads) */
+    /* AUTO's small lattice: a one-shot call with gradients takes the fused schedule in place of
+     * the split where the fused plan holds (then no backward follows this call; a later
+     * tdt_backward() on its workspace splits, as the pair does, the forward having written all
+     * that the split backward reads). The plans run on a copy of the call's arguments, which a
+     * split that stays is not given. (split_plan splits only a staged sweep with KD > 0.) */
+    const bool small = split && with_grads && env.schedule == TDT_GPU_SCHEDULE_AUTO &&
+                       tdt_ws_layers(a.maxT, a.maxU) < kFusedOverSplitLayers &&
+                       a.row <= kFusedOverSplitRows;
+    if ((!split || small) && KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, jobs * a.B)) {
         tdt_gpu_args_t f = a_in;
         e = overlap_plan(&f, env, ob.kernel, jobs * f.B, 1, 0, jobs,
                          norm_block_tickets(f, env.dtype, jobs));
         if (e != cudaSuccess) return e;
-        if (fused_plan(&f, env, with_grads, false)) {
+        fused = fused_plan(&f, env, with_grads, false);
+        if (!split || fused) {
             a = f;
             split = false;
-            fused = true;
         }
     }
-    if (split) {
-        a.sweep_only = 1; /* beta runs in the backward (or not at all: costs only) */
-    } else if (!fused && KD > 0 && c.mode == SWEEP_STAGED && overlap_wanted(env, jobs * a.B)) {
-        e = overlap_plan(&a, env, ob.kernel, jobs * a.B, 1, 0, jobs,
-                         norm_block_tickets(a, env.dtype, jobs));
-        if (e != cudaSuccess) return e;
-        fused = fused_plan(&a, env, with_grads, false);
-    }
+    if (split) a.sweep_only = 1; /* beta runs in the backward (or not at all: costs only) */
     if (!split && !fused && KD > 0 && c.mode == SWEEP_STAGED)
         trail = trail_plan(&a, env, with_grads, ob.kernel, jobs * a.B);
     e = forward_enqueue(a, env, stream, [&](const tdt_gpu_args_t &x, bool pdl) {
