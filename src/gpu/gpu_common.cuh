@@ -89,6 +89,7 @@ typedef struct tdt_gpu_args {
     int fus_cut_layers;
     int fus_publish;   /* the sweeps' steps between two publications */
     int fus_publisher; /* 0: thread 0 publishes, 1: the block's last thread */
+    int fus_seen;      /* the gradient nodes read the counts through their block's cache */
     /* The trail schedule (a one-shot call with gradients and a serial forward: sweep.cuh, "The
      * trail schedule"; 0: not this call): the sweeps publish only each sample's final counts,
      * alpha's in fus_alpha[b], beta's in bwd_progress[b], and the gradient pass takes its
@@ -516,6 +517,12 @@ __device__ __forceinline__ int tdt_st_release_block(int32_t *p, int v) { /* retu
                  : "r"(s), "r"(v)
                  : "memory");
     return old;
+}
+/* The same release, as a maximum: *p = max(*p, v), for a count that only grows (the fused
+ * gradient kernel's seen counts, grad.cuh). */
+__device__ __forceinline__ void tdt_max_release_block(int32_t *p, int v) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("red.release.cta.shared::cta.max.s32 [%0], %1;\n" ::"r"(s), "r"(v) : "memory");
 }
 
 /* Slot q of layer k, as (sample b, node t, u): layer k holds, of every sample with S_b =

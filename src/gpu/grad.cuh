@@ -267,10 +267,11 @@ __device__ __noinline__ void grad_wait(const int32_t *p, int64_t need) {
  * sleeps the longest.) That was a hypothesis for why the sweeps run 20-45 % slower beside the
  * gradient pass (benchmark/NOTES.md, v13: a kernel timeline); the H200 gave the same times
  * either way, so it is not the polling. */
-__device__ __noinline__ void fused_wait(const int32_t *p, int64_t need) {
+__device__ __noinline__ int fused_wait(const int32_t *p, int64_t need) { /* returns the count seen */
     for (;;) {
-        const int64_t behind = need - tdt_ld_acquire(p);
-        if (behind <= 0) return;
+        const int v = tdt_ld_acquire(p);
+        const int64_t behind = need - v;
+        if (behind <= 0) return v;
         __nanosleep(behind >= 32 ? 8192u : behind <= 1 ? 128u : 256u * (unsigned)behind);
     }
 }
@@ -281,12 +282,60 @@ __device__ __noinline__ void fused_wait(const int32_t *p, int64_t need) {
  * the trail schedule's for a sweep's final count (INT_MAX),
  * which may be a whole sweep away (longest sleeps of 1, 4 and 16 us made no difference there:
  * benchmark/NOTES.md, v15). */
-__device__ __noinline__ void wait_backoff(const int32_t *p, int need) {
+__device__ __noinline__ int wait_backoff(const int32_t *p, int need) { /* returns the count seen */
     unsigned ns = 64;
-    while (tdt_ld_acquire(p) < need) {
+    int v;
+    while ((v = tdt_ld_acquire(p)) < need) {
         __nanosleep(ns);
         ns = ns < 1024 ? 2 * ns : ns;
     }
+    return v;
+}
+
+/* ---- the counts a block has seen (the fused gradient kernel) ---------------------------------
+ * A fused gradient node waits for three counts in global memory, alpha's, beta's and its
+ * sample's cut's: three acquires at gpu scope, L2 round trips one after another under the
+ * pass's own traffic, that the node's loads wait behind. Where the pass trails the sweeps, the
+ * counts a node needs were mostly seen long before by another warp of its block. So
+ * grad_ordered_kernel<FUSED> keeps in shared memory, for each kind and each of the batch's first
+ * kSeenSamples samples, the highest count a thread of the block has read (raised by
+ * tdt_max_release_block after its acquire), where the plan says so (fus_seen: sweep.cuh,
+ * kSeenBytesPerDiagonal); a node whose needs those meet reads them (tdt_ld_acquire_block) and
+ * no global count. Lane 0 of the group reads and raises the words (one shared atomic a word,
+ * not one a lane on one address) and tells the others; the warp barrier after it orders their
+ * reads after its acquires. What the raising thread's acquire made visible is then visible to
+ * the node's lanes, as with the trail's ready flags. */
+#ifndef TDT_SEEN_SAMPLES /* a define, the knob for benchmark builds (0: no cache) */
+#define TDT_SEEN_SAMPLES 64
+#endif
+const int kSeenSamples = TDT_SEEN_SAMPLES;
+enum seen_kind { SEEN_ALPHA = 0, SEEN_BETA = 1, SEEN_CUT = 2, SEEN_KINDS = 3 };
+
+/* The block's seen word for count `kind` of sample b, or NULL (no cache, or b past it). */
+__device__ __forceinline__ int32_t *seen_word(int32_t *seen, int kind, int64_t b) {
+    return seen && b < kSeenSamples ? seen + kind * kSeenSamples + b : (int32_t *)0;
+}
+
+/* Whether the block has seen each word w[i] reach need[i] (w[0] NULL: no cache, none of them),
+ * for the whole group: group-uniform. */
+template <int G, int N>
+__device__ __forceinline__ bool seen_met(int32_t *const (&w)[N], const int64_t (&need)[N], int lane) {
+    if (!w[0]) return false;
+    int met = 1;
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < N; ++i) met &= tdt_ld_acquire_block(w[i]) >= need[i];
+    met = __shfl_sync(tdt_group_mask<G>(), met, 0, G);
+    if (met) __syncwarp(tdt_group_mask<G>());
+    return met != 0;
+}
+
+/* Until *p >= need (fused_wait, or wait_backoff with BACKOFF; every lane), then the count read
+ * raised in the block's word (NULL: none). */
+template <bool BACKOFF>
+__device__ __forceinline__ void seen_poll(const int32_t *p, int64_t need, int32_t *word, int lane) {
+    const int v = BACKOFF ? wait_backoff(p, (int)need) : fused_wait(p, need);
+    if (word && lane == 0) tdt_max_release_block(word, v);
 }
 
 /* ---- the middle cut's log-likelihood (the fused schedule) -------------------------------------
@@ -509,11 +558,12 @@ __device__ __noinline__ void trail_wait(const int32_t *alpha, const int32_t *bet
  * the G lanes of a group together, once what MODE names is there (grad_sched). wait: for
  * GS_PLAIN the split schedule's beta progress (NULL: beta is in the workspace already), and
  * only a node whose gradient reads beta waits, for `need` steps; for GS_TRAIL the block's
- * ready flags (trail_wait). */
+ * ready flags (trail_wait). seen: for GS_FUSED the counts its block has seen (seen_word; NULL:
+ * no cache). */
 template <int DT, int G, int KD, int MODE = GS_PLAIN>
 __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arcs_t &A, int64_t b,
                                           int64_t t, int64_t u, int lane, int32_t *wait,
-                                          int need) {
+                                          int need, int32_t *seen = (int32_t *)0) {
     typedef tdt_elem<DT> E;
     typedef typename E::T T;
     typedef typename E::Acc Acc;
@@ -536,9 +586,14 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
      * ll and ll_cut are read after these acquires */
     if (MODE == GS_FUSED && lengths_ok && t < Tb && u <= Ub) {
         /* alpha past diagonal d = t + u and beta past d + 1, then the cut */
-        fused_wait(a.fus_alpha + b, t + u + 1);
-        fused_wait(a.bwd_progress + b, Tb + Ub - 1 - (t + u));
-        wait_backoff(a.fus_cut + b, kCutDone);
+        int32_t *const w[3] = {seen_word(seen, SEEN_ALPHA, b), seen_word(seen, SEEN_BETA, b),
+                               seen_word(seen, SEEN_CUT, b)};
+        const int64_t need3[3] = {t + u + 1, Tb + Ub - 1 - (t + u), kCutDone};
+        if (!seen_met<G, 3>(w, need3, lane)) {
+            seen_poll<false>(a.fus_alpha + b, need3[0], w[0], lane);
+            seen_poll<false>(a.bwd_progress + b, need3[1], w[1], lane);
+            seen_poll<true>(a.fus_cut + b, kCutDone, w[2], lane);
+        }
         if (lane == 0 && t + u + 1 == tdt_mid_cut(Tb + Ub)) tdt_tl_start(a.tl, TDT_TL_NODE); /* a first layer's */
     }
     if (MODE == GS_TRAIL && lengths_ok && t < Tb && u <= Ub)
@@ -698,6 +753,13 @@ __global__ void __launch_bounds__(grad_ordered<DT, FUSED>::THREADS, 1) grad_orde
     enum { THREADS = grad_ordered<DT, FUSED>::THREADS, PER = THREADS / G };
     const int lane = threadIdx.x & (G - 1);
     const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
+    /* the counts the block has seen (FUSED, where the plan says so) */
+    __shared__ int32_t seen_counts[SEEN_KINDS * (kSeenSamples > 0 ? kSeenSamples : 1)];
+    int32_t *const seen = FUSED && kSeenSamples > 0 && a.fus_seen ? seen_counts : (int32_t *)0;
+    if (seen) {
+        for (int i = threadIdx.x; i < SEEN_KINDS * kSeenSamples; i += THREADS) seen[i] = 0;
+        __syncthreads(); /* block-uniform: the kernel's arguments */
+    }
     if (threadIdx.x == 0) tdt_tl_start(a.tl, TDT_TL_GRAD);
     for (int64_t n = (int64_t)blockIdx.x * PER + threadIdx.x / G; n < a.nodes;
          n += (int64_t)gridDim.x * PER) {
@@ -720,7 +782,7 @@ __global__ void __launch_bounds__(grad_ordered<DT, FUSED>::THREADS, 1) grad_orde
                 }
                 int64_t b, t, u, Ub;
                 if (q < slots && tdt_layer_node(a, k - L0, q, 2, 1, &b, &t, &u, &Ub))
-                    grad_node<DT, G, KD, GS_FUSED>(a, A, b, t, u, lane, NULL, 0);
+                    grad_node<DT, G, KD, GS_FUSED>(a, A, b, t, u, lane, NULL, 0, seen);
             },
             [](int) {});
     } else {

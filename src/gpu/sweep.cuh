@@ -1049,6 +1049,16 @@ inline bool overlap_wanted(const tdt_fwd_env_t &env, int64_t blocks) {
  * splits both, split_plan coming first.) */
 const double kFusedBytesPerDiagonal = 0.4 * 1024 * 1024;
 
+/* The fused gradient kernel reads the sweeps' and the cut's counts through its blocks' cache
+ * (fus_seen: grad.cuh, "the counts a block has seen") where the logits hold at least this much
+ * a diagonal: there its pass trails the sweeps, and the counts a node needs were seen before by
+ * its block. Where the pass keeps up with the sweeps a node mostly misses, and the cache's
+ * reads and raises then add to its waits. H200, tdt_bench f+b ms, with / without the cache,
+ * three rounds (benchmark/NOTES.md, v36): parakeet bfloat16 (2.2 MB a diagonal) 0.497-0.501 /
+ * 0.531-0.538, parakeet float32 (4.5 MB) 0.884-0.889 / 0.888-0.891, but base float32 (0.58 MB)
+ * 0.146-0.149 / 0.140-0.142. */
+const double kSeenBytesPerDiagonal = 2.0 * 1024 * 1024;
+
 /* Whether the logits (token and duration rows, over the batch) hold at least per_diagonal
  * bytes a diagonal of the lattice: what AUTO's fused and split rules weigh. */
 inline bool logits_bytes_reach(const tdt_gpu_args_t &a, tdt_dtype_t dtype, double per_diagonal) {
@@ -1083,6 +1093,7 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
     if ((l0 + a->fwd_layers) * tpl > ((int64_t)1 << 30)) return false;
     a->fus_publish = kFusedPublish;
     a->fus_publisher = 1;
+    a->fus_seen = logits_bytes_reach(*a, env.dtype, kSeenBytesPerDiagonal);
 #if defined(TDT_SWEEP_TUNING) || defined(TDT_FUSED_TUNING)
     /* benchmark builds only (TDT_FUSED_TUNING: a define for CMAKE_CUDA_FLAGS that adds these
      * knobs and nothing else): TDT_FUSED_PUBLISH=n steps between publications,
