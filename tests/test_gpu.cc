@@ -1806,7 +1806,9 @@ TEST(GpuCalls, FusedOverSplitOnShortLattices) {
     ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrMultiProcessorCount, &sms));
     Spec s;
     s.dt = TDT_DTYPE_FLOAT32;
-    s.B = 4; s.T = 40; s.U = 10; s.V = 19000;  // 2.6 MB of logits a diagonal (split: 2.5), 50 diagonals
+    // 2.6 MB of logits a diagonal (split: 2.5; the fused nodes' cache of counts seen, sweep.cuh's
+    // kSeenBytesPerDiagonal: 2), 50 diagonals
+    s.B = 4; s.T = 40; s.U = 10; s.V = 19000;
     s.ragged = true;
     s.seed = 1931;
     Host h = make_host(s);
