@@ -27,11 +27,9 @@ the decorators would only add an autocast context to every backward (measured on
 host: see benchmark/NOTES.md, v8).
 """
 
-import os
-
 import torch
 
-from . import _core
+from . import _core, _lib
 
 
 def scale_items(label_lengths, reduction, batch, dtype):
@@ -117,6 +115,7 @@ def costs_only(spec, logits, duration, idx, as_rnnt, reduction):
 # wrote the gradients ahead for that call: a function of those alone (the plan reads no data)
 _ahead_plans = {}
 _PLANS_MAX = 256
+_AHEAD_ENV = _lib.EnvVar("WARP_TDT_GRADIENTS_AHEAD")
 
 
 def _ahead_key(ctx, logits, spec, as_rnnt, in_place):
@@ -125,7 +124,7 @@ def _ahead_key(ctx, logits, spec, as_rnnt, in_place):
     before a second backward could read them), with no gradient asked, or turned off."""
     if not logits.is_cuda or in_place or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
         return None
-    if os.environ.get("WARP_TDT_GRADIENTS_AHEAD") == "0" or not _core.ahead_available():
+    if _AHEAD_ENV.get() == "0" or not _core.ahead_available():
         return None
     return (spec, tuple(logits.shape), logits.dtype, logits.device.index, as_rnnt,
             ctx.needs_input_grad[:2], _core.gpu_schedule())

@@ -15,7 +15,6 @@ without sigma, and gives the duration logits a zero gradient.
 """
 
 import ctypes
-import os
 import threading
 import time
 from typing import NamedTuple, Tuple
@@ -111,13 +110,18 @@ _SCHEDULES = {"auto": _lib.GPU_SCHEDULE_AUTO, "serial": _lib.GPU_SCHEDULE_SERIAL
               "fused": _lib.GPU_SCHEDULE_FUSED, "trail": _lib.GPU_SCHEDULE_TRAIL}
 
 
+_SCHEDULE_ENV = _lib.EnvVar("WARP_TDT_GPU_SCHEDULE")
+
+
 def gpu_schedule():
     """tdt_options_t.gpu_schedule from WARP_TDT_GPU_SCHEDULE (auto, serial, overlap, split,
     fused or trail; default auto): the GPU's kernel order, for benchmarking. serial, overlap,
     split and trail give the same results, bit for bit; fused and trail (and auto where it picks
     them) run the gradient pass in the forward (forward_ahead); fused's gradients agree with the
     others' to rounding."""
-    name = os.environ.get("WARP_TDT_GPU_SCHEDULE", "auto")
+    name = _SCHEDULE_ENV.get()
+    if name is None:
+        return _lib.GPU_SCHEDULE_AUTO
     value = _SCHEDULES.get(name.lower())
     if value is None:
         raise ValueError("WARP_TDT_GPU_SCHEDULE = %r is not one of %s"

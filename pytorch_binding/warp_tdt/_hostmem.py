@@ -24,11 +24,12 @@ else goes through torch's allocator as before.
 """
 
 import mmap
-import os
 import threading
 import weakref
 
 import torch
+
+from . import _lib
 
 __all__ = ["empty", "empty_cache", "enabled"]
 
@@ -51,10 +52,11 @@ def _probe():
 
 
 _supported = _probe()
+_CACHE_ENV = _lib.EnvVar("WARP_TDT_CPU_CACHE")
 
 
 def enabled():
-    return _supported and os.environ.get("WARP_TDT_CPU_CACHE", "1") != "0"
+    return _supported and _CACHE_ENV.get("1") != "0"
 
 
 def _map(nbytes):

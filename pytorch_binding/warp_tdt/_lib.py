@@ -20,6 +20,7 @@ import sys
 import threading
 
 __all__ = [
+    "EnvVar",
     "WarpTDTError",
     "WarpTDTValueError",
     "LibraryNotFoundError",
@@ -315,6 +316,40 @@ def _reset_for_tests():
     with _lock:
         _lib = None
         _lib_path = None
+
+
+# ---- environment ---------------------------------------------------------------------------------
+
+
+class EnvVar:
+    """An environment variable the binding reads on every call: ``get()`` is
+    ``os.environ.get(name, default)``, read from os.environ's own mapping of encoded names where
+    CPython keeps one (every change through os.environ lands there too). A dict lookup, ~30 ns,
+    where os.environ.get of an unset name takes ~0.5 us here and more on a GPU host's cold
+    step; an eager step reads four (benchmark/NOTES.md, v37). A replaced os.environ, or a
+    Python without that mapping, is read through os.environ.get."""
+
+    __slots__ = ("name", "_key")
+
+    def __init__(self, name):
+        self.name = name
+        try:
+            self._key = os.environ.encodekey(name)
+        except (AttributeError, TypeError):
+            self._key = None
+
+    def get(self, default=None):
+        env = os.environ
+        if env is _environ and _environ_data is not None and self._key is not None:
+            value = _environ_data.get(self._key)
+            return default if value is None else _environ.decodevalue(value)
+        return env.get(self.name, default)
+
+
+_environ = os.environ
+_environ_data = getattr(_environ, "_data", None)
+if not isinstance(_environ_data, dict) or not hasattr(_environ, "decodevalue"):
+    _environ_data = None
 
 
 # ---- small wrappers -----------------------------------------------------------------------------

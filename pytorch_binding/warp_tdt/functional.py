@@ -9,12 +9,11 @@ gradient, folded into the one pass that writes each gradient element.
 """
 
 import operator
-import os
 import sys
 
 import torch
 
-from . import _autograd, _core, _ops
+from . import _autograd, _core, _lib, _ops
 
 __all__ = ["tdt_loss", "tdt_loss_joint", "rnnt_loss"]
 
@@ -33,11 +32,14 @@ _RNNT_NAMES = {"logits": "logits", "targets": "targets", "logit_lengths": "logit
                "target_lengths": "target_lengths", "blank": "blank"}
 
 
+_ASYNC_ENV = _lib.EnvVar("WARP_TDT_ASYNC_VALIDATION")
+# torch.compiler.is_compiling (torch >= 2.3), looked up once
+_compiler_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def _is_compiling():
-    compiler = getattr(torch, "compiler", None)
-    fn = getattr(compiler, "is_compiling", None)
-    if fn is not None:
-        return bool(fn())
+    if _compiler_is_compiling is not None:
+        return bool(_compiler_is_compiling())
     dynamo = sys.modules.get("torch._dynamo")  # torch 2.0 - 2.2; never imported by us
     fn = getattr(dynamo, "is_compiling", None)
     return bool(fn()) if fn is not None else False
@@ -434,7 +436,7 @@ def _loss(spec, logits, duration, idx, omega, in_place, validate, names, reducti
     # pinned memory, and the host waits for that copy alone, so the GPU is not idle while the host
     # checks (the kernels give bad data a NaN cost without reading out of range, and an error
     # raised here drops their outputs). WARP_TDT_ASYNC_VALIDATION=0: check before the launch.
-    later = validate and logits.is_cuda and os.environ.get("WARP_TDT_ASYNC_VALIDATION") != "0"
+    later = validate and logits.is_cuda and _ASYNC_ENV.get() != "0"
     pending = None
     if idx.check is not None:  # tdt_pack_indices judged them on the device: its flag, pending
         if later:

@@ -102,6 +102,22 @@ def test_gpu_schedule_comes_from_the_environment(monkeypatch):
         _core._options(spec, True, True)
 
 
+def test_environment_reads_follow_os_environ(monkeypatch):
+    # _lib.EnvVar reads os.environ's own mapping: every change made through os.environ (as
+    # monkeypatch makes them) shows at once, as os.environ.get would; a replaced os.environ is
+    # read through its get
+    var = _lib.EnvVar("WARP_TDT_TEST_ONLY_VARIABLE")
+    monkeypatch.delenv("WARP_TDT_TEST_ONLY_VARIABLE", raising=False)
+    assert var.get() is None and var.get("dflt") == "dflt"
+    for value in ("0", "fused", "", "x" * 300, "\u00e9t\u00e9"):
+        monkeypatch.setenv("WARP_TDT_TEST_ONLY_VARIABLE", value)
+        assert var.get() == os.environ.get("WARP_TDT_TEST_ONLY_VARIABLE") == value, repr(value)
+    monkeypatch.delenv("WARP_TDT_TEST_ONLY_VARIABLE")
+    assert var.get("dflt") == "dflt"
+    monkeypatch.setattr(os, "environ", {"WARP_TDT_TEST_ONLY_VARIABLE": "replaced"})
+    assert var.get() == "replaced"
+
+
 def test_narrow_targets_need_short_lengths():
     _raises(ValueError, r"target_lengths\[0\] = 3 exceeds targets.shape\[1\] = 2",
             targets=torch.tensor([[1, 2], [0, 4]]))
