@@ -53,6 +53,7 @@ def _probe():
 
 _supported = _probe()
 _CACHE_ENV = _lib.EnvVar("WARP_TDT_CPU_CACHE")
+_itemsize = {}  # dtype -> bytes an element
 
 
 def enabled():
@@ -76,7 +77,10 @@ def empty(shape, dtype, slot):
     numel = 1
     for n in shape:
         numel *= int(n)
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    size = _itemsize.get(dtype)
+    if size is None:  # asked of torch once a dtype (an empty tensor's allocation, each call before)
+        size = _itemsize[dtype] = torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * size
     if nbytes < MIN_BYTES or not enabled():
         return None
     with _lock:

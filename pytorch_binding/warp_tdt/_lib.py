@@ -80,7 +80,7 @@ MAX_DURATIONS = 32  # TDT_MAX_DURATIONS
 INDEX_INT32 = 0  # tdt_index_type_t
 INDEX_INT64 = 1
 
-_c_int64_3 = ctypes.c_int64 * 3
+c_int64_3 = ctypes.c_int64 * 3
 
 
 class Options(ctypes.Structure):
@@ -122,9 +122,9 @@ class Problem(ctypes.Structure):
         ("vocab_size", ctypes.c_int64),
         ("dtype", ctypes.c_int),
         ("token_logits", ctypes.c_void_p),
-        ("token_strides", _c_int64_3),
+        ("token_strides", c_int64_3),
         ("duration_logits", ctypes.c_void_p),
-        ("duration_strides", _c_int64_3),
+        ("duration_strides", c_int64_3),
         ("labels", ctypes.c_void_p),
         ("frame_lengths", ctypes.c_void_p),
         ("label_lengths", ctypes.c_void_p),
@@ -136,9 +136,9 @@ class Gradients(ctypes.Structure):
 
     _fields_ = [
         ("token_grads", ctypes.c_void_p),
-        ("token_strides", _c_int64_3),
+        ("token_strides", c_int64_3),
         ("duration_grads", ctypes.c_void_p),
-        ("duration_strides", _c_int64_3),
+        ("duration_strides", c_int64_3),
     ]
 
 

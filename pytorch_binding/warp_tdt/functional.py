@@ -162,8 +162,9 @@ def _int_tensor(x, name, device, dim):
             x = torch.tensor(x, dtype=torch.int64)
         except (TypeError, ValueError, RuntimeError):
             raise TypeError("%s must be an integer tensor, got %r" % (name, type(x).__name__)) from None
-    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        raise ValueError("%s must be an integer tensor, got dtype %s" % (name, x.dtype))
+    dtype = x.dtype
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise ValueError("%s must be an integer tensor, got dtype %s" % (name, dtype))
     if x.dim() != dim:
         raise ValueError("%s must be %d-D, got shape %s" % (name, dim, tuple(x.shape)))
     if x.device != device:
@@ -378,26 +379,29 @@ def _joint_of(token, duration):
     base = token._base
     if base is None or duration._base is not base:
         return None
-    if token.dtype != duration.dtype or token.requires_grad != base.requires_grad \
-            or duration.requires_grad != base.requires_grad:
+    grad = base.requires_grad
+    if token.dtype != duration.dtype or token.requires_grad != grad \
+            or duration.requires_grad != grad:
         return None
+    # (each shape, stride and offset asked once: an eager step's host time, NOTES v37)
     B, T, rows, V = token.shape
-    D = duration.shape[-1]
-    if tuple(duration.shape[:3]) != (B, T, rows) or token.stride()[:3] != duration.stride()[:3]:
+    dshape = duration.shape
+    D = dshape[-1]
+    ts, ds = token.stride(), duration.stride()
+    if tuple(dshape[:3]) != (B, T, rows) or ts[:3] != ds[:3]:
         return None
-    if (V > 1 and token.stride(-1) != 1) or (D > 1 and duration.stride(-1) != 1):
+    if (V > 1 and ts[3] != 1) or (D > 1 and ds[3] != 1):
         return None
-    if duration.storage_offset() != token.storage_offset() + V:
+    offset = token.storage_offset()
+    if duration.storage_offset() != offset + V or base.storage_offset() != offset:
         return None
     shape = (B, T, rows, V + D)
-    if tuple(base.shape) == shape and base.storage_offset() == token.storage_offset() \
-            and base.stride()[:3] == token.stride()[:3] and _last_dim_ok(base):
+    if tuple(base.shape) == shape and base.stride()[:3] == ts[:3] and _last_dim_ok(base):
         return base
     C = V + D
     if base.is_contiguous() and base.numel() == B * T * rows * C \
-            and base.storage_offset() == token.storage_offset() \
-            and all(token.stride(i) == s for i, s in enumerate((T * rows * C, rows * C, C))
-                    if token.shape[i] > 1):
+            and (B <= 1 or ts[0] == T * rows * C) and (T <= 1 or ts[1] == rows * C) \
+            and (rows <= 1 or ts[2] == C):
         return base.view(shape)
     return None
 
