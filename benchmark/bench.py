@@ -5,8 +5,9 @@ For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
   1. checks the result first: CUDA results against the same library's CPU backend (costs and the
      joint gradient), CPU results against a float64 run; a wrong answer prints FAILED, no time;
   2. times forward+backward (CUDA events on a GPU, wall clock on the CPU; median over --iters,
-     after warm-up), and on a GPU the peak extra memory from torch's allocator in multiples of the
-     logits' bytes. On a GPU two times: "ms", each step between its own two events and waited
+     after warm-up), and on a GPU the peak extra memory of one step in multiples of the logits'
+     bytes, twice: "peak", torch's allocated blocks (from an empty cache), and "asked", the
+     bytes requested before the allocator rounds them to blocks. On a GPU two times: "ms", each step between its own two events and waited
      for (so the host's latency to the step's first kernel counts), and "loop ms", --iters steps
      enqueued back to back between two events (median of 3 such loops), as a training loop whose
      host runs ahead of the GPU sees them;
@@ -242,11 +243,20 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
         row["loop_ms"] = loop_time(step, device, args.iters)
         x.grad = None
         torch.cuda.synchronize(device)
+        # no cached blocks: the allocator hands out a cached block whole when what is left of it
+        # would be under 1 MB, and counts all of it, so a step's peak would depend on the steps
+        # timed before it (up to 1 MB an allocation: 3 % of base's bfloat16 logits)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
+        before_req = torch.cuda.memory_stats(device).get("requested_bytes.all.current")
         step()
         torch.cuda.synchronize(device)
         row["peak_x"] = (torch.cuda.max_memory_allocated(device) - before) / logits_bytes
+        # the bytes asked for, before the allocator's rounding to its blocks (torch >= 2.1)
+        req = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
+        if before_req is not None and req is not None:
+            row["req_x"] = (req - before_req) / logits_bytes
     row["gbs"] = 3 * logits_bytes / (row["ms"] * 1e-3) * 1e-9
     if args.graph and device.type == "cuda":
         try:
@@ -324,8 +334,8 @@ def main():
     names = [b[0] for b in bases]
     graphs = args.graph and device.type == "cuda"
     loops = device.type == "cuda"
-    head = "%-9s %-9s %9s %8s %9s %7s %7s" % ("shape", "dtype", "ms", "GB/s", "floor ms", "x floor",
-                                             "peak")
+    head = "%-9s %-9s %9s %8s %9s %7s %7s %7s" % ("shape", "dtype", "ms", "GB/s", "floor ms",
+                                                 "x floor", "peak", "asked")
     head += " %9s" % "loop ms" if loops else ""
     head += " %9s" % "graph ms" if graphs else ""
     head += "".join(" %12s" % (n[:9] + " ms") for n in names) + " %8s" % "x torch"
@@ -341,9 +351,10 @@ def main():
             row = bench(name, shape, dtype, device, args, bases, floor_bw)
             rows.append(row)
             if row["ok"]:
-                line = "%-9s %-9s %9.3f %8.0f %9.3f %7.2f %7s" % (
+                line = "%-9s %-9s %9.3f %8.0f %9.3f %7.2f %7s %7s" % (
                     name, row["dtype"], row["ms"], row["gbs"], row["floor_ms"],
-                    row["ms"] / row["floor_ms"], "%.2fx" % row["peak_x"] if "peak_x" in row else "-")
+                    row["ms"] / row["floor_ms"], "%.2fx" % row["peak_x"] if "peak_x" in row else "-",
+                    "%.3fx" % row["req_x"] if "req_x" in row else "-")
                 if loops:
                     line += " %9.3f" % row["loop_ms"]
                 if graphs:
@@ -355,8 +366,8 @@ def main():
                 t = row["base"].get("torch")
                 line += " %8s" % ("%.1f" % (t / row["ms"]) if isinstance(t, float) else "-")
             else:
-                line = "%-9s %-9s %9s %8s %9.3f %7s %7s" % (name, row["dtype"], "-", "-",
-                                                           row["floor_ms"], "-", "-")
+                line = "%-9s %-9s %9s %8s %9.3f %7s %7s %7s" % (name, row["dtype"], "-", "-",
+                                                               row["floor_ms"], "-", "-", "-")
                 line += " %9s" % "-" if loops else ""
                 line += " %9s" % "-" if graphs else ""
                 line += "".join(" %12s" % "-" for _ in names) + " %8s" % "-"
