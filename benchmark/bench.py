@@ -7,10 +7,10 @@ For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
   2. times forward+backward (CUDA events on a GPU, wall clock on the CPU; median over --iters,
      after warm-up), and on a GPU the peak extra memory of one step in multiples of the logits'
      bytes, twice: "peak", torch's allocated blocks (from an empty cache), and "asked", the
-     bytes requested before the allocator rounds them to blocks. On a GPU two times: "ms", each step between its own two events and waited
-     for (so the host's latency to the step's first kernel counts), and "loop ms", --iters steps
-     enqueued back to back between two events (median of 3 such loops), as a training loop whose
-     host runs ahead of the GPU sees them;
+     bytes requested before the allocator rounds them to blocks. On a GPU two times: "ms", each
+     step between its own two events and waited for (so the host's latency to the step's first
+     kernel counts), and "loop ms", --iters steps enqueued back to back between two events
+     (median of 3 such loops), as a training loop whose host runs ahead of the GPU sees them;
   3. times the baselines on the same inputs, each first checked against warp_tdt (costs and joint
      gradient; FAILED in its column instead of a time otherwise, which does not change the exit
      status): the vectorised pure-PyTorch TDT loss of torch_tdt.py (this folder; always there)
