@@ -220,6 +220,38 @@ def check_baseline(fn, f32_rel, joint, targets, T_b, U_b, V, dtype, our_loss, ou
     return compare(loss, y.grad, our_loss, our_grad, dtype, f32_rel)
 
 
+def training_step(joint, targets, logit_lengths, target_lengths, V):
+    """(x, step): a leaf copy of the joint tensor and one training step on it, forward and
+    backward through autograd (the gradient replaced, not accumulated)."""
+    x = joint.detach().clone().requires_grad_(True)
+
+    def step():
+        x.grad = None
+        ours(x, targets, logit_lengths, target_lengths, V).backward()
+
+    return x, step
+
+
+def peak_memory(step, device):
+    """The extra bytes one step holds at its peak (CUDA), as (counted, asked): torch's allocated
+    blocks, and the bytes requested before the allocator rounds them to blocks (None where torch
+    < 2.1 keeps no such count). From an empty cache: the allocator hands out a cached block whole
+    when what is left of it would be under 1 MB, and counts all of it, so the peak would depend
+    on the steps run before (up to 1 MB an allocation: 3 % of base's bfloat16 logits)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    before_asked = torch.cuda.memory_stats(device).get("requested_bytes.all.current")
+    step()
+    torch.cuda.synchronize(device)
+    counted = torch.cuda.max_memory_allocated(device) - before
+    peak_asked = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
+    if before_asked is None or peak_asked is None:
+        return counted, None
+    return counted, peak_asked - before_asked
+
+
 def bench(name, shape, dtype, device, args, bases, floor_bw):
     B, T, U, V, _ = shape
     joint, targets, T_b, U_b = make_inputs(shape, dtype, device)
@@ -232,31 +264,15 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
     with_baselines = name in args.baseline_shapes and dtype != torch.float64
     if not with_baselines:
         our_loss = our_grad = None  # the baselines' reference; free it before timing
-    x = joint.detach().clone().requires_grad_(True)
-
-    def step():
-        x.grad = None
-        ours(x, targets, T_b, U_b, V).backward()
-
+    x, step = training_step(joint, targets, T_b, U_b, V)
     row["ms"] = time_step(step, device, args.iters)
     if device.type == "cuda":
         row["loop_ms"] = loop_time(step, device, args.iters)
         x.grad = None
-        torch.cuda.synchronize(device)
-        # no cached blocks: the allocator hands out a cached block whole when what is left of it
-        # would be under 1 MB, and counts all of it, so a step's peak would depend on the steps
-        # timed before it (up to 1 MB an allocation: 3 % of base's bfloat16 logits)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        before_req = torch.cuda.memory_stats(device).get("requested_bytes.all.current")
-        step()
-        torch.cuda.synchronize(device)
-        row["peak_x"] = (torch.cuda.max_memory_allocated(device) - before) / logits_bytes
-        # the bytes asked for, before the allocator's rounding to its blocks (torch >= 2.1)
-        req = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
-        if before_req is not None and req is not None:
-            row["req_x"] = (req - before_req) / logits_bytes
+        counted, asked = peak_memory(step, device)
+        row["peak_x"] = counted / logits_bytes
+        if asked is not None:
+            row["req_x"] = asked / logits_bytes
     row["gbs"] = 3 * logits_bytes / (row["ms"] * 1e-3) * 1e-9
     if args.graph and device.type == "cuda":
         try:

@@ -1,11 +1,12 @@
 """What is live at the peak of one eager forward+backward step through warp_tdt (CUDA).
 
 For each shape and dtype (bench.py's inputs and step: autograd on the joint tensor's two
-slices), three warm steps, then one step recorded by torch's allocation history from an empty
-cache. The trace is replayed to find the moment the live bytes peak; every allocation live
-then is printed with its size (in multiples of the logits' bytes) and where in the binding or
-autograd it was made, beside the peak torch's allocator counted (its blocks, which round the
-sizes asked for). bench.py's "peak" and "asked" columns are the two totals.
+slices), three warm steps, then one step recorded by torch's allocation history, measured as
+bench.py measures it (peak_memory(): from an empty cache). The trace is replayed to find the
+moment the live bytes peak; every allocation live then is printed with its size (in multiples
+of the logits' bytes) and where in the binding or autograd it was made, beside the peak torch's
+allocator counted (its blocks, which round the sizes asked for) and the bytes asked: bench.py's
+"peak" and "asked" columns.
 
     PYTHONPATH=pytorch_binding WARP_TDT_LIBRARY=build/libwarptdt.so \\
         python3 benchmark/peak_trace.py --shapes base,ragged --dtypes float32,bfloat16
@@ -47,33 +48,23 @@ def live_at_peak(snapshot):
 
 
 def trace(name, dtype, device):
-    B, T, U, V, _ = bench.SHAPES[name]
+    V = bench.SHAPES[name][3]
     joint, targets, T_b, U_b = bench.make_inputs(bench.SHAPES[name], dtype, device)
     logits_bytes = joint.numel() * joint.element_size()
-    x = joint.detach().clone().requires_grad_(True)
+    x, step = bench.training_step(joint, targets, T_b, U_b, V)
     del joint
-
-    def step():
-        x.grad = None
-        bench.ours(x, targets, T_b, U_b, V).backward()
-
     for _ in range(3):
         step()
     x.grad = None
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
     torch.cuda.memory._record_memory_history(max_entries=100000)
-    step()
-    torch.cuda.synchronize(device)
+    counted, asked = bench.peak_memory(step, device)
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    counted = torch.cuda.max_memory_allocated(device) - before
     total, live = live_at_peak(snapshot)
-    print("%s %s: logits %.1f MB; allocator's peak %.4fx, live at the traced peak %.4fx" % (
-        name, str(dtype).replace("torch.", ""), logits_bytes / 1e6, counted / logits_bytes,
-        total / logits_bytes))
+    print("%s %s: logits %.1f MB; allocator's peak %.4fx (asked %s), live at the traced peak "
+          "%.4fx" % (name, str(dtype).replace("torch.", ""), logits_bytes / 1e6,
+                     counted / logits_bytes, "-" if asked is None else "%.4fx" % (
+                         asked / logits_bytes), total / logits_bytes))
     for e in live:
         print("  %12d B  %.4fx  %s" % (e["size"], e["size"] / logits_bytes, where(e)))
     del x
