@@ -239,11 +239,12 @@ TEST(LatticeCut, EveryCutGivesTheLogLikelihood) {
     EXPECT_GT(infeasible, 0) << "no infeasible lattice drawn: the -inf case went untested";
 }
 
-// tdt_exp_le0 (the CPU sweeps' exp, in their vectorised chunks) against
-// the C library's exp over [-746, 0]: within 2 ulp from -708 up (where e^x is normal), exactly 0
-// below (e^x < 2^-1021: every sum it feeds holds a 1, whose rounding dwarfs such terms), and
-// exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN). And sums as the sweeps form them (a 1, the
-// max term's, plus terms in [-40, 0] and around -708) agree with the library's to a few ulp.
+// tdt_exp_le0 (the CPU's exp in its sweeps, duration softmax and node occupancies, vectorised)
+// against the C library's exp over [-746, 0]: within 2 ulp from -708 up (where e^x is normal),
+// exactly 0 below (e^x < 2^-1021: every sum it feeds holds a 1, whose rounding dwarfs such
+// terms), and exact at the ends (0 -> 1, -inf -> 0, NaN -> NaN). And sums as the sweeps form them
+// (a 1, the max term's, plus terms in [-40, 0] and around -708) agree with the library's to a few
+// ulp; just above 0, where an occupancy's log can round, it stays within 2 ulp.
 TEST(LatticeExp, Le0WithinTwoUlpOfLibm) {
     std::mt19937_64 rng(11);
     std::uniform_real_distribution<double> wide(-746.0, 0.0), narrow(-1.0, 0.0), edge(-712.0, -704.0);
@@ -281,6 +282,14 @@ TEST(LatticeExp, Le0WithinTwoUlpOfLibm) {
             lib += std::exp(x);
         }
         ASSERT_NEAR(ours, lib, 8.0 * 2.220446049250313e-16 * lib) << "sample " << i;
+    }
+    // An occupancy's log (tdt_slot_occupancy_arg, exponentiated by tdt_exp_le0 in the CPU's
+    // gradient pass) is <= 0 but for rounding: a little above 0 the exp stays within 2 ulp.
+    std::uniform_real_distribution<double> above(0.0, 1e-9);
+    for (int i = 0; i < 100000; ++i) {
+        const double x = i % 2 ? above(rng) : std::ldexp(1.0, -40 - i % 60), want = std::exp(x);
+        const double ulp = std::nextafter(want, INFINITY) - want;
+        ASSERT_LE(std::fabs(tdt_exp_le0(x) - want), 2.0 * ulp) << "x " << x;
     }
 }
 

@@ -34,8 +34,9 @@
  * tdt_exp_le0 (a chunk vectorises it over its nodes), a GPU's from tdt_exp_le0_tab and its
  * logs from tdt_log_ge1_tab (short polynomials and a table lookup, one shared-memory load a
  * lane; as a CPU vector gather it was 3x slower than tdt_exp_le0), each within a few ulp of the
- * math library's; the log-likelihood, the occupancies and the duration softmax use the math
- * library's exp.
+ * math library's. The log-likelihood uses the math library's exp; the occupancies and the
+ * duration softmax use it on a GPU and tdt_exp_le0 on the CPU, which takes them a run of nodes
+ * at a time (tdt_node_occupancy_args, tdt_log_softmax_small).
  *
  * Sweeps by arc slot (tdt_slot_t: the 2 * count arcs of a node as data): per slot, the weights
  * of its arc (tdt_alpha_slot_weight / tdt_beta_slot_weight: the normaliser's output, known
@@ -600,24 +601,31 @@ TDT_HD double tdt_upstream(const void *grad_costs, int acc_double, int scalar, i
     return per_label ? tdt_acc_div(g, acc_double, U) : g;
 }
 
-/* Arc occupancy exp(alpha + w + beta(dst) - LL); exactly 0 when any term is -inf. */
-TDT_HD double tdt_occupancy(double alpha_src, double w, double beta_dst, double ll) {
-    double x = alpha_src + w + beta_dst;
-    return x == -TDT_INF ? 0.0 : exp(x - ll);
-}
-
-/* Occupancy of slot q's arc out of node n = (t, u), whose alpha is a: 0 when the arc does not
- * exist (or a is -inf). The arc's loads depend on its indices alone, not on a, so a GPU lane
- * has them in flight together with a's (one memory round trip, not two). */
-TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
-                                 const tdt_slot_t *q, int64_t t, int64_t u, int64_t n, double a,
-                                 double ll) {
+/* The log of slot q's arc occupancy out of node n = (t, u), whose alpha is a: alpha + w +
+ * beta(dst) - LL, or -inf when the arc does not exist or any of its terms is -inf. The arc's
+ * loads depend on its indices alone, not on a, so a GPU lane has them in flight together with
+ * a's (one memory round trip, not two). It is <= 0 but for rounding (an occupancy is a
+ * probability), so tdt_exp_le0 takes it: the CPU's gradient pass exponentiates a run of nodes'
+ * arguments together, vectorised. */
+TDT_HD double tdt_slot_occupancy_arg(const tdt_lattice_t *L, const tdt_arcs_t *A,
+                                     const double *beta, const tdt_slot_t *q, int64_t t,
+                                     int64_t u, int64_t n, double a, double ll) {
     const int e = tdt_slot_out(L, q, t, u);
-    if (!(e || tdt_slot_final(L, q, t, u))) return 0.0;
+    if (!(e || tdt_slot_final(L, q, t, u))) return -TDT_INF;
     double lp, dur;
     tdt_slot_weight(L, A, q, n, &lp, &dur);
     const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
-    return a == -TDT_INF ? 0.0 : tdt_occupancy(a, lp + dur, b, ll);
+    const double x = a + (lp + dur) + b;
+    return a == -TDT_INF || x == -TDT_INF ? -TDT_INF : x - ll;
+}
+
+/* Occupancy of slot q's arc out of node n = (t, u), exp of tdt_slot_occupancy_arg: exactly 0
+ * where that is -inf, with no exp taken there. */
+TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
+                                 const tdt_slot_t *q, int64_t t, int64_t u, int64_t n, double a,
+                                 double ll) {
+    const double x = tdt_slot_occupancy_arg(L, A, beta, q, t, u, n, a, ll);
+    return x == -TDT_INF ? 0.0 : exp(x);
 }
 
 /* Gradient coefficients of a node from its slots' occupancies occ[j] (tdt_slot_occupancy;
@@ -652,6 +660,20 @@ TDT_HD void tdt_node_grad(const tdt_lattice_t *L, const tdt_arcs_t *A, const dou
     tdt_node_grad_of(occ, A->count, fastemit_lambda, g);
 }
 
+/* The occupancies' logs of node (t, u) (tdt_slot_occupancy_arg), slot by slot into x[0..slots):
+ * tdt_node_grad's values once each is exponentiated, where the caller exponentiates many nodes'
+ * at once (the CPU's gradient pass). */
+TDT_HD void tdt_node_occupancy_args(const tdt_lattice_t *L, const tdt_arcs_t *A,
+                                    const double *alpha, const double *beta, int64_t t,
+                                    int64_t u, double ll, double *x) {
+    const int64_t n = tdt_node_index(L->frames, L->row, t, u);
+    const double a = alpha[n];
+    for (int j = 0; j < tdt_num_slots(A); ++j) {
+        const tdt_slot_t q = tdt_slot_of(A, j);
+        x[j] = tdt_slot_occupancy_arg(L, A, beta, &q, t, u, n, a, ll);
+    }
+}
+
 /* dLoss/dz for one token element: p = softmax(z)_v (0 for log-prob inputs), before the
  * upstream scale; clamp > 0 clips it. */
 TDT_HD double tdt_token_grad(const tdt_node_grad_t *g, double p, int is_blank, int is_label,
@@ -670,15 +692,28 @@ TDT_HD double tdt_duration_grad(const tdt_node_grad_t *g, double q, int k) {
 
 /* ---- per-node normalisation --------------------------------------------------------------- */
 
-/* Duration log-softmax in place over h[0..count-1] (count is small), with the sweeps' two-pass
- * rule: NaN or +inf anywhere makes every entry NaN (so the sample's cost is NaN even when the
- * offending duration has no arc at this node); all -inf gives NaN entries as well (-inf - -inf). */
-TDT_HD void tdt_log_softmax_small(double *h, int count) {
-    double m = -TDT_INF, sum = 0.0;
-    for (int k = 0; k < count; ++k) m = tdt_lse_max(m, h[k]);
-    for (int k = 0; k < count; ++k) sum += exp(h[k] - m);
-    const double lse = tdt_lse_finish(m, sum);
-    for (int k = 0; k < count; ++k) h[k] -= lse;
+/* Nodes that one tdt_log_softmax_small call normalises at most. */
+#define TDT_SOFTMAX_NODES 32
+
+/* Duration log-softmax in place of nodes <= TDT_SOFTMAX_NODES nodes, entry k (k < count, count
+ * is small) of node i at h[k * stride + i], with the sweeps' two-pass rule: NaN or +inf
+ * anywhere in a node makes all its entries NaN (so the sample's cost is NaN even when the
+ * offending duration has no arc at this node); all -inf gives NaN entries as well (-inf -
+ * -inf). The exps are tdt_exp_le0 (each x - max <= 0) and independent across the nodes, so
+ * the CPU's loops over i vectorise; each node's sum still adds its entries in order k. */
+TDT_HD void tdt_log_softmax_small(double *h, int count, int nodes, int stride) {
+    double m[TDT_SOFTMAX_NODES], sum[TDT_SOFTMAX_NODES];
+    for (int i = 0; i < nodes; ++i) {
+        m[i] = -TDT_INF;
+        sum[i] = 0.0;
+    }
+    for (int k = 0; k < count; ++k)
+        for (int i = 0; i < nodes; ++i) m[i] = tdt_lse_max(m[i], h[k * stride + i]);
+    for (int k = 0; k < count; ++k)
+        for (int i = 0; i < nodes; ++i) sum[i] += tdt_exp_le0(h[k * stride + i] - m[i]);
+    for (int i = 0; i < nodes; ++i) m[i] = tdt_lse_finish(m[i], sum[i]);
+    for (int k = 0; k < count; ++k)
+        for (int i = 0; i < nodes; ++i) h[k * stride + i] -= m[i];
 }
 
 /* ==== Sweeps with per-diagonal geometry (the OpenMP backend's loops) ============================

@@ -17,7 +17,9 @@
  *
  * Memory traffic is the floor of DESIGN.md section 4: logits read in passes 1 and 3, gradient
  * written once. Float32/16/bf16 rows are reduced in float32 with a vectorisable exp; float64
- * rows in float64 with libm's exp.
+ * rows in float64 with libm's exp. The float64 exps of the nodes (the duration softmax, the arc
+ * occupancies, the duration probabilities) are lattice.h's tdt_exp_le0, a run of a row's nodes
+ * at a time, vectorised across them.
  */
 #include <omp.h>
 #include <string.h>
@@ -99,20 +101,31 @@ typedef struct row_scan {
         (bad) |= ((x) != (x)) | ((x) == INFINITY);                                       \
     } while (0)
 
-/* For each element type E with conversion LOAD(e) -> float:
+/* For each element type E, read in groups of N elements (N > 1 only where one wider load and
+ * a shift or a mask give each element: LOADK(z, i, k) is element k of group i, in any order
+ * within the group) and one at a time by LOAD(e) -> float past the last whole group:
  *   row_scan_E: a row's scan;
  *   row_lse_E: log sum_v exp(z_v) over a row given its scan *sc, in float32; NaN if the row holds
  *   NaN or +inf, -inf for a row of -inf. With zn (the next row), its scan goes to *sc from the
  *   same loop, so the next row's loads from memory overlap this row's exps: alone, the scan of
  *   a row fresh from memory stalled on them (benchmark/NOTES.md, v20). The sum of a bad row is
- *   computed too (cpu_expf_sum's garbage for NaN and the infinities, defined) and discarded. */
-#define TDT_DEFINE_ROW_LSE(NAME, E, LOAD)                                               \
+ *   computed too (cpu_expf_sum's garbage for NaN and the infinities, defined) and discarded.
+ * The sums and maxima are reductions, so the order of a group's elements only changes the sum's
+ * rounding (the vectoriser reassociates it anyway), the same for every thread count. */
+#define TDT_DEFINE_ROW_LSE(NAME, E, N, LOADK, LOAD)                                     \
     static row_scan_t row_scan_##NAME(const E *z, int64_t V) {                         \
         row_scan_t r;                                                                    \
         float m = -INFINITY;                                                             \
         int bad = 0;                                                                     \
+        const int64_t G = V / (N);                                                       \
         _Pragma("omp simd reduction(max : m) reduction(| : bad)")                       \
-        for (int64_t v = 0; v < V; ++v) {                                                \
+        for (int64_t i = 0; i < G; ++i) {                                                \
+            TDT_UNROLL for (int k = 0; k < (N); ++k) {                                   \
+                const float x = LOADK(z, i, k);                                          \
+                TDT_ROW_SCAN_STEP(x, m, bad);                                            \
+            }                                                                            \
+        }                                                                                \
+        for (int64_t v = G * (N); v < V; ++v) {                                          \
             const float x = LOAD(z[v]);                                                  \
             TDT_ROW_SCAN_STEP(x, m, bad);                                                \
         }                                                                                \
@@ -123,12 +136,20 @@ typedef struct row_scan {
     static double row_lse_##NAME(const E *z, const E *zn, int64_t V, row_scan_t *sc) {  \
         const float m = sc->m;                                                           \
         const int bad = sc->bad;                                                         \
+        const int64_t G = V / (N);                                                       \
         float s = 0.0f;                                                                  \
         if (zn) {                                                                        \
             float mn = -INFINITY;                                                        \
             int badn = 0;                                                                \
             _Pragma("omp simd reduction(+ : s) reduction(max : mn) reduction(| : badn)") \
-            for (int64_t v = 0; v < V; ++v) {                                            \
+            for (int64_t i = 0; i < G; ++i) {                                            \
+                TDT_UNROLL for (int k = 0; k < (N); ++k) {                               \
+                    s += cpu_expf_sum(LOADK(z, i, k) - m);                               \
+                    const float x = LOADK(zn, i, k);                                     \
+                    TDT_ROW_SCAN_STEP(x, mn, badn);                                      \
+                }                                                                        \
+            }                                                                            \
+            for (int64_t v = G * (N); v < V; ++v) {                                      \
                 s += cpu_expf_sum(LOAD(z[v]) - m);                                       \
                 const float x = LOAD(zn[v]);                                             \
                 TDT_ROW_SCAN_STEP(x, mn, badn);                                          \
@@ -137,7 +158,9 @@ typedef struct row_scan {
             sc->bad = badn;                                                              \
         } else {                                                                         \
             _Pragma("omp simd reduction(+ : s)")                                        \
-            for (int64_t v = 0; v < V; ++v) s += cpu_expf_sum(LOAD(z[v]) - m);           \
+            for (int64_t i = 0; i < G; ++i)                                              \
+                TDT_UNROLL for (int k = 0; k < (N); ++k) s += cpu_expf_sum(LOADK(z, i, k) - m); \
+            for (int64_t v = G * (N); v < V; ++v) s += cpu_expf_sum(LOAD(z[v]) - m);     \
         }                                                                                \
         if (bad) return NAN;                                                             \
         if (m == -INFINITY) return -INFINITY;                                            \
@@ -164,9 +187,21 @@ typedef struct row_scan {
     }
 
 #define TDT_ID(x) (x)
-TDT_DEFINE_ROW_LSE(f32, float, TDT_ID)
-TDT_DEFINE_ROW_LSE(f16, uint16_t, tdt_fp16_to_float)
-TDT_DEFINE_ROW_LSE(bf16, uint16_t, tdt_bf16_to_float)
+#define TDT_LOAD_ONE(z, i, k) (z)[i]
+#define TDT_LOAD_F16(z, i, k) tdt_fp16_to_float((z)[i])
+/* bfloat16 in pairs: one 32-bit load holds two elements, each a float by a shift (the low half)
+ * or a mask (the high half), where one at a time each takes a widening load and a shift. Which
+ * half is element 2i depends on the byte order; the reductions take them in any order. memcpy:
+ * a row may start at any even address. Base bfloat16's row sums 0.286 -> 0.243 ns an element
+ * on the Zen 5 of benchmark/NOTES.md (v39). */
+static inline float bf16_pair_elem(const uint16_t *z, int64_t i, int k) {
+    uint32_t w;
+    memcpy(&w, z + 2 * i, sizeof w);
+    return tdt_bits_to_float(k ? w & 0xffff0000u : w << 16);
+}
+TDT_DEFINE_ROW_LSE(f32, float, 1, TDT_LOAD_ONE, TDT_ID)
+TDT_DEFINE_ROW_LSE(f16, uint16_t, 1, TDT_LOAD_F16, tdt_fp16_to_float)
+TDT_DEFINE_ROW_LSE(bf16, uint16_t, 2, bf16_pair_elem, tdt_bf16_to_float)
 TDT_DEFINE_ROW_GRAD(f32, float, float, TDT_ID, TDT_ID)
 TDT_DEFINE_ROW_GRAD(f16, uint16_t, uint16_t, tdt_fp16_to_float, tdt_float_to_fp16)
 
@@ -356,12 +391,21 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                 ws->lse[n] = lse;
                 ws->lp_blank[n] = load_one(z, c->o.blank, p->dtype) - lse - c->o.sigma;
                 ws->lp_label[n] = u < U ? load_one(z, y[u], p->dtype) - lse - c->o.sigma : -INFINITY;
-                if (D > 0) {
-                    const void *h = elem_ptr(p->duration_logits,
-                                             tdt_row_offset(p->duration_strides, b, t, u), p->dtype);
-                    double *lp = ws->lp_dur + n * Dw;
-                    for (int64_t k = 0; k < D; ++k) lp[k] = load_one(h, k, p->dtype);
-                    if (logits) tdt_log_softmax_small(lp, (int)D);
+            }
+            /* the row's duration log-softmax a run of nodes at a time, vectorised across them */
+            for (int64_t u0 = 0; D > 0 && u0 <= U; u0 += TDT_SOFTMAX_NODES) {
+                const int nn = (int)(U + 1 - u0 < TDT_SOFTMAX_NODES ? U + 1 - u0 : TDT_SOFTMAX_NODES);
+                double h[TDT_MAX_DURATIONS * TDT_SOFTMAX_NODES];
+                for (int i = 0; i < nn; ++i) {
+                    const void *hr = elem_ptr(p->duration_logits,
+                                              tdt_row_offset(p->duration_strides, b, t, u0 + i), p->dtype);
+                    for (int64_t k = 0; k < D; ++k) h[k * TDT_SOFTMAX_NODES + i] = load_one(hr, k, p->dtype);
+                }
+                if (logits) tdt_log_softmax_small(h, (int)D, nn, TDT_SOFTMAX_NODES);
+                for (int i = 0; i < nn; ++i) {
+                    double *lp = ws->lp_dur + (tdt_sample_offset(b, p->max_frames, row) +
+                                               tdt_node_index(p->max_frames, row, t, u0 + i)) * Dw;
+                    for (int64_t k = 0; k < D; ++k) lp[k] = h[k * TDT_SOFTMAX_NODES + i];
                 }
             }
         }
@@ -453,11 +497,26 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                rows of V-wide streaming. */
             for (int64_t u0 = 0; u0 < row; u0 += GRAD_CHUNK) {
                 const int64_t u1 = row - u0 < GRAD_CHUNK ? row : u0 + GRAD_CHUNK;
+                const int nn = (int)(u1 - u0), slots = tdt_num_slots(&c->arcs);
                 tdt_node_grad_t ng[GRAD_CHUNK];
-                for (int64_t u = u0; u < u1; ++u)
-                    if (feasible && t < T && u <= U)
-                        tdt_node_grad(&L, &c->arcs, ws->alpha + off, ws->beta + off, t, u, ll,
-                                      c->o.fastemit_lambda, &ng[u - u0]);
+                /* the run's occupancies (and duration probabilities) as logs first, then their
+                   exps together, vectorised across the nodes (tdt_node_grad's values but for
+                   tdt_exp_le0 in place of the C library's exp); -inf (exp 0) off the lattice */
+                double occ[GRAD_CHUNK * 2 * TDT_MAX_DURATIONS], q[GRAD_CHUNK * TDT_MAX_DURATIONS];
+                for (int i = 0; i < nn; ++i) {
+                    const int64_t u = u0 + i;
+                    const int live = feasible && t < T && u <= U;
+                    if (live)
+                        tdt_node_occupancy_args(&L, &c->arcs, ws->alpha + off, ws->beta + off, t,
+                                                u, ll, occ + i * slots);
+                    const double *lp = live ? ws->lp_dur + (off + tdt_node_index(p->max_frames, row, t, u)) * Dw
+                                            : NULL;
+                    for (int j = 0; j < slots && !live; ++j) occ[i * slots + j] = -INFINITY;
+                    for (int64_t k = 0; k < D; ++k) q[i * D + k] = live && logits ? lp[k] : -INFINITY;
+                }
+                for (int e = 0; e < nn * slots; ++e) occ[e] = tdt_exp_le0(occ[e]);
+                for (int e = 0; e < nn * (int)D; ++e) q[e] = tdt_exp_le0(q[e]);
+                for (int i = 0; i < nn; ++i) tdt_node_grad_of(occ + i * slots, c->arcs.count, c->o.fastemit_lambda, &ng[i]);
                 for (int64_t u = u0; u < u1; ++u) {
                     void *gz = c->g.token_grads
                                    ? (char *)c->g.token_grads + tdt_row_offset(c->g.token_strides, b, t, u) * (int64_t)esz
@@ -476,13 +535,9 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                         const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
                         token_grad_row(c, z, gz, ws->lse[n], g, u < U ? y[u] : -1, scale);
                     }
-                    if (gh) {
-                        const double *lp = ws->lp_dur + n * Dw;
-                        for (int64_t k = 0; k < D; ++k) {
-                            double q = logits ? exp(lp[k]) : 0.0;
-                            store_one(gh, k, p->dtype, scale * tdt_duration_grad(g, q, (int)k));
-                        }
-                    }
+                    if (gh)
+                        for (int64_t k = 0; k < D; ++k)
+                            store_one(gh, k, p->dtype, scale * tdt_duration_grad(g, q[(u - u0) * D + k], (int)k));
                 }
             }
         }
