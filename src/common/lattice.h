@@ -607,41 +607,34 @@ TDT_HD double tdt_occupancy(double alpha_src, double w, double beta_dst, double 
     return x == -TDT_INF ? 0.0 : exp(x - ll);
 }
 
-/* Slot q's arc out of node n = (t, u): 0 when it does not exist; else 1, with its weight lp +
- * dur in *w and beta(dst) in *b (0 past a terminal arc). Its loads depend on its indices alone,
- * not on the node's alpha, so a GPU lane has them in flight together with alpha's (one memory
- * round trip, not two). */
-TDT_HD int tdt_slot_arc(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
-                        const tdt_slot_t *q, int64_t t, int64_t u, int64_t n, double *w,
-                        double *b) {
-    const int e = tdt_slot_out(L, q, t, u);
-    if (!(e || tdt_slot_final(L, q, t, u))) return 0;
-    double lp, dur;
-    tdt_slot_weight(L, A, q, n, &lp, &dur);
-    *w = lp + dur;
-    *b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
-    return 1;
-}
-
 /* Occupancy of slot q's arc out of node n = (t, u), whose alpha is a: 0 when the arc does not
- * exist (or a is -inf). */
+ * exist (or a is -inf). The arc's loads depend on its indices alone, not on a, so a GPU lane
+ * has them in flight together with a's (one memory round trip, not two). */
 TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
                                  const tdt_slot_t *q, int64_t t, int64_t u, int64_t n, double a,
                                  double ll) {
-    double w, b;
-    if (!tdt_slot_arc(L, A, beta, q, t, u, n, &w, &b)) return 0.0;
-    return a == -TDT_INF ? 0.0 : tdt_occupancy(a, w, b, ll);
+    const int e = tdt_slot_out(L, q, t, u);
+    if (!(e || tdt_slot_final(L, q, t, u))) return 0.0;
+    double lp, dur;
+    tdt_slot_weight(L, A, q, n, &lp, &dur);
+    const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
+    return a == -TDT_INF ? 0.0 : tdt_occupancy(a, lp + dur, b, ll);
 }
 
 /* The log of that occupancy, alpha + w + beta(dst) - LL, or -inf where tdt_slot_occupancy is
- * exactly 0. It is <= 0 but for rounding (an occupancy is a probability), so tdt_exp_le0 takes
- * it: the CPU's gradient pass exponentiates a run of nodes' arguments together, vectorised. */
+ * exactly 0 (the CPU's; the GPU keeps tdt_slot_occupancy's own expression: a shared helper for
+ * the two cost the H200's gradient pass 3-7 % at large, benchmark/NOTES.md v39). It is <= 0
+ * but for rounding (an occupancy is a probability), so tdt_exp_le0 takes it: the CPU's
+ * gradient pass exponentiates a run of nodes' arguments together, vectorised. */
 TDT_HD double tdt_slot_occupancy_arg(const tdt_lattice_t *L, const tdt_arcs_t *A,
                                      const double *beta, const tdt_slot_t *q, int64_t t,
                                      int64_t u, int64_t n, double a, double ll) {
-    double w, b;
-    if (!tdt_slot_arc(L, A, beta, q, t, u, n, &w, &b)) return -TDT_INF;
-    const double x = a + w + b;
+    const int e = tdt_slot_out(L, q, t, u);
+    if (!(e || tdt_slot_final(L, q, t, u))) return -TDT_INF;
+    double lp, dur;
+    tdt_slot_weight(L, A, q, n, &lp, &dur);
+    const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
+    const double x = a + (lp + dur) + b;
     return a == -TDT_INF || x == -TDT_INF ? -TDT_INF : x - ll;
 }
 
