@@ -503,19 +503,20 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                    exps together, vectorised across the nodes (tdt_node_grad's values but for
                    tdt_exp_le0 in place of the C library's exp); -inf (exp 0) off the lattice */
                 double occ[GRAD_CHUNK * 2 * TDT_MAX_DURATIONS], q[GRAD_CHUNK * TDT_MAX_DURATIONS];
+                const int64_t Dq = c->g.duration_grads ? D : 0; /* q only feeds those */
                 for (int i = 0; i < nn; ++i) {
                     const int64_t u = u0 + i;
                     const int live = feasible && t < T && u <= U;
+                    const int64_t n = off + tdt_node_index(p->max_frames, row, t, u);
                     if (live)
                         tdt_node_occupancy_args(&L, &c->arcs, ws->alpha + off, ws->beta + off, t,
                                                 u, ll, occ + i * slots);
-                    const double *lp = live ? ws->lp_dur + (off + tdt_node_index(p->max_frames, row, t, u)) * Dw
-                                            : NULL;
-                    for (int j = 0; j < slots && !live; ++j) occ[i * slots + j] = -INFINITY;
-                    for (int64_t k = 0; k < D; ++k) q[i * D + k] = live && logits ? lp[k] : -INFINITY;
+                    else
+                        for (int j = 0; j < slots; ++j) occ[i * slots + j] = -INFINITY;
+                    for (int64_t k = 0; k < Dq; ++k) q[i * D + k] = live && logits ? ws->lp_dur[n * Dw + k] : -INFINITY;
                 }
                 for (int e = 0; e < nn * slots; ++e) occ[e] = tdt_exp_le0(occ[e]);
-                for (int e = 0; e < nn * (int)D; ++e) q[e] = tdt_exp_le0(q[e]);
+                for (int e = 0; e < nn * (int)Dq; ++e) q[e] = tdt_exp_le0(q[e]);
                 for (int i = 0; i < nn; ++i) tdt_node_grad_of(occ + i * slots, c->arcs.count, c->o.fastemit_lambda, &ng[i]);
                 for (int64_t u = u0; u < u1; ++u) {
                     void *gz = c->g.token_grads
