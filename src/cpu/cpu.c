@@ -87,6 +87,16 @@ static inline float cpu_expf_sum(float x) {
 
 /* ---- row kernels per dtype ------------------------------------------------------------------ */
 
+/* row_lse_E stays a function of its own: GCC 12, inlining it into node_pass, left the loop of
+ * its zn == NULL branch (a frame's last row) scalar, an omp simd loop it vectorises when the
+ * function stands alone; that one row in 21 took a quarter of the node pass at base bfloat16
+ * (the forward 6.8 -> 5.6 ms at one thread; benchmark/NOTES.md, v40). */
+#if defined(__GNUC__)
+#define TDT_NOINLINE __attribute__((noinline))
+#else
+#define TDT_NOINLINE
+#endif
+
 /* A row's scan: its max, and whether it holds NaN or +inf. */
 typedef struct row_scan {
     float m;
@@ -133,7 +143,7 @@ typedef struct row_scan {
         r.bad = bad;                                                                     \
         return r;                                                                        \
     }                                                                                    \
-    static double row_lse_##NAME(const E *z, const E *zn, int64_t V, row_scan_t *sc) {  \
+    static TDT_NOINLINE double row_lse_##NAME(const E *z, const E *zn, int64_t V, row_scan_t *sc) {  \
         const float m = sc->m;                                                           \
         const int bad = sc->bad;                                                         \
         const int64_t G = V / (N);                                                       \
