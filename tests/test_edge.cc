@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -194,6 +195,46 @@ TEST(Edge, EmptyBatch) {
     EXPECT_TRUE(got.costs.empty());
 }
 
+// A narrow dtype's run against a float32 run of the same (rounded) problem, two-phase with the
+// given upstream gradients: {float32, narrow}. Both must succeed.
+static std::pair<Output, Output> float32_and(const Problem &p, tdt_dtype_t narrow,
+                                             const std::vector<double> &grad_costs) {
+    RunOptions ro;
+    ro.two_phase = true;
+    ro.grad_costs = &grad_costs;
+    ro.dtype = TDT_DTYPE_FLOAT32;
+    Output f32 = run_lib(p, ro);
+    ro.dtype = narrow;
+    Output n = run_lib(p, ro);
+    EXPECT_EQ(f32.status, TDT_STATUS_SUCCESS) << f32.error;
+    EXPECT_EQ(n.status, TDT_STATUS_SUCCESS) << n.error;
+    return {f32, n};
+}
+
+// Each of got within max(|want| rel, abs) of want (the float32 run's); where want lies clearly in
+// the narrow type's subnormal range (4 tiny .. normal_min), got must not be 0 (rounded, not
+// flushed). Returns how many such subnormal elements there were; *bad counts the failures
+// (reported up to 5).
+static int64_t expect_narrowed(const std::vector<double> &want, const std::vector<double> &got,
+                               double rel, double abs, double tiny, double normal_min,
+                               const char *what, int64_t *bad) {
+    int64_t subnormal = 0;
+    if (got.size() != want.size()) {
+        ADD_FAILURE() << what << ": " << got.size() << " values against the float32 run's " << want.size();
+        ++*bad;
+        return 0;
+    }
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (std::fabs(want[i]) > 4 * tiny && std::fabs(want[i]) < normal_min) {
+            ++subnormal;
+            if (got[i] == 0.0 && (*bad)++ < 5) ADD_FAILURE() << what << " " << i << ": 0 (float32 run: " << want[i] << ")";
+        }
+        if (std::fabs(got[i] - want[i]) > std::max(std::fabs(want[i]) * rel, abs) && (*bad)++ < 5)
+            ADD_FAILURE() << what << " " << i << ": " << got[i] << " against the float32 run's " << want[i];
+    }
+    return subnormal;
+}
+
 // bfloat16 gradients in float32's subnormal range are rounded, not flushed to zero (the CPU
 // backend narrows with VCVTNE2PS2BF16 where it can, which flushes them; cpu.c takes the portable
 // rounding for any block that holds one). An upstream gradient of 1e-36 pushes most of a row
@@ -203,28 +244,34 @@ TEST(Edge, EmptyBatch) {
 TEST(Edge, Bfloat16GradientSubnormalsKept) {
     Problem p = random_problem(58, 2, 5, 3, 300, {0, 1, 2}, 299, 4.0);
     quantize_inputs(p, TDT_DTYPE_BFLOAT16);
-    const std::vector<double> g = {1e-36, -3e-37};
-    RunOptions ro;
-    ro.two_phase = true;
-    ro.grad_costs = &g;
-    ro.dtype = TDT_DTYPE_FLOAT32;
-    const Output f32 = run_lib(p, ro);
-    ro.dtype = TDT_DTYPE_BFLOAT16;
-    const Output bf = run_lib(p, ro);
-    ASSERT_EQ(f32.status, TDT_STATUS_SUCCESS) << f32.error;
-    ASSERT_EQ(bf.status, TDT_STATUS_SUCCESS) << bf.error;
+    const auto runs = float32_and(p, TDT_DTYPE_BFLOAT16, {1e-36, -3e-37});
     const double tiny = 9.183549615799121e-41;  // 2^-133, the smallest bfloat16 subnormal
-    int64_t subnormal = 0, bad = 0;
-    for (size_t i = 0; i < f32.gtok.size(); ++i) {
-        const double want = f32.gtok[i], got = bf.gtok[i];
-        if (std::fabs(want) > 4 * tiny && std::fabs(want) < 1.1754943508222875e-38) {
-            ++subnormal;
-            if (got == 0.0 && bad++ < 5) ADD_FAILURE() << "token grad " << i << ": " << got << " (float32 run: " << want << ")";
-        }
-        if (std::fabs(got - want) > std::max(std::fabs(want) / 128, 2 * tiny) && bad++ < 5)
-            ADD_FAILURE() << "token grad " << i << ": " << got << " against the float32 run's " << want;
-    }
+    int64_t bad = 0;
+    const int64_t subnormal = expect_narrowed(runs.first.gtok, runs.second.gtok, 1.0 / 128, 2 * tiny,
+                                              tiny, 1.1754943508222875e-38, "token grad", &bad);
     EXPECT_GT(subnormal, 100) << "the problem no longer reaches the subnormal range";
+}
+
+// float16 rows longer than the CPU's widening chunk (512 elements, where F16C converts 16 at a
+// time, cpu.c) and with a tail of each: the costs and gradients of a float16 run against a
+// float32 run on the same (float16-rounded) inputs, to float16's rounding (half a unit in the
+// last place: 2^-11 of the value, or 2^-25 in the subnormals; a little more for the two runs'
+// own float32 differences). Sample 0's upstream gradient of 1e-6 puts most of its gradient in
+// float16's subnormal range (under 6.1e-5): those elements must be rounded, not flushed, and
+// every one the float32 run puts clearly inside the range must be non-zero.
+TEST(Edge, Float16RowsOverChunks) {
+    Problem p = random_problem(59, 2, 4, 3, 1100, {0, 1, 2}, 1099, 3.0);
+    quantize_inputs(p, TDT_DTYPE_FLOAT16);
+    const auto runs = float32_and(p, TDT_DTYPE_FLOAT16, {1e-6, 0.5});
+    const Output &f32 = runs.first, &h = runs.second;
+    for (int64_t b = 0; b < p.B; ++b)
+        EXPECT_NEAR(h.costs[b], f32.costs[b], 1e-5 * std::fabs(f32.costs[b])) << "cost of sample " << b;
+    const double tiny = 5.9604644775390625e-08;  // 2^-24, the smallest float16 subnormal
+    int64_t bad = 0;
+    const int64_t subnormal =
+        expect_narrowed(f32.gtok, h.gtok, 4.9e-4, 0.51 * tiny, tiny, 6.103515625e-05, "token grad", &bad);
+    expect_narrowed(f32.gdur, h.gdur, 4.9e-4, 0.51 * tiny, tiny, 6.103515625e-05, "duration grad", &bad);
+    EXPECT_GT(subnormal, 1000) << "the problem no longer reaches float16's subnormal range";
 }
 
 // ---- padding: garbage in label padding (random_problem always puts it there) and in the logits

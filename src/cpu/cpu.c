@@ -23,7 +23,7 @@
  */
 #include <omp.h>
 #include <string.h>
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if (defined(__AVX512BF16__) || defined(__F16C__)) && defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -87,10 +87,10 @@ static inline float cpu_expf_sum(float x) {
 
 /* ---- row kernels per dtype ------------------------------------------------------------------ */
 
-/* row_lse_E stays a function of its own: GCC 12, inlining it into node_pass, left the loop of
- * its zn == NULL branch (a frame's last row) scalar, an omp simd loop it vectorises when the
- * function stands alone; that one row in 21 took a quarter of the node pass at base bfloat16
- * (the forward 6.8 -> 5.6 ms at one thread; benchmark/NOTES.md, v40). */
+/* row_sum_E and row_lse_E stay functions of their own: GCC 12, inlining them into node_pass,
+ * left the loop of row_sum_E's zn == NULL branch (a frame's last row) scalar, an omp simd loop
+ * it vectorises when the function stands alone; that one row in 21 took a quarter of the node
+ * pass at base bfloat16 (the forward 6.8 -> 5.6 ms at one thread; benchmark/NOTES.md, v40). */
 #if defined(__GNUC__)
 #define TDT_NOINLINE __attribute__((noinline))
 #else
@@ -111,15 +111,24 @@ typedef struct row_scan {
         (bad) |= ((x) != (x)) | ((x) == INFINITY);                                       \
     } while (0)
 
+/* A row's log-sum-exp from its scan (max m, bad: NaN or +inf in it) and its float32 sum of
+ * exp(z - m): NaN for a bad row, -inf for a row of -inf. */
+static double row_lse_finish(float m, int bad, float s) {
+    if (bad) return NAN;
+    if (m == -INFINITY) return -INFINITY;
+    return (double)m + log((double)s);
+}
+
 /* For each element type E, read in groups of N elements (N > 1 only where one wider load and
  * a shift or a mask give each element: LOADK(z, i, k) is element k of group i, in any order
  * within the group) and one at a time by LOAD(e) -> float past the last whole group:
  *   row_scan_E: a row's scan;
- *   row_lse_E: log sum_v exp(z_v) over a row given its scan *sc, in float32; NaN if the row holds
- *   NaN or +inf, -inf for a row of -inf. With zn (the next row), its scan goes to *sc from the
+ *   row_sum_E: sum_v exp(z_v - m) in float32 (cpu_expf_sum's garbage for a bad row, defined,
+ *   which row_lse_finish discards). With zn (the next row), its scan goes to *scn from the
  *   same loop, so the next row's loads from memory overlap this row's exps: alone, the scan of
- *   a row fresh from memory stalled on them (benchmark/NOTES.md, v20). The sum of a bad row is
- *   computed too (cpu_expf_sum's garbage for NaN and the infinities, defined) and discarded.
+ *   a row fresh from memory stalled on them (benchmark/NOTES.md, v20);
+ *   row_lse_E: log sum_v exp(z_v) over a row given its scan *sc, whose place the next row's
+ *   scan takes (zn given).
  * The sums and maxima are reductions, so the order of a group's elements only changes the sum's
  * rounding (the vectoriser reassociates it anyway), the same for every thread count. */
 #define TDT_DEFINE_ROW_LSE(NAME, E, N, LOADK, LOAD)                                     \
@@ -143,9 +152,8 @@ typedef struct row_scan {
         r.bad = bad;                                                                     \
         return r;                                                                        \
     }                                                                                    \
-    static TDT_NOINLINE double row_lse_##NAME(const E *z, const E *zn, int64_t V, row_scan_t *sc) {  \
-        const float m = sc->m;                                                           \
-        const int bad = sc->bad;                                                         \
+    static TDT_NOINLINE float row_sum_##NAME(const E *z, const E *zn, int64_t V, float m, \
+                                             row_scan_t *scn) {                          \
         const int64_t G = V / (N);                                                       \
         float s = 0.0f;                                                                  \
         if (zn) {                                                                        \
@@ -164,17 +172,20 @@ typedef struct row_scan {
                 const float x = LOAD(zn[v]);                                             \
                 TDT_ROW_SCAN_STEP(x, mn, badn);                                          \
             }                                                                            \
-            sc->m = mn;                                                                  \
-            sc->bad = badn;                                                              \
+            scn->m = mn;                                                                 \
+            scn->bad = badn;                                                             \
         } else {                                                                         \
             _Pragma("omp simd reduction(+ : s)")                                        \
             for (int64_t i = 0; i < G; ++i)                                              \
                 TDT_UNROLL for (int k = 0; k < (N); ++k) s += cpu_expf_sum(LOADK(z, i, k) - m); \
             for (int64_t v = G * (N); v < V; ++v) s += cpu_expf_sum(LOAD(z[v]) - m);     \
         }                                                                                \
-        if (bad) return NAN;                                                             \
-        if (m == -INFINITY) return -INFINITY;                                            \
-        return (double)m + log((double)s);                                               \
+        return s;                                                                        \
+    }                                                                                    \
+    static TDT_NOINLINE double row_lse_##NAME(const E *z, const E *zn, int64_t V, row_scan_t *sc) { \
+        const float m = sc->m;                                                           \
+        const int bad = sc->bad;                                                         \
+        return row_lse_finish(m, bad, row_sum_##NAME(z, zn, V, m, sc));                  \
     }
 
 /* row_grad_NAME: g_v = STORE(scale * clip(exp(LOAD(z_v) - lse) * occ)), the token gradient away
@@ -210,10 +221,86 @@ static inline float bf16_pair_elem(const uint16_t *z, int64_t i, int k) {
     return tdt_bits_to_float(k ? w & 0xffff0000u : w << 16);
 }
 TDT_DEFINE_ROW_LSE(f32, float, 1, TDT_LOAD_ONE, TDT_ID)
-TDT_DEFINE_ROW_LSE(f16, uint16_t, 1, TDT_LOAD_F16, tdt_fp16_to_float)
 TDT_DEFINE_ROW_LSE(bf16, uint16_t, 2, bf16_pair_elem, tdt_bf16_to_float)
 TDT_DEFINE_ROW_GRAD(f32, float, float, TDT_ID, TDT_ID)
+
+#if defined(__F16C__) && defined(__AVX512F__)
+/* float16 rows on a CPU with F16C and AVX-512 (-march=native): a chunk at a time widened into
+ * an L1 buffer by VCVTPH2PS (16 elements an instruction, exact, where tdt_fp16_to_float takes
+ * about ten vector operations an element vector), then the float32 loops; gradient rows
+ * narrowed by VCVTPS2PH, round to nearest even, which gives tdt_float_to_fp16's bits for every
+ * float but NaN (a block holding a NaN takes tdt_float_to_fp16: 0x7e00 with the sign). The
+ * chunk's scans merge by max and or, its sums by addition. Base float16 f+b 24.2-25.2 ->
+ * 14.6 ms at one thread, 12.7 -> 8.5 at two, on the Zen 5 of benchmark/NOTES.md (v40). */
+enum { F16_CHUNK = 512 };
+
+static void f16_widen(const uint16_t *z, float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(z + i))));
+    for (; i < n; ++i) x[i] = tdt_fp16_to_float(z[i]);
+}
+
+static void f16_narrow(uint16_t *g, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) {
+            for (int k = 0; k < 16; ++k) g[i + k] = tdt_float_to_fp16(x[i + k]);
+        } else {
+            _mm256_storeu_si256((__m256i *)(void *)(g + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        }
+    }
+    for (; i < n; ++i) g[i] = tdt_float_to_fp16(x[i]);
+}
+
+static void row_scan_merge(row_scan_t *r, row_scan_t c) {
+    r->m = c.m > r->m ? c.m : r->m;
+    r->bad |= c.bad;
+}
+
+static row_scan_t row_scan_f16(const uint16_t *z, int64_t V) {
+    row_scan_t r = {-INFINITY, 0};
+    float x[F16_CHUNK];
+    for (int64_t v0 = 0; v0 < V; v0 += F16_CHUNK) {
+        const int64_t n = V - v0 < F16_CHUNK ? V - v0 : F16_CHUNK;
+        f16_widen(z + v0, x, n);
+        row_scan_merge(&r, row_scan_f32(x, n));
+    }
+    return r;
+}
+
+static double row_lse_f16(const uint16_t *z, const uint16_t *zn, int64_t V, row_scan_t *sc) {
+    const float m = sc->m;
+    const int bad = sc->bad;
+    row_scan_t next = {-INFINITY, 0};
+    float x[F16_CHUNK], xn[F16_CHUNK], s = 0.0f;
+    for (int64_t v0 = 0; v0 < V; v0 += F16_CHUNK) {
+        const int64_t n = V - v0 < F16_CHUNK ? V - v0 : F16_CHUNK;
+        row_scan_t c;
+        f16_widen(z + v0, x, n);
+        if (zn) f16_widen(zn + v0, xn, n);
+        s += row_sum_f32(x, zn ? xn : NULL, n, m, &c);
+        if (zn) row_scan_merge(&next, c);
+    }
+    if (zn) *sc = next;
+    return row_lse_finish(m, bad, s);
+}
+
+static void row_grad_f16(const uint16_t *z, uint16_t *g, int64_t V, float lse, float occ,
+                         float clamp, float scale) {
+    float x[F16_CHUNK];
+    for (int64_t v0 = 0; v0 < V; v0 += F16_CHUNK) {
+        const int64_t n = V - v0 < F16_CHUNK ? V - v0 : F16_CHUNK;
+        f16_widen(z + v0, x, n); /* reads z[v0..) before g[v0..) is written: g may alias z */
+        row_grad_f32(x, x, n, lse, occ, clamp, scale);
+        f16_narrow(g + v0, x, n);
+    }
+}
+#else
+TDT_DEFINE_ROW_LSE(f16, uint16_t, 1, TDT_LOAD_F16, tdt_fp16_to_float)
 TDT_DEFINE_ROW_GRAD(f16, uint16_t, uint16_t, tdt_fp16_to_float, tdt_float_to_fp16)
+#endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 /* bfloat16 gradient rows on a CPU with AVX512-BF16 (-march=native): the row's float values in
