@@ -227,7 +227,7 @@ TDT_DEFINE_ROW_GRAD(f32, float, float, TDT_ID, TDT_ID)
 #if defined(__F16C__) && defined(__AVX512F__)
 /* float16 rows on a CPU with F16C and AVX-512 (-march=native): a chunk at a time widened into
  * an L1 buffer by VCVTPH2PS (16 elements an instruction, exact, where tdt_fp16_to_float takes
- * about ten vector operations an element vector), then the float32 loops; gradient rows
+ * about ten vector operations a vector), then the float32 loops; gradient rows
  * narrowed by VCVTPS2PH, round to nearest even, which gives tdt_float_to_fp16's bits for every
  * float but NaN (a block holding a NaN takes tdt_float_to_fp16: 0x7e00 with the sign). The
  * chunk's scans merge by max and or, its sums by addition. Base float16 f+b 24.2-25.2 ->
