@@ -209,7 +209,6 @@ static double row_lse_finish(float m, int bad, float s) {
 
 #define TDT_ID(x) (x)
 #define TDT_LOAD_ONE(z, i, k) (z)[i]
-#define TDT_LOAD_F16(z, i, k) tdt_fp16_to_float((z)[i])
 /* bfloat16 in pairs: one 32-bit load holds two elements, each a float by a shift (the low half)
  * or a mask (the high half), where one at a time each takes a widening load and a shift. Which
  * half is element 2i depends on the byte order; the reductions take them in any order. memcpy:
@@ -298,6 +297,7 @@ static void row_grad_f16(const uint16_t *z, uint16_t *g, int64_t V, float lse, f
     }
 }
 #else
+#define TDT_LOAD_F16(z, i, k) tdt_fp16_to_float((z)[i])
 TDT_DEFINE_ROW_LSE(f16, uint16_t, 1, TDT_LOAD_F16, tdt_fp16_to_float)
 TDT_DEFINE_ROW_GRAD(f16, uint16_t, uint16_t, tdt_fp16_to_float, tdt_float_to_fp16)
 #endif
