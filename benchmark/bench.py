@@ -21,6 +21,9 @@ For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
   5. with --graph (CUDA), also the same step captured once in a CUDA graph and replayed: forward
      and backward through the binding and autograd with no host work a step, so the GPU's own
      time; the replayed gradient must equal the eager one to the bit, or no time is printed.
+     Two times again: "graph ms", each replay between its own two events and waited for (the
+     host's launch of the graph then counts: the GPU idles while it is submitted), and "graph
+     loop", --iters replays enqueued back to back (median of 3 such loops).
 
 On the CPU, --threads sets torch.set_num_threads() (default: every core this process may use);
 the binding runs the library with torch.get_num_threads() threads.
@@ -147,9 +150,12 @@ def loop_time(step, device, iters, reps=3):
 
 
 def graph_time(x, targets, T_b, U_b, V, device, iters):
-    """(median ms of a replay, verdict) of one step captured in a CUDA graph, as a training loop
-    under torch.cuda.graph runs it (the binding skips its host-side check while capturing); the
-    time is None when the replay's gradient differs from the eager step's."""
+    """(ms, loop ms, verdict) of one step captured in a CUDA graph, as a training loop under
+    torch.cuda.graph runs it (the binding skips its host-side check while capturing): the median
+    of a replay between its own two events and waited for (the GPU idles while the host launches
+    the graph, as in "ms"), and of --iters replays enqueued back to back (loop_time, as in "loop
+    ms"; shared/TARGETS.md's way: the GPU kept busy between timed calls). Both None when the
+    replay's gradient differs from the eager step's."""
     x.grad = None
     ours(x, targets, T_b, U_b, V).backward()
     want = x.grad
@@ -169,11 +175,12 @@ def graph_time(x, targets, T_b, U_b, V, device, iters):
     same = torch.equal(x.grad, want)
     del want
     if not same:
-        return None, "graph FAILED (its gradient differs from the eager step's)"
+        return None, None, "graph FAILED (its gradient differs from the eager step's)"
     ms = time_step(graph.replay, device, iters)
+    loop_ms = loop_time(graph.replay, device, iters)
     x.grad = None
     del graph
-    return ms, "graph bitwise"
+    return ms, loop_ms, "graph bitwise"
 
 
 def copy_bandwidth(device):
@@ -276,9 +283,11 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
     row["gbs"] = 3 * logits_bytes / (row["ms"] * 1e-3) * 1e-9
     if args.graph and device.type == "cuda":
         try:
-            row["graph_ms"], gverdict = graph_time(x, targets, T_b, U_b, V, device, args.iters)
+            row["graph_ms"], row["graph_loop_ms"], gverdict = graph_time(
+                x, targets, T_b, U_b, V, device, args.iters)
         except RuntimeError as e:  # a capture torch or the driver refused: say so, time the rest
-            row["graph_ms"], gverdict = None, "graph FAILED (%s)" % str(e).splitlines()[0][:80]
+            row["graph_ms"] = row["graph_loop_ms"] = None
+            gverdict = "graph FAILED (%s)" % str(e).splitlines()[0][:80]
             x.grad = None
         row["verdict"] += "; " + gverdict
     if not with_baselines:
@@ -353,7 +362,7 @@ def main():
     head = "%-9s %-9s %9s %8s %9s %7s %7s %7s" % ("shape", "dtype", "ms", "GB/s", "floor ms",
                                                  "x floor", "peak", "asked")
     head += " %9s" % "loop ms" if loops else ""
-    head += " %9s" % "graph ms" if graphs else ""
+    head += " %9s %10s" % ("graph ms", "graph loop") if graphs else ""
     head += "".join(" %12s" % (n[:9] + " ms") for n in names) + " %8s" % "x torch"
     print(head + "  check")
     rows = []
@@ -374,8 +383,9 @@ def main():
                 if loops:
                     line += " %9.3f" % row["loop_ms"]
                 if graphs:
-                    g = row.get("graph_ms")
-                    line += " %9s" % ("%.3f" % g if g is not None else "FAILED")
+                    g, gl = row.get("graph_ms"), row.get("graph_loop_ms")
+                    line += " %9s %10s" % ("%.3f" % g if g is not None else "FAILED",
+                                           "%.3f" % gl if gl is not None else "FAILED")
                 for n in names:
                     v = row["base"].get(n, "-")
                     line += " %12s" % ("%.1f" % v if isinstance(v, float) else v)
@@ -385,7 +395,7 @@ def main():
                 line = "%-9s %-9s %9s %8s %9.3f %7s %7s %7s" % (name, row["dtype"], "-", "-",
                                                                row["floor_ms"], "-", "-", "-")
                 line += " %9s" % "-" if loops else ""
-                line += " %9s" % "-" if graphs else ""
+                line += " %9s %10s" % ("-", "-") if graphs else ""
                 line += "".join(" %12s" % "-" for _ in names) + " %8s" % "-"
             print(line + "  " + row["verdict"])
             sys.stdout.flush()
@@ -414,6 +424,9 @@ def plot(rows, path, device):
         series.append(("warp_tdt, steps back to back", [r.get("loop_ms") or 0 for r in rows]))
     if any(r.get("graph_ms") for r in rows):
         series.append(("warp_tdt in a CUDA graph", [r.get("graph_ms") or 0 for r in rows]))
+    if any(r.get("graph_loop_ms") for r in rows):
+        series.append(("warp_tdt in a CUDA graph, replays back to back",
+                       [r.get("graph_loop_ms") or 0 for r in rows]))
     series.append(("floor (3 x logits / copy BW)", [r["floor_ms"] for r in rows]))
     for n, label in (("torch", "pure-PyTorch vectorised loss"),
                      ("transformers", "transformers PyTorch loss")):
