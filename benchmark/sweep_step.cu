@@ -12,15 +12,27 @@
  * and the sum is brought back to [1, 2) by reading its own exponent. No exp and no log on the
  * step's chain, and no range trouble: every value keeps its own exponent.
  *
- * Three kernels, alpha sweeps only (one block a sample, the one-block staged sweep's shape:
+ * Four kernels, alpha sweeps only (one block a sample, the one-block staged sweep's shape:
  * G lanes a node, the weights copied into a ring in shared memory kStageAhead diagonals ahead,
  * one barrier a diagonal):
  *   log      the library's own staged_sweep (src/gpu/sweep.cuh), called as its kernel does
  *            (since v24 its exp and log are lattice.h's table forms; v24's first call timed
- *            this harness with a copy of those tables beside the Taylor forms they replaced);
+ *            this harness with a copy of those tables beside the Taylor forms they replaced),
+ *            on the workspace's blocks (a node's weights in one block, workspace.h: v41);
  *   pair     the scaled step, writing (m, e) to the workspace;
  *   pair+log the scaled step, writing log(m) + e ln2 (the workspace's form today, which the
- *            gradient pass reads), the log off the chain.
+ *            gradient pass reads), the log off the chain;
+ *   rows     the library's staged_sweep with another stager (NOTES v41, "What remains" 12):
+ *            each node's weights from the head of its own joint-shaped row, as if the
+ *            normaliser had written them into the gradient buffer's rows instead of the
+ *            workspace's diagonal-major arrays; rows of float32 and of 16-bit elements of the
+ *            shape's V + 5, so a diagonal's nodes are ~U row strides apart, and every node's
+ *            fields a gather of their own (the layout v41 weighs for the peak memory at small
+ *            V; its first calls also timed the blocks and the workspace's earlier arrays of
+ *            one field each here, staged node-major and field by field).
+ * Each variant is also timed "cold": one launch after a 256 MB write that leaves none of its
+ * weights in L2, as in a loss call, where the normaliser's traffic separates their writing from
+ * the sweep's reads.
  * Each is checked against a float64 log-domain reference on the host (every node, finite or
  * not) before it is timed; a wrong one prints no time. Then each is timed with CUDA events
  * over many back-to-back launches, and the time a diagonal is printed.
@@ -65,9 +77,14 @@ struct pairs {
 struct problem {
     int B, T, U, row, frames;
     /* workspace layout (diagonal-major nodes, lattice.h's tdt_node_index) */
-    double *lp_blank, *lp_label, *lp_dur; /* device, log-probabilities */
-    pairs w_blank, w_label, w_dur;        /* device, the same as pairs */
+    double *w;                            /* device, the library's blocks (workspace.h) */
+    pairs w_blank, w_label, w_dur;        /* device, the same weights as pairs */
     double *alpha;                        /* device, log-domain out (log kernel, pair+log) */
+    /* the rows layout (rows kernel): node (t, u)'s 2 + KD weights at the head of its own row,
+     * rows[((b * T + t) * row + u) * rs + f] (f: 0 blank, 1 label, 2 + k duration k), a row
+     * rs doubles long, as a joint-shaped gradient row of the shape's V would be */
+    double *rows[2];
+    int rs[2];                            /* float32 rows, 16-bit rows (in doubles, rounded up) */
     pairs a_pair;                         /* device, pair out */
 };
 
@@ -98,15 +115,45 @@ void to_pair(double lp, double *m, int32_t *e) {
     *e = (int32_t)k;
 }
 
-/* ---- the library's step ------------------------------------------------------------------- */
+/* ---- the library's step, from the workspace's blocks or from the rows layout --------------- */
 
-template <int G>
-__global__ void __launch_bounds__(512, 1) log_kernel(const double *lp_blank, const double *lp_label,
-                                                     const double *lp_dur, double *alpha, int T, int U,
-                                                     int frames, tdt_gpu_args_t a) {
+/* The library's stager (the workspace's blocks), as the harness's kernel takes a stager. */
+struct lib_stager : ws_stager {
+    __device__ lib_stager at(int64_t) const { return *this; }
+};
+
+/* staged_sweep's stager for the rows layout: the same ring fields, each node's from the head of
+ * its own row (t-major rows of rs doubles: a diagonal's nodes are a row stride minus one apart,
+ * (row - 1) * rs doubles), its 2 + KD fields by consecutive threads. */
+struct rows_stager {
+    const double *rows; /* the batch's first row; at(): the sample's */
+    int rs;
+    __device__ rows_stager at(int64_t first_node) const {
+        rows_stager r = *this;
+        r.rows += first_node * rs;
+        return r;
+    }
+    template <int KD_, bool CLUSTER>
+    __device__ __forceinline__ void stage(const tdt_lattice_t &, const staged_geo &g, double *ring,
+                                          int s, int) const {
+        int lo, hi;
+        staged_range(g, s, &lo, &hi);
+        const int F = 2 + KD_, total = F * (hi - lo + 1);
+        double *slot = ring + (s & g.mask) * g.fstride + lo;
+        for (int e = threadIdx.x; e < total; e += blockDim.x) {
+            const int c = e / F, f = e - c * F, u = lo + c, t = s - u;
+            cp_async8(slot + (F_BLANK + f) * g.row + c, rows + (int64_t)(t * g.row + u) * rs + f);
+        }
+    }
+};
+
+/* One alpha sweep a block, as the library's one-block staged kernel calls staged_sweep: the
+ * weights from the workspace's blocks w (lib_stager) or through another stager. */
+template <int G, typename STAGE>
+__global__ void __launch_bounds__(512, 1) log_kernel(const double *w, double *alpha, int T, int U,
+                                                     int frames, tdt_gpu_args_t a, STAGE stager) {
     extern __shared__ double ring[];
     enum { SPL = sweep_shape<KD, G>::SPL };
-    const tdt_arcs_t A = tdt_arcs_fixed<KD>(a.arcs);
     const int row = U + 1;
     const int64_t off = (int64_t)blockIdx.x * frames * row;
     staged_geo g;
@@ -124,16 +171,14 @@ __global__ void __launch_bounds__(512, 1) log_kernel(const double *lp_blank, con
     staged_slots<SPL> sl;
     staged_slots_of<SPL, G>(a, row, &sl);
     tdt_lattice_t L;
-    L.lp_blank = lp_blank + off;
-    L.lp_label = lp_label + off;
-    L.lp_dur = lp_dur + off * KD;
+    L.wn = tdt_w_block(KD);
+    L.w = w + off * L.wn;
     L.row = row;
     L.frames = frames;
     L.T = T;
     L.U = U;
-    (void)A;
     lse_tab_load(); /* read after the sweep's first barrier */
-    staged_sweep<false, KD, SPL, G, false>(L, g, sl, ring, alpha + off, NULL);
+    staged_sweep<false, KD, SPL, G, false, 0, 2, STAGE>(L, g, sl, ring, alpha + off, NULL, stager.at(off));
 }
 
 /* ---- the scaled step ---------------------------------------------------------------------- */
@@ -433,29 +478,36 @@ template <typename K> void allow(K kernel, size_t smem) {
     if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
-enum { V_LOG, V_PAIR, V_PAIR_LOG, V_N };
-const char *kNames[V_N] = {"log (library)", "pair", "pair+log"};
+enum { V_LOG, V_PAIR, V_PAIR_LOG, V_ROWS32, V_ROWS16, V_N };
+const char *kNames[V_N] = {"log (library)", "pair", "pair+log", "log, f32 rows", "log, 16b rows"};
 
 template <int G> void launch(int v, const problem &p, const run_cfg &c, cudaStream_t st) {
     switch (v) {
     case V_LOG:
-        log_kernel<G><<<p.B, c.threads, c.smem_log, st>>>(p.lp_blank, p.lp_label, p.lp_dur, p.alpha, p.T,
-                                                          p.U, p.frames, c.a);
+        log_kernel<G><<<p.B, c.threads, c.smem_log, st>>>(p.w, p.alpha, p.T, p.U, p.frames, c.a, lib_stager());
         break;
     case V_PAIR:
         pair_kernel<G, false><<<p.B, c.threads, c.smem_pair, st>>>(p.w_blank, p.w_label, p.w_dur, p.alpha,
                                                                    p.a_pair, p.T, p.U, p.frames, c.a);
         break;
-    default:
+    case V_PAIR_LOG:
         pair_kernel<G, true><<<p.B, c.threads, c.smem_pair, st>>>(p.w_blank, p.w_label, p.w_dur, p.alpha,
                                                                   p.a_pair, p.T, p.U, p.frames, c.a);
+        break;
+    default: {
+        const int r = v - V_ROWS32;
+        const rows_stager rows = {p.rows[r], p.rs[r]};
+        log_kernel<G><<<p.B, c.threads, c.smem_log, st>>>(p.w, p.alpha, p.T, p.U, p.frames, c.a, rows);
+    }
     }
 }
 
 template <int G> void allow_all(const run_cfg &c) {
-    allow(log_kernel<G>, c.smem_log);
+    allow(log_kernel<G, lib_stager>, c.smem_log);
     allow(pair_kernel<G, false>, c.smem_pair);
     allow(pair_kernel<G, true>, c.smem_pair);
+    allow(log_kernel<G, rows_stager>, c.smem_log);
+
 }
 
 /* Runs variant v once and returns the error against the reference (every node). */
@@ -479,12 +531,48 @@ template <int G> double check(int v, const problem &p, const host_problem &h, co
     return max_err(got, ref, inf_bad);
 }
 
-problem upload(const host_problem &h) {
+/* Node (t, u)'s weights into the head of its row of rs doubles (the rest zero), one strided copy. */
+double *rows_dev(const host_problem &h, int rs) {
+    const size_t nodes = h.lb.size(), F = 2 + KD;
+    std::vector<double> head(nodes * F);
+    for (int b = 0; b < h.B; ++b)
+        for (int t = 0; t < h.T; ++t)
+            for (int u = 0; u <= h.U; ++u) {
+                const size_t r = ((size_t)b * h.T + t) * h.row + u;
+                const size_t n = (size_t)b * h.T * h.row + tdt_node_index(h.T, h.row, t, u);
+                head[r * F] = h.lb[n];
+                head[r * F + 1] = h.ll[n];
+                for (int k = 0; k < KD; ++k) head[r * F + 2 + k] = h.ld[n * KD + k];
+            }
+    double *d;
+    CK(cudaMalloc(&d, nodes * rs * sizeof(double)));
+    CK(cudaMemset(d, 0, nodes * rs * sizeof(double)));
+    CK(cudaMemcpy2D(d, rs * sizeof(double), head.data(), F * sizeof(double), F * sizeof(double), nodes,
+                    cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* Node n's (diagonal-major) weights in its block of the workspace's w (workspace.h). */
+double *blocks_dev(const host_problem &h) {
+    const size_t nodes = h.lb.size(), W = (size_t)tdt_w_block(KD);
+    std::vector<double> w(nodes * W, 0.0);
+    for (size_t n = 0; n < nodes; ++n) {
+        w[n * W + TDT_W_BLANK] = h.lb[n];
+        w[n * W + TDT_W_LABEL] = h.ll[n];
+        for (int k = 0; k < KD; ++k) w[n * W + TDT_W_DUR + k] = h.ld[n * KD + k];
+    }
+    return to_dev(w);
+}
+
+problem upload(const host_problem &h, int V) {
     problem p;
+    /* a joint row of V + KD elements, float32 and 16-bit, in doubles rounded up */
+    p.rs[0] = (int)(((V + KD) * 4 + 7) / 8);
+    p.rs[1] = (int)(((V + KD) * 2 + 7) / 8);
+    p.rows[0] = rows_dev(h, p.rs[0]);
+    p.rows[1] = rows_dev(h, p.rs[1]);
     p.B = h.B, p.T = h.T, p.U = h.U, p.row = h.row, p.frames = h.frames;
-    p.lp_blank = to_dev(h.lb);
-    p.lp_label = to_dev(h.ll);
-    p.lp_dur = to_dev(h.ld);
+    p.w = blocks_dev(h);
     p.w_blank = pairs_dev(h.lb);
     p.w_label = pairs_dev(h.ll);
     p.w_dur = pairs_dev(h.ld);
@@ -496,20 +584,21 @@ problem upload(const host_problem &h) {
 }
 
 void release(problem &p) {
-    cudaFree(p.lp_blank), cudaFree(p.lp_label), cudaFree(p.lp_dur);
+    cudaFree(p.w);
     cudaFree(p.w_blank.m), cudaFree(p.w_blank.e), cudaFree(p.w_label.m), cudaFree(p.w_label.e);
     cudaFree(p.w_dur.m), cudaFree(p.w_dur.e), cudaFree(p.alpha), cudaFree(p.a_pair.m), cudaFree(p.a_pair.e);
+    cudaFree(p.rows[0]), cudaFree(p.rows[1]);
 }
 
 /* Validates every variant, then times the valid ones; returns 1 if any was wrong. */
-template <int G> int shape(const char *name, int B, int T, int U, int iters) {
+template <int G> int shape(const char *name, int B, int T, int U, int V, int iters) {
     int bad = 0;
     /* validation: the realistic weights and the extreme ones */
     const double scales[2] = {1.0, 300.0};
     for (int sc = 0; sc < 2; ++sc) {
         host_problem h = make_problem(B, T, U, scales[sc], 12345 + sc);
         const std::vector<double> ref = reference(h);
-        problem p = upload(h);
+        problem p = upload(h, V);
         const run_cfg c = config(h, G);
         allow_all<G>(c);
         for (int v = 0; v < V_N; ++v) {
@@ -524,7 +613,7 @@ template <int G> int shape(const char *name, int B, int T, int U, int iters) {
     }
     if (bad) return 1;
     host_problem h = make_problem(B, T, U, 1.0, 777);
-    problem p = upload(h);
+    problem p = upload(h, V);
     const run_cfg c = config(h, G);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -544,13 +633,34 @@ template <int G> int shape(const char *name, int B, int T, int U, int iters) {
             CK(cudaEventElapsedTime(&t, e0, e1));
             ms[v].push_back(t / iters);
         }
+    /* cold: each launch alone between its events, after a write of 256 MB (the H200's L2
+     * holds 50 MB), so the weights come from DRAM as in a loss call, where the normaliser's
+     * V-wide traffic runs between their writing and the sweep's reads */
+    const size_t flush_bytes = (size_t)256 << 20;
+    void *flush;
+    CK(cudaMalloc(&flush, flush_bytes));
+    std::vector<float> cold[V_N];
+    for (int r = 0; r < 4 * rounds; ++r)
+        for (int v = 0; v < V_N; ++v) {
+            CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
+            CK(cudaEventRecord(e0));
+            launch<G>(v, p, c, 0);
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float t;
+            CK(cudaEventElapsedTime(&t, e0, e1));
+            cold[v].push_back(t);
+        }
+    CK(cudaFree(flush));
     for (int v = 0; v < V_N; ++v) {
-        std::vector<float> x = ms[v];
+        std::vector<float> x = ms[v], y = cold[v];
         std::sort(x.begin(), x.end());
-        const float med = x[x.size() / 2];
+        std::sort(y.begin(), y.end());
+        const float med = x[x.size() / 2], cmed = y[y.size() / 2];
         printf("time  %-9s G=%d %d x %d x %d, %d threads: %-14s %8.2f us a sweep, %6.3f us a diagonal "
-               "(min %.3f)\n",
-               name, G, B, T, U, c.threads, kNames[v], 1e3 * med, 1e3 * med / S, 1e3 * x[0] / S);
+               "(min %.3f); cold %.3f\n",
+               name, G, B, T, U, c.threads, kNames[v], 1e3 * med, 1e3 * med / S, 1e3 * x[0] / S,
+               1e3 * cmed / S);
     }
     release(p);
     return 0;
@@ -567,12 +677,12 @@ int main(int argc, char **argv) {
     cudaDriverGetVersion(&drv);
     printf("device %s, %d SMs, runtime %d, driver %d\n", prop.name, prop.multiProcessorCount, rt, drv);
     int bad = 0;
-    bad |= shape<4>("base", 8, 100, 20, iters);
-    bad |= shape<8>("base", 8, 100, 20, iters);
-    bad |= shape<16>("base", 8, 100, 20, iters);
-    bad |= shape<4>("parakeet", 4, 200, 40, iters);
-    bad |= shape<8>("parakeet", 4, 200, 40, iters);
-    bad |= shape<8>("ragged", 32, 150, 60, iters);
-    bad |= shape<4>("ragged", 32, 150, 60, iters);
+    bad |= shape<4>("base", 8, 100, 20, 1025, iters);
+    bad |= shape<8>("base", 8, 100, 20, 1025, iters);
+    bad |= shape<16>("base", 8, 100, 20, 1025, iters);
+    bad |= shape<4>("parakeet", 4, 200, 40, 8193, iters);
+    bad |= shape<8>("parakeet", 4, 200, 40, 8193, iters);
+    bad |= shape<8>("ragged", 32, 150, 60, 257, iters);
+    bad |= shape<4>("ragged", 32, 150, 60, 257, iters);
     return bad;
 }

@@ -57,19 +57,21 @@ double node_value(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *v, 
     return is_beta ? r : tdt_alpha_start(t, u, r);
 }
 
-// One sample's random per-node weights (each drawn by weight()) and the lattice over them.
+// One sample's random per-node weights (each drawn by weight(): every node's blank, then every
+// label, then every duration) in the workspace's blocks, and the lattice over them.
 struct RandomLattice {
-    std::vector<double> lp_blank, lp_label, lp_dur;
+    std::vector<double> w;
     tdt_lattice_t L;
     template <typename W>
-    RandomLattice(int64_t T, int64_t U, int64_t frames, int count, W weight)
-        : lp_blank((size_t)(frames * (U + 1))), lp_label(lp_blank.size()), lp_dur(lp_blank.size() * count) {
-        for (auto &x : lp_blank) x = weight();
-        for (auto &x : lp_label) x = weight();
-        for (auto &x : lp_dur) x = weight();
-        L.lp_blank = lp_blank.data();
-        L.lp_label = lp_label.data();
-        L.lp_dur = lp_dur.data();
+    RandomLattice(int64_t T, int64_t U, int64_t frames, int count, W weight) {
+        const size_t nodes = (size_t)(frames * (U + 1)), wn = (size_t)tdt_w_block(count);
+        w.assign(nodes * wn, 0.0);
+        for (size_t n = 0; n < nodes; ++n) w[n * wn + TDT_W_BLANK] = weight();
+        for (size_t n = 0; n < nodes; ++n) w[n * wn + TDT_W_LABEL] = weight();
+        for (size_t n = 0; n < nodes; ++n)
+            for (int k = 0; k < count; ++k) w[n * wn + TDT_W_DUR + k] = weight();
+        L.w = w.data();
+        L.wn = (int64_t)wn;
         L.row = U + 1;
         L.frames = frames;
         L.T = T;

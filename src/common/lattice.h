@@ -23,8 +23,9 @@
  * n = ((t + u) mod max_frames) * row + u. For each u, t -> (t + u) mod max_frames is a
  * bijection of [0, max_frames), so this is a permutation of the plain t-major order (same size,
  * sample offsets unchanged), and the nodes of one anti-diagonal, and each arc's other ends, are
- * contiguous in u: a sweep over a diagonal reads and writes whole cache lines. lp_dur is
- * indexed n * count + k.
+ * contiguous in u: a sweep over a diagonal reads and writes whole cache lines. A node's
+ * weights are one block of the workspace's w (workspace.h): lp_blank, lp_label, then lp_dur,
+ * block n at w + n * W.
  *
  * Log-sum-exp of a node (tdt_lse_terms): two passes over its arc terms (all terms first, their
  * max, then independent exps and one log, with no branch between them), so the exps of one
@@ -61,6 +62,7 @@
 #include <string.h>
 
 #include "hd.h"
+#include "workspace.h"
 
 /* The arcs that leave every node: the duration rule of TDT or of plain RNN-T, as data. */
 typedef struct tdt_arcs {
@@ -73,9 +75,9 @@ typedef struct tdt_arcs {
 /* One sample's lattice: its lengths and its per-node log-probabilities (already offset to the
  * sample). alpha and beta arrays are passed separately so sweeps can write them. */
 typedef struct tdt_lattice {
-    const double *lp_blank; /* (T, row): log p(blank) - sigma */
-    const double *lp_label; /* (T, row): log p(y_{u+1}) - sigma, for u < U */
-    const double *lp_dur;   /* (T, row, count): duration log-probs (TDT only) */
+    const double *w; /* (T, row) blocks of wn (workspace.h's TDT_W_*): log p(blank) - sigma,
+                        log p(y_{u+1}) - sigma (for u < U), the duration log-probs (TDT) */
+    int64_t wn;      /* doubles a block: tdt_w_block(D) */
     int64_t row;            /* max_labels + 1 */
     int64_t frames;         /* max_frames: the per-node arrays' rows (see tdt_node_index) */
     int64_t T;              /* frames of this sample */
@@ -137,7 +139,7 @@ TDT_HD void tdt_arcs_rnnt(tdt_arcs_t *arcs) {
 
 /* Duration log-prob of arc k at node n (0 for RNN-T). */
 TDT_HD double tdt_arc_dur(const tdt_lattice_t *L, const tdt_arcs_t *A, int64_t n, int k) {
-    return A->use_dur ? L->lp_dur[n * A->count + k] : 0.0;
+    return A->use_dur ? L->w[n * L->wn + TDT_W_DUR + k] : 0.0;
 }
 
 /* ---- the sweeps ---------------------------------------------------------------------------- */
@@ -167,7 +169,7 @@ TDT_HD int64_t tdt_view_index(const tdt_lattice_t *L, const tdt_diag_view_t *X, 
 typedef struct tdt_slot {
     int dt;       /* frames the arc advances, -1: no arc */
     int du;       /* labels the arc advances: 0 blank, 1 label */
-    int k;        /* its duration index (lp_dur column) */
+    int k;        /* its duration index (lp_dur's) */
 } tdt_slot_t;
 
 TDT_HD int tdt_num_slots(const tdt_arcs_t *A) { return 2 * A->count; }
@@ -201,7 +203,7 @@ TDT_HD int tdt_slot_final(const tdt_lattice_t *L, const tdt_slot_t *q, int64_t t
  * before anything consumes them. */
 TDT_HD void tdt_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
                             int64_t n, double *lp, double *dur) {
-    *lp = (q->du ? L->lp_label : L->lp_blank)[n];
+    *lp = L->w[n * L->wn + (q->du ? TDT_W_LABEL : TDT_W_BLANK)];
     *dur = tdt_arc_dur(L, A, n, q->k);
 }
 

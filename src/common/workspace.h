@@ -5,12 +5,14 @@
  * TDT_WS_ALIGN boundary (256 bytes: a CUDA allocation's alignment, and whole cache lines):
  *
  *   base (aligned) -> | header            | tdt_ws_header_t: what filled the workspace  |
- *                     | lp_blank [N]      | double, N = B * max_frames * (max_labels + 1) |
- *                     | lp_label [N]      | double                                      |
- *                     | lse      [N]      | double: token log-normaliser per node       |
+ *                     | w     [N * W]     | double, N = B * max_frames * (max_labels + 1) |
+ *                     |                   | nodes, a block of W = 3 + D a node (D =     |
+ *                     |                   | num_durations, 0 for RNN-T): the node       |
+ *                     |                   | pass's lp_blank, lp_label, lp_dur[0..D-1],  |
+ *                     |                   | then the token log-normaliser lse           |
+ *                     |                   | (TDT_W_* below)                             |
  *                     | alpha    [N]      | double                                      |
  *                     | beta     [N]      | double                                      |
- *                     | lp_dur   [N * Dw] | double, Dw = max(num_durations, 1)          |
  *                     | ll       [B]      | double: log p(y|x) per sample               |
  *                     | ll_cut   [B]      | double: log p(y|x) at the middle cut (GPU,  |
  *                     |                   | the fused schedule's gradients)             |
@@ -26,7 +28,11 @@
  *                     |                   | (nothing when B == 0)                       |
  *
  * The per-node arrays hold sample b's nodes at b * max_frames * (max_labels + 1) +
- * tdt_node_index() (lattice.h): anti-diagonal-major, so a sweep's diagonal is contiguous.
+ * tdt_node_index() (lattice.h): anti-diagonal-major, so a sweep's diagonal is contiguous (in
+ * w, a contiguous run of blocks). A node's weights in one block, not an array each: a GPU sweep
+ * stages a diagonal's as one run with one address computation a copy, which took its step
+ * 0-10 % below the arrays' (benchmark/sweep_step.cu, NOTES v41), and the node pass writes, and
+ * the gradient pass reads, a node's values in one 64-byte line at D = 5.
  *
  * tdt_get_workspace_size() returns layout total + TDT_WS_ALIGN (slack for an unaligned pointer).
  */
@@ -48,18 +54,26 @@ typedef struct tdt_ws_header {
     int64_t num_durations; /* 0 for RNN-T */
 } tdt_ws_header_t;
 
+/* A node's block in w: its fields, and its size for D durations (0 for RNN-T). */
+#define TDT_W_BLANK 0 /* lp_blank */
+#define TDT_W_LABEL 1 /* lp_label (-inf at u == U_b) */
+#define TDT_W_DUR 2   /* lp_dur[k] at TDT_W_DUR + k */
+TDT_HD int64_t tdt_w_block(int64_t num_durations) { return 3 + num_durations; }
+/* The field of the token log-normaliser, after the durations. */
+TDT_HD int64_t tdt_w_lse(int64_t num_durations) { return TDT_W_DUR + num_durations; }
+
 /* Byte offsets from the aligned base. */
 typedef struct tdt_ws_layout {
-    size_t header, lp_blank, lp_label, lse, alpha, beta, lp_dur, ll, ll_cut, cut_part, state, order;
+    size_t header, w, alpha, beta, ll, ll_cut, cut_part, state, order;
     size_t total; /* bytes from the aligned base to the end */
     int64_t nodes;       /* N */
-    int64_t dur_stride;  /* Dw */
+    int64_t block;       /* W */
 } tdt_ws_layout_t;
 
 /* Pointers into one carved workspace. */
 typedef struct tdt_ws {
     tdt_ws_header_t *header;
-    double *lp_blank, *lp_label, *lse, *alpha, *beta, *lp_dur, *ll, *ll_cut, *cut_part;
+    double *w, *alpha, *beta, *ll, *ll_cut, *cut_part;
     int32_t *state;
     int32_t *order; /* [0]: next work ticket; [1 + k]: finished tickets of layer k (forward);
                        [1 + K + b]: beta diagonals of sample b published (split backward,
@@ -108,18 +122,15 @@ TDT_HD int64_t tdt_ws_cost_count(int64_t batch, int64_t max_frames, int64_t max_
 /* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T). 0 on overflow. */
 TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_labels,
                                 int64_t num_durations, tdt_ws_layout_t *l) {
-    size_t nodes, dur_elems, cursor = 0;
-    int64_t dw = num_durations > 1 ? num_durations : 1;
+    size_t nodes, w_elems, cursor = 0;
+    const int64_t block = tdt_w_block(num_durations);
     if (!tdt_mul_size((size_t)batch, (size_t)max_frames, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)max_labels + 1, &nodes)) return 0;
-    if (!tdt_mul_size(nodes, (size_t)dw, &dur_elems)) return 0;
+    if (!tdt_mul_size(nodes, (size_t)block, &w_elems)) return 0;
     int ok = tdt_ws_take(&cursor, 1, sizeof(tdt_ws_header_t), &l->header) &&
-             tdt_ws_take(&cursor, nodes, sizeof(double), &l->lp_blank) &&
-             tdt_ws_take(&cursor, nodes, sizeof(double), &l->lp_label) &&
-             tdt_ws_take(&cursor, nodes, sizeof(double), &l->lse) &&
+             tdt_ws_take(&cursor, w_elems, sizeof(double), &l->w) &&
              tdt_ws_take(&cursor, nodes, sizeof(double), &l->alpha) &&
              tdt_ws_take(&cursor, nodes, sizeof(double), &l->beta) &&
-             tdt_ws_take(&cursor, dur_elems, sizeof(double), &l->lp_dur) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll) &&
              tdt_ws_take(&cursor, (size_t)batch, sizeof(double), &l->ll_cut) &&
              tdt_ws_take(&cursor, (size_t)batch, 2 * TDT_WS_CUT_CHUNKS * sizeof(double), &l->cut_part) &&
@@ -131,7 +142,7 @@ TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_l
     if (!tdt_ws_take(&cursor, (size_t)counters, sizeof(int32_t), &l->order)) return 0;
     l->total = cursor;
     l->nodes = (int64_t)nodes;
-    l->dur_stride = dw;
+    l->block = block;
     return 1;
 }
 
@@ -139,12 +150,9 @@ TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_l
 TDT_HD void tdt_workspace_carve(const tdt_ws_layout_t *l, void *workspace, tdt_ws_t *ws) {
     char *base = (char *)tdt_align_up((size_t)(uintptr_t)workspace);
     ws->header = (tdt_ws_header_t *)(base + l->header);
-    ws->lp_blank = (double *)(base + l->lp_blank);
-    ws->lp_label = (double *)(base + l->lp_label);
-    ws->lse = (double *)(base + l->lse);
+    ws->w = (double *)(base + l->w);
     ws->alpha = (double *)(base + l->alpha);
     ws->beta = (double *)(base + l->beta);
-    ws->lp_dur = (double *)(base + l->lp_dur);
     ws->ll = (double *)(base + l->ll);
     ws->ll_cut = (double *)(base + l->ll_cut);
     ws->cut_part = (double *)(base + l->cut_part);

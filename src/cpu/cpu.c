@@ -466,7 +466,7 @@ static void token_grad_row(const tdt_call_t *c, const void *z, void *g, double l
 
 static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const tdt_problem_t *p = &c->p;
-    const int64_t row = p->max_labels + 1, D = c->num_durations, Dw = c->layout.dur_stride;
+    const int64_t row = p->max_labels + 1, D = c->num_durations, W = c->layout.block;
     const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
     for (int64_t b = 0; b < p->batch; ++b) {
@@ -485,9 +485,10 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                                            : NULL;
                     lse = row_lse(z, zn, p->vocab_size, p->dtype, &sc);
                 }
-                ws->lse[n] = lse;
-                ws->lp_blank[n] = load_one(z, c->o.blank, p->dtype) - lse - c->o.sigma;
-                ws->lp_label[n] = u < U ? load_one(z, y[u], p->dtype) - lse - c->o.sigma : -INFINITY;
+                double *w = ws->w + n * W; /* the node's block (workspace.h) */
+                w[tdt_w_lse(D)] = lse;
+                w[TDT_W_BLANK] = load_one(z, c->o.blank, p->dtype) - lse - c->o.sigma;
+                w[TDT_W_LABEL] = u < U ? load_one(z, y[u], p->dtype) - lse - c->o.sigma : -INFINITY;
             }
             /* the row's duration log-softmax a run of nodes at a time, vectorised across them */
             for (int64_t u0 = 0; D > 0 && u0 <= U; u0 += TDT_SOFTMAX_NODES) {
@@ -500,8 +501,8 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                 }
                 if (logits) tdt_log_softmax_small(h, (int)D, nn, TDT_SOFTMAX_NODES);
                 for (int i = 0; i < nn; ++i) {
-                    double *lp = ws->lp_dur + (tdt_sample_offset(b, p->max_frames, row) +
-                                               tdt_node_index(p->max_frames, row, t, u0 + i)) * Dw;
+                    double *lp = ws->w + (tdt_sample_offset(b, p->max_frames, row) +
+                                          tdt_node_index(p->max_frames, row, t, u0 + i)) * W + TDT_W_DUR;
                     for (int64_t k = 0; k < D; ++k) lp[k] = h[k * TDT_SOFTMAX_NODES + i];
                 }
             }
@@ -515,9 +516,8 @@ static tdt_lattice_t sample_lattice(const tdt_call_t *c, const tdt_ws_t *ws, int
     const int64_t row = c->p.max_labels + 1;
     const int64_t off = tdt_sample_offset(b, c->p.max_frames, row);
     tdt_lattice_t L;
-    L.lp_blank = ws->lp_blank + off;
-    L.lp_label = ws->lp_label + off;
-    L.lp_dur = ws->lp_dur + off * c->layout.dur_stride;
+    L.wn = c->layout.block;
+    L.w = ws->w + off * L.wn;
     L.row = row;
     L.frames = c->p.max_frames;
     L.T = c->p.frame_lengths[b];
@@ -529,7 +529,6 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
     const int64_t B = c->p.batch, row = c->p.max_labels + 1;
     /* alpha gives the cost; beta is for a backward, which a costs-only call never has */
     const int64_t tasks = c->costs_only ? B : 2 * B;
-    /* the lattice's lp_dur is indexed n * arcs.count + k, which matches dur_stride for TDT */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task % B;
@@ -572,7 +571,7 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
 
 static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const tdt_problem_t *p = &c->p;
-    const int64_t row = p->max_labels + 1, D = c->num_durations, Dw = c->layout.dur_stride;
+    const int64_t row = p->max_labels + 1, D = c->num_durations, W = c->layout.block;
     const size_t esz = (size_t)tdt_dtype_size(p->dtype);
     const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
@@ -610,7 +609,7 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                                                 u, ll, occ + i * slots);
                     else
                         for (int j = 0; j < slots; ++j) occ[i * slots + j] = -INFINITY;
-                    for (int64_t k = 0; k < Dq; ++k) q[i * D + k] = live && logits ? ws->lp_dur[n * Dw + k] : -INFINITY;
+                    for (int64_t k = 0; k < Dq; ++k) q[i * D + k] = live && logits ? ws->w[n * W + TDT_W_DUR + k] : -INFINITY;
                 }
                 for (int e = 0; e < nn * slots; ++e) occ[e] = tdt_exp_le0(occ[e]);
                 for (int e = 0; e < nn * (int)Dq; ++e) q[e] = tdt_exp_le0(q[e]);
@@ -631,7 +630,7 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                     int64_t n = off + tdt_node_index(p->max_frames, row, t, u);
                     if (gz) {
                         const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
-                        token_grad_row(c, z, gz, ws->lse[n], g, u < U ? y[u] : -1, scale);
+                        token_grad_row(c, z, gz, ws->w[n * W + tdt_w_lse(D)], g, u < U ? y[u] : -1, scale);
                     }
                     if (gh)
                         for (int64_t k = 0; k < D; ++k)

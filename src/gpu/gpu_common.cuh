@@ -451,9 +451,8 @@ __device__ __forceinline__ tdt_lattice_t tdt_sample_lattice(const tdt_gpu_args_t
                                                             int64_t T, int64_t U) {
     tdt_lattice_t L;
     int64_t off = tdt_sample_offset(b, a.maxT, a.row);
-    L.lp_blank = a.ws.lp_blank + off;
-    L.lp_label = a.ws.lp_label + off;
-    L.lp_dur = a.ws.lp_dur + off * (a.D > 1 ? a.D : 1);
+    L.wn = tdt_w_block(a.D);
+    L.w = a.ws.w + off * L.wn;
     L.row = a.row;
     L.frames = a.maxT;
     L.T = T;

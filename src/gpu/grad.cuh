@@ -622,7 +622,8 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
-    const double lse = a.ws.lse[off + nl];
+    const double *const w = L.w + nl * L.wn; /* the node's block (workspace.h) */
+    const double lse = w[tdt_w_lse(a.D)];
     const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1; /* compared; indexed only in [0, V) */
     if (zr && lane == 0 && y >= 0 && y < V) tdt_prefetch_l1(zr + y);
     /* The blank and the label logits, read now by every lane of the group (one address each:
@@ -647,7 +648,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
          * requests (measured with grad_row_align's split, v26). Groups of fewer lanes than
          * durations store each k as it comes. */
         enum { KMAX = KD > 0 ? KD : TDT_MAX_DURATIONS };
-        const double *lpd = L.lp_dur + nl * D;
+        const double *lpd = w + TDT_W_DUR;
         T gd = T(0);
 #pragma unroll
         for (int k = 0; k < KMAX; ++k) {

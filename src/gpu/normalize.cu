@@ -298,17 +298,18 @@ __device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t 
     }
     const int64_t nw = tdt_ws_node(a, b, t, u); /* the node in the workspace's order */
 
+    double *const w = a.ws.w + nw * tdt_w_block(D); /* the node's block (workspace.h) */
     if (lane == 0) {
-        a.ws.lse[nw] = lse;
-        a.ws.lp_blank[nw] = (double)zb - lse - a.sigma;
+        w[tdt_w_lse(D)] = lse;
+        w[TDT_W_BLANK] = (double)zb - lse - a.sigma;
         double lpl = -TDT_INF; /* u == U_b: no label arc leaves this row */
         if (u < Ub)
             lpl = (y >= 0 && y < a.V && y != a.blank)
                       ? (double)E::to_acc(z[y]) - lse - a.sigma
                       : (double)NAN; /* bad label: never indexed; the sweep flags it */
-        a.ws.lp_label[nw] = lpl;
+        w[TDT_W_LABEL] = lpl;
     }
-    if (D > 0) dur_log_softmax<DT, G>(h, D, a.log_probs, a.ws.lp_dur + nw * D, lane, mask);
+    if (D > 0) dur_log_softmax<DT, G>(h, D, a.log_probs, w + TDT_W_DUR, lane, mask);
 }
 
 template <int DT, int G>

@@ -416,7 +416,7 @@ __device__ __forceinline__ void overlap_end(const tdt_gpu_args_t &a) {
 }
 
 /* One sample's staged-ring geometry, 32-bit: sweep_launch picks this kernel only where a
- * sample's per-node index (max_frames * row, times the durations for lp_dur) fits an int. */
+ * sample's per-node index (max_frames * row, times the doubles of a node's block) fits an int. */
 struct staged_geo {
     int T, U, row, frames, mask, fstride; /* fstride: doubles a ring slot holds (F * row) */
     int use_dur;
@@ -447,6 +447,20 @@ __device__ __forceinline__ void staged_range(const staged_geo &g, int s, int *lo
     *hi = min(s, g.U);
 }
 
+/* Block-wide: the copies of the first F fields of cnt consecutive blocks of F + 1 doubles (a
+ * node's weights and its lse, workspace.h) from src into a ring slot, field f of node c to
+ * slot[(F_BLANK + f) * row + c]: thread e copies field e mod F of node e / F, so a warp's
+ * copies read a run of blocks, one address computation a copy and no branch between fields
+ * (staging field by field, a branch between the token and the duration fields, took the step
+ * 0-10 % longer: benchmark/sweep_step.cu, NOTES v41). */
+template <int F>
+__device__ __forceinline__ void stage_blocks(const double *src, double *slot, int row, int cnt) {
+    for (int e = threadIdx.x; e < F * cnt; e += blockDim.x) {
+        const int c = e / F, f = e - c * F;
+        cp_async8(slot + (F_BLANK + f) * row + c, src + c * (F + 1) + f);
+    }
+}
+
 /* Block-wide: the asynchronous copies of diagonal s's weights (workspace row wr = s mod
  * max_frames, tdt_node_index) into its ring slot. KD > 0 durations a node. */
 template <int KD, bool CLUSTER>
@@ -461,17 +475,23 @@ __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const sta
     const int cnt = hi - lo + 1; /* <= 0: nothing */
     const int n0 = wr * g.row + lo; /* first node of the diagonal (sample-local: fits an int) */
     double *slot = ring + (s & g.mask) * g.fstride + lo;
-    const int total = (g.use_dur ? 2 + KD : 2) * cnt;
-    for (int e = threadIdx.x; e < total; e += blockDim.x) {
-        if (e < 2 * cnt) {
-            const int f = e >= cnt, c = e - f * cnt;
-            cp_async8(slot + (F_BLANK + f) * g.row + c, (f ? L.lp_label : L.lp_blank) + n0 + c);
-        } else {
-            const int e2 = e - 2 * cnt, c = e2 / KD, k = e2 - c * KD;
-            cp_async8(slot + (F_DUR + k) * g.row + c, L.lp_dur + (n0 * KD + e2));
-        }
-    }
+    /* blocks of W = 3 + KD (TDT) or 3 (RNN-T) doubles: n0 * W fits an int (sweep_choose) */
+    if (g.use_dur)
+        stage_blocks<2 + KD>(L.w + n0 * (3 + KD), slot, g.row, cnt);
+    else
+        stage_blocks<2>(L.w + n0 * 3, slot, g.row, cnt);
 }
+
+/* staged_sweep's staging of the weights: by default the workspace's blocks (stage_diagonal).
+ * benchmark/sweep_step.cu gives it another stager, which copies the same ring fields from
+ * another layout, to time that layout's step with everything else the library's. */
+struct ws_stager {
+    template <int KD, bool CLUSTER>
+    __device__ __forceinline__ void stage(const tdt_lattice_t &L, const staged_geo &g, double *ring,
+                                          int s, int wr) const {
+        stage_diagonal<KD, CLUSTER>(L, g, ring, s, wr);
+    }
+};
 
 /* The terms of a lane's slots at node (t, u) of diagonal s, from the ring: lattice.h's
  * existence rules and tdt_alpha_term / tdt_beta_term, with X and the weights read from the
@@ -620,11 +640,14 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * prefetch (one line a thread, 8 steps ahead) cost the fused sweeps 7 % of long's sweep time
  * even with no gradient pass beside them, long bfloat16 7 % of its f+b time, and the split's
  * beta sweep 3-9 % of its time (NOTES v14). ENDS: the diagonals a layer of the normaliser it
- * trails holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). */
-template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2>
+ * trails holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). STAGE: where the
+ * weights are copied from (ws_stager). */
+template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2,
+          typename STAGE = ws_stager>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, double *ring,
-                                             double *glob, double *nb) {
+                                             double *glob, double *nb,
+                                             const STAGE &stager = STAGE()) {
     const int S = g.T > 0 ? g.T + g.U : 0;
     if (S == 0) return;
     const int step = BETA ? -1 : 1;
@@ -637,7 +660,7 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     for (int j = 0; j < kStageAhead; ++j) {
         if (j < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
-            stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+            stager.template stage<KD, CLUSTER>(L, g, ring, s_st, wr_st);
         }
         cp_async_commit();
         s_st += step;
@@ -672,7 +695,7 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
             tdt_st_release(g.progress, CLUSTER ? i - 1 : i);
         if (i + kStageAhead < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
-            stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+            stager.template stage<KD, CLUSTER>(L, g, ring, s_st, wr_st);
         }
         cp_async_commit();
         s_st += step;
@@ -1266,8 +1289,8 @@ template <int KD> sweep_cfg sweep_choose(const tdt_gpu_args_t &a, int span, cons
     const int fields = a.arcs.use_dur ? F_DUR + a.arcs.count : F_DUR;
     /* the dynamic shared memory a block may have beside the static table (lse_tab_load) */
     const int64_t limit = ((int64_t)env.smem_max - (int64_t)kLseTabBytes) / (int64_t)sizeof(double);
-    /* the staged kernel indexes a sample's per-node arrays (times the durations) with an int */
-    const bool small = a.maxT <= ((int64_t)1 << 31) / (a.row * (a.D > 1 ? a.D : 1)) - 1;
+    /* the staged kernel indexes a sample's per-node blocks (times their doubles) with an int */
+    const bool small = a.maxT <= ((int64_t)1 << 31) / (a.row * tdt_w_block(a.D)) - 1;
     c.mode = KD > 0 && small && a.row <= limit / (c.staged_ring * fields) ? SWEEP_STAGED
              : a.row <= limit / c.ring                                  ? SWEEP_RING
                                                                         : SWEEP_ARRAY;
