@@ -1,6 +1,7 @@
 /*
- * sweep_step.cu - a prototype of the sweep's step in another number form, timed beside the
- * library's own step (benchmark/NOTES.md, "What remains" 4).
+ * sweep_step.cu - prototypes of the sweep's step in another number form or with its weights
+ * from another layout, timed beside the library's own step (benchmark/NOTES.md, "What
+ * remains" 4 and 12).
  *
  * The library's sweeps work in the log domain: a node's value is the log-sum-exp of its arc
  * terms, so every step pays a float64 exp a term and a log a node (v19: ~200 of the ~450
@@ -12,7 +13,7 @@
  * and the sum is brought back to [1, 2) by reading its own exponent. No exp and no log on the
  * step's chain, and no range trouble: every value keeps its own exponent.
  *
- * Four kernels, alpha sweeps only (one block a sample, the one-block staged sweep's shape:
+ * Four variants, alpha sweeps only (one block a sample, the one-block staged sweep's shape:
  * G lanes a node, the weights copied into a ring in shared memory kStageAhead diagonals ahead,
  * one barrier a diagonal):
  *   log      the library's own staged_sweep (src/gpu/sweep.cuh), called as its kernel does
@@ -25,7 +26,7 @@
  *   rows     the library's staged_sweep with another stager (NOTES v41, "What remains" 12):
  *            each node's weights from the head of its own joint-shaped row, as if the
  *            normaliser had written them into the gradient buffer's rows instead of the
- *            workspace's diagonal-major arrays; rows of float32 and of 16-bit elements of the
+ *            workspace's diagonal-major blocks; rows of float32 and of 16-bit elements of the
  *            shape's V + 5, so a diagonal's nodes are ~U row strides apart, and every node's
  *            fields a gather of their own (the layout v41 weighs for the peak memory at small
  *            V; its first calls also timed the blocks and the workspace's earlier arrays of
