@@ -6,7 +6,6 @@
 #include <limits>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -196,19 +195,19 @@ TEST(Edge, EmptyBatch) {
 }
 
 // A narrow dtype's run against a float32 run of the same (rounded) problem, two-phase with the
-// given upstream gradients: {float32, narrow}. Both must succeed.
-static std::pair<Output, Output> float32_and(const Problem &p, tdt_dtype_t narrow,
-                                             const std::vector<double> &grad_costs) {
+// given upstream gradients, into *f32 and *n. Both must succeed: call it under
+// ASSERT_NO_FATAL_FAILURE, so a failed run stops the test before its outputs are read.
+static void float32_and(const Problem &p, tdt_dtype_t narrow, const std::vector<double> &grad_costs,
+                        Output *f32, Output *n) {
     RunOptions ro;
     ro.two_phase = true;
     ro.grad_costs = &grad_costs;
     ro.dtype = TDT_DTYPE_FLOAT32;
-    Output f32 = run_lib(p, ro);
+    *f32 = run_lib(p, ro);
     ro.dtype = narrow;
-    Output n = run_lib(p, ro);
-    EXPECT_EQ(f32.status, TDT_STATUS_SUCCESS) << f32.error;
-    EXPECT_EQ(n.status, TDT_STATUS_SUCCESS) << n.error;
-    return {f32, n};
+    *n = run_lib(p, ro);
+    ASSERT_EQ(f32->status, TDT_STATUS_SUCCESS) << f32->error;
+    ASSERT_EQ(n->status, TDT_STATUS_SUCCESS) << n->error;
 }
 
 // Each of got within max(|want| rel, abs) of want (the float32 run's); where want lies clearly in
@@ -244,10 +243,11 @@ static int64_t expect_narrowed(const std::vector<double> &want, const std::vecto
 TEST(Edge, Bfloat16GradientSubnormalsKept) {
     Problem p = random_problem(58, 2, 5, 3, 300, {0, 1, 2}, 299, 4.0);
     quantize_inputs(p, TDT_DTYPE_BFLOAT16);
-    const auto runs = float32_and(p, TDT_DTYPE_BFLOAT16, {1e-36, -3e-37});
+    Output f32, bf;
+    ASSERT_NO_FATAL_FAILURE(float32_and(p, TDT_DTYPE_BFLOAT16, {1e-36, -3e-37}, &f32, &bf));
     const double tiny = 9.183549615799121e-41;  // 2^-133, the smallest bfloat16 subnormal
     int64_t bad = 0;
-    const int64_t subnormal = expect_narrowed(runs.first.gtok, runs.second.gtok, 1.0 / 128, 2 * tiny,
+    const int64_t subnormal = expect_narrowed(f32.gtok, bf.gtok, 1.0 / 128, 2 * tiny,
                                               tiny, 1.1754943508222875e-38, "token grad", &bad);
     EXPECT_GT(subnormal, 100) << "the problem no longer reaches the subnormal range";
 }
@@ -262,8 +262,8 @@ TEST(Edge, Bfloat16GradientSubnormalsKept) {
 TEST(Edge, Float16RowsOverChunks) {
     Problem p = random_problem(59, 2, 4, 3, 1100, {0, 1, 2}, 1099, 3.0);
     quantize_inputs(p, TDT_DTYPE_FLOAT16);
-    const auto runs = float32_and(p, TDT_DTYPE_FLOAT16, {1e-6, 0.5});
-    const Output &f32 = runs.first, &h = runs.second;
+    Output f32, h;
+    ASSERT_NO_FATAL_FAILURE(float32_and(p, TDT_DTYPE_FLOAT16, {1e-6, 0.5}, &f32, &h));
     for (int64_t b = 0; b < p.B; ++b)
         EXPECT_NEAR(h.costs[b], f32.costs[b], 1e-5 * std::fabs(f32.costs[b])) << "cost of sample " << b;
     const double tiny = 5.9604644775390625e-08;  // 2^-24, the smallest float16 subnormal
