@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(512, 1) log_kernel(const double *w, double *al
     staged_slots_of<SPL, G>(a, row, &sl);
     tdt_lattice_t L;
     L.wn = tdt_w_block(KD);
-    L.w = w + off * L.wn;
+    L.wb = tdt_wblocks_ws(const_cast<double *>(w), L.wn, frames, row);
+    L.wb.base += blockIdx.x * L.wb.s[0];
     L.row = row;
     L.frames = frames;
     L.T = T;

@@ -50,7 +50,7 @@ extern "C" {
  * library that was loaded. Compare the two to catch a stale shared library.
  * ------------------------------------------------------------------------------------------- */
 #define TDT_VERSION_MAJOR 0
-#define TDT_VERSION_MINOR 5
+#define TDT_VERSION_MINOR 6
 #define TDT_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
 #define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
@@ -262,6 +262,30 @@ typedef struct tdt_options {
                                   (GPU: device memory, or pinned host memory, which holds it once
                                   the stream has passed the call's first kernel). An empty batch
                                   gets 1. */
+    int state_in_grads;        /* nonzero: the per-node log-probabilities that the sweeps and the
+                                  gradient pass read (3 + D doubles a node: 8 (3 + D) bytes)
+                                  live at the head of each node's token-gradient row, which the
+                                  call overwrites with the gradient afterwards, instead of in the
+                                  workspace, which then holds 16 bytes a node (alpha and beta)
+                                  instead of 8 (5 + D). tdt_get_workspace_size() gives the
+                                  smaller size with it. At V = 257, D = 5 that is the gradient
+                                  plus 1.5 % of the float32 logits, or 3 % of 16-bit ones, where
+                                  the workspace held 7.6 % or 15 %. The costs and gradients are
+                                  the same bits as without it.
+                                  For compute_tdt_loss() and tdt_forward_ahead() with a token
+                                  gradient, and for the tdt_backward() that follows a
+                                  tdt_forward_ahead() that did not write the gradients (with the
+                                  same grads, whose token rows must then be left untouched in
+                                  between). Once the gradients are written the state is gone, so
+                                  no tdt_backward() may follow that call. Refused
+                                  (TDT_STATUS_INVALID_OPTION) without a token gradient (costs
+                                  only, tdt_forward()), with the token gradient written in place,
+                                  and where a token row holds fewer than 8 (3 + D) + 8 - size
+                                  bytes (V * size: 68 bytes for float32 at D = 5, V >= 17; 70 for
+                                  16-bit types, V >= 35; 64 for float64; RNN-T: D = 0). GPU: the
+                                  split and fused schedules, which write a row while a sweep may
+                                  still read its block, are not taken (asked for, they run as
+                                  SERIAL and OVERLAP do). */
 } tdt_options_t;
 
 /* ---------------------------------------------------------------------------------------------
@@ -323,7 +347,8 @@ typedef struct tdt_gradients {
  * ------------------------------------------------------------------------------------------- */
 
 /* Bytes of workspace that the calls below need for this problem. Reads only batch, max_frames,
- * max_labels and whether duration_logits is NULL of problem, and num_durations of options
+ * max_labels and whether duration_logits is NULL of problem, and num_durations and
+ * state_in_grads of options
  * (nothing is dereferenced but the two structs), so it can be called before any tensor exists;
  * a placeholder non-NULL duration_logits asks for the TDT size. RNN-T (duration_logits NULL)
  * ignores num_durations; its size is never larger than TDT's for the same shapes. The same size

@@ -69,6 +69,15 @@ static inline int tdt_dtype_size(tdt_dtype_t dtype) {
     return dtype == TDT_DTYPE_FLOAT64 ? 8 : dtype == TDT_DTYPE_FLOAT32 ? 4 : 2;
 }
 
+/* Where a call's node blocks are (workspace.h): in the workspace's w, or with
+ * options.state_in_grads at the head of the token gradient's rows (checked by the dispatch
+ * layer: given, not in place, rows of tdt_state_row_bytes() or more). */
+static inline tdt_wblocks_t tdt_call_blocks(const tdt_call_t *c, double *w) {
+    if (c->o.state_in_grads)
+        return tdt_wblocks_rows(c->g.token_grads, c->g.token_strides, tdt_dtype_size(c->p.dtype));
+    return tdt_wblocks_ws(w, c->layout.block, c->p.max_frames, c->p.max_labels + 1);
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,8 +4,8 @@
  *
  * Nothing is written on any status but SUCCESS (except the thread's error detail, and on the CPU
  * the arrays options.pack packs into, which its data check reads). Checks run in a fixed order:
- * structs, options, sizes, dtype, blank, durations, pointers, strides, workspace, backend,
- * options.pack's arguments; then, on the CPU only, the data (lengths and labels, packed first
+ * structs, options, sizes, dtype, blank, durations, pointers, strides, options.state_in_grads,
+ * workspace, backend, options.pack's arguments; then, on the CPU only, the data (lengths and labels, packed first
  * with options.pack).
  */
 #include <math.h>
@@ -152,6 +152,32 @@ static tdt_status_t check_in_place(const char *name, const void *grad, const int
             TDT_FAIL(TDT_STATUS_INVALID_STRIDES,
                      "%s is written in place over the logits but its stride %d is %lld, the "
                      "logits' is %lld", name, i, (long long)gs[i], (long long)ls[i]);
+    return TDT_STATUS_SUCCESS;
+}
+
+/* options.state_in_grads: the per-node blocks go to the head of the token gradient's rows
+ * (workspace.h, tdt_wblocks_rows), which must exist, be the call's own (a gradient written in
+ * place would overwrite logits that the gradient pass still reads) and hold a block each. */
+static tdt_status_t check_state_in_grads(const tdt_call_t *c, int any_rows) {
+    const tdt_problem_t *p = &c->p;
+    if (!any_rows) return TDT_STATUS_SUCCESS; /* no node: nothing to keep */
+    if (!c->g.token_grads)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION,
+                 "options->state_in_grads = %d keeps the per-node state in the token gradient's "
+                 "rows, but this call writes no token gradient (grads or grads->token_grads is "
+                 "NULL, or tdt_forward())", c->o.state_in_grads);
+    if (c->g.token_grads == p->token_logits)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION,
+                 "options->state_in_grads = %d cannot take a token gradient written in place over "
+                 "the logits (grads->token_grads == problem->token_logits)", c->o.state_in_grads);
+    const int64_t elem = tdt_dtype_size(p->dtype);
+    const int64_t need = tdt_state_row_bytes(tdt_w_block(c->num_durations), elem);
+    if (p->vocab_size * elem < need)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION,
+                 "options->state_in_grads = %d needs token-gradient rows of at least %lld bytes "
+                 "(vocab_size >= %lld for this dtype and %d durations), but vocab_size = %lld",
+                 c->o.state_in_grads, (long long)need, (long long)((need + elem - 1) / elem),
+                 c->num_durations, (long long)p->vocab_size);
     return TDT_STATUS_SUCCESS;
 }
 
@@ -356,10 +382,13 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
                                  p->duration_logits, p->duration_strides, p));
     }
 
+    if (scaling) c->o.state_in_grads = 0; /* no workspace, no blocks */
+    if (c->o.state_in_grads) TDT_CHECK(check_state_in_grads(c, any_rows));
+
     /* workspace (none for tdt_scale_gradients) */
     /* RNN-T ignores num_durations: its layout is that of 0 durations, as in the size query */
     if (!scaling && !tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, c->num_durations,
-                                          &c->layout))
+                                          c->o.state_in_grads != 0, &c->layout))
         TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace for batch %lld x max_frames %lld x (max_labels %lld + 1) "
                  "overflows 64-bit sizes", (long long)p->batch, (long long)p->max_frames, (long long)p->max_labels);
     if (!scaling && workspace_bytes < c->layout.total + TDT_WS_ALIGN)
@@ -419,7 +448,7 @@ TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem,
         TDT_FAIL(TDT_STATUS_TOO_MANY_DURATIONS, "options->num_durations = %d must be in [0, %d]",
                  num_durations, TDT_MAX_DURATIONS);
     if (!tdt_workspace_layout(problem->batch, problem->max_frames, problem->max_labels,
-                              num_durations, &layout))
+                              num_durations, options->state_in_grads != 0, &layout))
         TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace size overflows 64-bit sizes");
     *workspace_bytes = layout.total + TDT_WS_ALIGN;
     tdt_clear_error();

@@ -268,6 +268,8 @@ struct Out {
     std::vector<uint8_t> raw_reduced;  // options.reduced_cost's one value (0xff bytes: unwritten)
     std::vector<int32_t> packed;       // RunOpts::pack: the problem's int32 array after the calls
     int pack_valid = -1;               // RunOpts::pack: options.pack_valid after the calls
+    tdt_status_t status = TDT_STATUS_SUCCESS;  // run_gpu: what the calls returned (RunOpts::expect)
+    std::string error;                         // run_gpu: tdt_last_error() after them
 };
 
 // CostsOnly: compute_tdt_loss() without gradients (alpha alone is swept); FwdOnly: tdt_forward().
@@ -299,6 +301,12 @@ struct RunOpts {
                                      // (label rows one wider, the spare element -1), packed by
                                      // the forward call into one int32 array of garbage; the
                                      // verdict in pinned host memory (Out::packed, pack_valid)
+    bool state_in_grads = false;     // options.state_in_grads, the workspace sized with it (the
+                                     // library refuses it for tdt_forward: FwdBwd, FwdOnly and
+                                     // CostsOnly with it are refusal tests; Ahead is the pair)
+    tdt_status_t expect = TDT_STATUS_SUCCESS;  // run_gpu: the status the calls must return
+                                               // (Out::status, Out::error); the results are
+                                               // downloaded either way
 };
 
 void fill_options(const Host &h, tdt_location_t loc, tdt_options_t *o, cudaStream_t stream) {
@@ -397,6 +405,7 @@ Out run_cpu(const Host &h, const RunOpts &ro) {
     o.grad_costs_scalar = ro.grad_scalar;
     o.normalize_costs = ro.normalize;
     o.batch_mean = ro.batch_mean;
+    o.state_in_grads = ro.state_in_grads;
     out.raw_reduced.assign(acc_size(s.dt), 0xff);
     o.reduction = ro.reduction;
     o.reduced_cost = out.raw_reduced.data();
@@ -560,6 +569,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     o.normalize_costs = ro.normalize;
     o.batch_mean = ro.batch_mean;
     o.gpu_schedule = ro.schedule;
+    o.state_in_grads = ro.state_in_grads;
     EXPECT_EQ(reduced.alloc(acc_size(s.dt)), cudaSuccess);
     EXPECT_EQ(cudaMemset(reduced.p, 0xff, reduced.n), cudaSuccess);
     o.reduction = ro.reduction;
@@ -620,7 +630,9 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
         cudaGraphExec_t exec = nullptr;
         EXPECT_EQ(cudaStreamBeginCapture(ro.stream, cudaStreamCaptureModeGlobal), cudaSuccess);
         tdt_status_t st = enqueue();
-        EXPECT_EQ(st, TDT_STATUS_SUCCESS) << tdt_status_string(st) << " / " << tdt_last_error();
+        out.status = st;
+        out.error = tdt_last_error();
+        EXPECT_EQ(st, ro.expect) << tdt_status_string(st) << " / " << tdt_last_error();
         EXPECT_EQ(cudaStreamEndCapture(ro.stream, &graph), cudaSuccess);
         EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
         EXPECT_EQ(cudaGraphLaunch(exec, ro.stream), cudaSuccess);
@@ -629,7 +641,9 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
         if (graph) cudaGraphDestroy(graph);
     } else {
         tdt_status_t st = enqueue();
-        EXPECT_EQ(st, TDT_STATUS_SUCCESS) << tdt_status_string(st) << " / " << tdt_last_error();
+        out.status = st;
+        out.error = tdt_last_error();
+        EXPECT_EQ(st, ro.expect) << tdt_status_string(st) << " / " << tdt_last_error();
         if (current_device_after) {
             EXPECT_EQ(cudaGetDevice(current_device_after), cudaSuccess);
         }
@@ -638,7 +652,7 @@ Out run_gpu(const Host &h, const RunOpts &ro, int *current_device_after = nullpt
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     if (ro.keep_order && s.B > 0) {
         tdt_ws_layout_t l = {};
-        EXPECT_TRUE(tdt_workspace_layout(s.B, s.T, s.U, s.D(), &l));
+        EXPECT_TRUE(tdt_workspace_layout(s.B, s.T, s.U, s.D(), ro.state_in_grads ? 1 : 0, &l));
         EXPECT_EQ((uintptr_t)work.p % TDT_WS_ALIGN, 0u);  // cudaMalloc: the layout starts at p
         const std::vector<uint8_t> raw = work.download();
         out.order.resize((size_t)tdt_ws_counters(s.B, s.T, s.U));
@@ -1985,6 +1999,185 @@ TEST(GpuCalls, CurrentDeviceRestoredAndNonZeroDevice) {
     unpack(hh, raw, hh.gdur_s, hh.dur_offset, s.D(), &out.gdur);
     expect_match(out, c, s);
     CUDA_OK(cudaSetDevice(0));
+}
+
+// ---- options.state_in_grads: the node blocks at the head of the token gradient's rows ----------------
+
+// The option moves where the per-node state lives and nothing else. Under every schedule asked
+// for, one-shot and tdt_forward_ahead() (followed by tdt_backward() where nothing was written
+// ahead), with it: SERIAL's bits without it (SERIAL, OVERLAP, SPLIT and TRAIL give those; the
+// option keeps SPLIT and FUSED from running, so they run as SERIAL or OVERLAP do, and FUSED
+// asked for gives SERIAL's bits, not FUSED's); and the same request's without it, bit for bit
+// except where that request may have run FUSED (FUSED, AUTO), there within FUSED's rounding.
+// TRAIL still writes the gradients ahead (sm_90), and neither a split nor a fused sweep leaves
+// its beta progress count. Joint rows of V + D (+ pad) elements put 16-bit row heads at 0, 2, 4
+// and 6 bytes mod 8; V = 257 is the parakeet-like row; 16-bit V = 35 at D = 5 is the smallest
+// row the option takes. Ragged batches; B = 32 is where AUTO takes TRAIL on 132 SMs.
+TEST(GpuStateInGrads, SameBitsUnderEverySchedule) {
+    REQUIRE_GPU();
+    int major = 0;
+    ASSERT_NO_FATAL_FAILURE(current_device_attribute(cudaDevAttrComputeCapabilityMajor, &major));
+    struct Case {
+        tdt_dtype_t dt;
+        int64_t B, T, U, V;
+        std::vector<int> durs;
+        Grads grads;
+        int64_t pad;
+    };
+    const std::vector<Case> cases = {
+        {TDT_DTYPE_FLOAT32, 12, 40, 16, 40, {0, 1, 2, 3, 4}, Grads::Joint, 0},
+        {TDT_DTYPE_BFLOAT16, 12, 40, 16, 40, {0, 1, 2, 3, 4}, Grads::Joint, 0},
+        {TDT_DTYPE_FLOAT16, 12, 40, 16, 40, {0, 1, 2, 3, 4}, Grads::Joint, 0},
+        {TDT_DTYPE_FLOAT32, 32, 80, 30, 257, {0, 1, 2, 3, 4}, Grads::Joint, 0},
+        {TDT_DTYPE_BFLOAT16, 32, 80, 30, 257, {0, 1, 2, 3, 4}, Grads::Joint, 1},  // padding kept
+        {TDT_DTYPE_FLOAT16, 12, 40, 16, 257, {1, 2, 4}, Grads::Separate, 0},      // rows of 514 bytes
+        {TDT_DTYPE_FLOAT32, 12, 40, 16, 41, {}, Grads::Joint, 0},                 // RNN-T
+        {TDT_DTYPE_BFLOAT16, 12, 40, 16, 41, {}, Grads::Joint, 0},
+        {TDT_DTYPE_FLOAT16, 12, 40, 16, 35, {0, 1, 2, 3, 4}, Grads::Joint, 1},    // the minimum V
+    };
+    const tdt_gpu_schedule_t schedules[] = {TDT_GPU_SCHEDULE_AUTO,  TDT_GPU_SCHEDULE_SERIAL,
+                                            TDT_GPU_SCHEDULE_OVERLAP, TDT_GPU_SCHEDULE_SPLIT,
+                                            TDT_GPU_SCHEDULE_FUSED, TDT_GPU_SCHEDULE_TRAIL};
+    for (const Case &cs : cases) {
+        Spec s;
+        s.dt = cs.dt; s.B = cs.B; s.T = cs.T; s.U = cs.U; s.V = cs.V; s.durs = cs.durs;
+        s.grads = cs.grads; s.pad = cs.pad; s.ragged = true; s.sigma = 0.02;
+        s.seed = 900 + (uint64_t)(cs.V + cs.B);
+        const Host h = make_host(s);
+        std::vector<double> weights;  // tdt_forward_ahead's upstream (written ahead with it)
+        for (int64_t b = 0; b < s.B; ++b) weights.push_back(0.25 * (double)(1 + b % 4) * (b % 3 ? 1.0 : -1.0));
+        const size_t K = (size_t)tdt_ws_layers(s.T, s.U);
+        for (Mode m : {Mode::OneShot, Mode::Ahead}) {
+            RunOpts serial;
+            serial.mode = m;
+            serial.schedule = TDT_GPU_SCHEDULE_SERIAL;
+            if (m == Mode::Ahead) serial.grad_costs = weights;
+            const Out ref = run_gpu(h, serial);
+            for (tdt_gpu_schedule_t sch : schedules) {
+                const std::string what = s.str() + ", schedule " + std::to_string((int)sch) +
+                                         (m == Mode::Ahead ? ", forward_ahead" : ", one-shot") + ", state_in_grads";
+                RunOpts ro = serial;
+                ro.schedule = sch;
+                ro.state_in_grads = true;
+                ro.keep_order = true;
+                const Out o = run_gpu(h, ro);
+                EXPECT_EQ(o.raw_costs, ref.raw_costs) << what << ": costs against SERIAL without it";
+                EXPECT_EQ(o.raw_gtok, ref.raw_gtok) << what << ": token gradient against SERIAL without it";
+                EXPECT_EQ(o.raw_gdur, ref.raw_gdur) << what << ": duration gradient against SERIAL without it";
+                RunOpts without = ro;
+                without.state_in_grads = false;
+                without.keep_order = false;
+                const Out n = run_gpu(h, without);
+                if (sch == TDT_GPU_SCHEDULE_FUSED || sch == TDT_GPU_SCHEDULE_AUTO) {
+                    expect_fused_match(o, n, s.dt, what + " against the same request without it");
+                } else {
+                    EXPECT_EQ(o.raw_costs, n.raw_costs) << what << ": costs against the same request without it";
+                    EXPECT_EQ(o.raw_gtok, n.raw_gtok) << what << ": token gradient against the same request without it";
+                    EXPECT_EQ(o.raw_gdur, n.raw_gdur) << what << ": duration gradient against the same request without it";
+                }
+                expect_padding_untouched(h, o);
+                if (m == Mode::Ahead && sch == TDT_GPU_SCHEDULE_TRAIL) {
+                    EXPECT_EQ(o.written, major >= 9 ? 1 : 0) << what << ": gradients written ahead";
+                } else if (m == Mode::Ahead && sch != TDT_GPU_SCHEDULE_AUTO) {
+                    EXPECT_EQ(o.written, 0) << what << ": gradients written ahead";
+                }
+                if (major >= 9 && (sch == TDT_GPU_SCHEDULE_SPLIT || sch == TDT_GPU_SCHEDULE_FUSED)) {
+                    for (int64_t b = 0; b < s.B; ++b)
+                        EXPECT_NE(o.order[1 + K + (size_t)b], INT32_MAX)
+                            << what << ": sample " << b << "'s beta progress counted (a split or fused sweep ran)";
+                }
+            }
+        }
+        // the CPU with the option: the same values to the suite's tolerance
+        RunOpts one;
+        one.state_in_grads = true;
+        expect_match(run_gpu(h, one), run_cpu(h, one), s);
+    }
+}
+
+// Refused on the device as on the host (INVALID_OPTION, the error naming the option), before
+// anything is written: in place, tdt_forward() (alone and as the pair's first call),
+// compute_tdt_loss() without gradients, no token gradient, and token rows one element short of
+// a block (float32 V = 16 and 16-bit V = 34 at D = 5; RNN-T float32 V = 6). The costs and the
+// gradient buffers keep their 0xff poison (in place: the logits their values). The smallest
+// rows are accepted (and give the bits of the call without the option), and so is every call
+// of a problem without nodes (max_frames = 0, an empty batch), gradients or not.
+TEST(GpuStateInGrads, Refusals) {
+    REQUIRE_GPU();
+    struct Case {
+        const char *name;
+        tdt_dtype_t dt;
+        int64_t V;
+        std::vector<int> durs;
+        Grads grads;
+        Mode mode;
+        bool want_tok;
+    };
+    const std::vector<int> d5 = {0, 1, 2, 3, 4};
+    const Case cases[] = {
+        {"in place", TDT_DTYPE_FLOAT32, 40, d5, Grads::InPlace, Mode::OneShot, true},
+        {"in place, forward_ahead", TDT_DTYPE_FLOAT32, 40, d5, Grads::InPlace, Mode::Ahead, true},
+        {"in place, bfloat16", TDT_DTYPE_BFLOAT16, 40, d5, Grads::InPlace, Mode::OneShot, true},
+        {"in place, RNN-T", TDT_DTYPE_FLOAT32, 40, {}, Grads::InPlace, Mode::OneShot, true},
+        {"tdt_forward", TDT_DTYPE_FLOAT32, 40, d5, Grads::Joint, Mode::FwdOnly, true},
+        {"tdt_forward + tdt_backward", TDT_DTYPE_FLOAT32, 40, d5, Grads::Joint, Mode::FwdBwd, true},
+        {"costs only", TDT_DTYPE_FLOAT32, 40, d5, Grads::Joint, Mode::CostsOnly, true},
+        {"no token gradient", TDT_DTYPE_FLOAT32, 40, d5, Grads::Joint, Mode::OneShot, false},
+        {"float32, V = 16", TDT_DTYPE_FLOAT32, 16, d5, Grads::Joint, Mode::OneShot, true},
+        {"bfloat16, V = 34", TDT_DTYPE_BFLOAT16, 34, d5, Grads::Joint, Mode::OneShot, true},
+        {"float16, V = 34, forward_ahead", TDT_DTYPE_FLOAT16, 34, d5, Grads::Separate, Mode::Ahead, true},
+        {"RNN-T float32, V = 6", TDT_DTYPE_FLOAT32, 6, {}, Grads::Joint, Mode::OneShot, true},
+    };
+    for (const Case &c : cases) {
+        Spec s;
+        s.B = 3; s.T = 8; s.U = 4; s.V = c.V; s.durs = c.durs; s.dt = c.dt; s.grads = c.grads; s.ragged = true;
+        s.seed = 950 + (uint64_t)c.V;
+        const Host h = make_host(s);
+        RunOpts ro;
+        ro.mode = c.mode;
+        ro.want_tok = c.want_tok;
+        ro.state_in_grads = true;
+        ro.expect = TDT_STATUS_INVALID_OPTION;
+        const Out o = run_gpu(h, ro);
+        const std::string what = std::string(c.name) + " [" + s.str() + "]";
+        EXPECT_NE(o.error.find("state_in_grads"), std::string::npos) << what << ": the error does not name the option: "
+                                                                      << o.error;
+        EXPECT_EQ(o.raw_costs, std::vector<uint8_t>(o.raw_costs.size(), 0xff)) << what << ": costs written";
+        if (c.mode == Mode::FwdOnly || c.mode == Mode::CostsOnly) continue;  // no gradient downloaded
+        if (c.grads == Grads::InPlace) {
+            EXPECT_TRUE(o.raw_gtok == h.tok) << what << ": the logits were overwritten";
+        } else {
+            EXPECT_EQ(o.raw_gtok, std::vector<uint8_t>(o.raw_gtok.size(), 0xff)) << what << ": token gradient written";
+            EXPECT_EQ(o.raw_gdur, std::vector<uint8_t>(o.raw_gdur.size(), 0xff)) << what << ": duration gradient written";
+        }
+    }
+    // the smallest rows: accepted, the bits of the call without the option
+    struct Min { tdt_dtype_t dt; int64_t V; std::vector<int> durs; };
+    for (const Min &mn : {Min{TDT_DTYPE_FLOAT32, 17, d5}, Min{TDT_DTYPE_BFLOAT16, 35, d5},
+                          Min{TDT_DTYPE_FLOAT64, 8, d5}, Min{TDT_DTYPE_FLOAT32, 7, {}}}) {
+        Spec s;
+        s.B = 3; s.T = 8; s.U = 4; s.V = mn.V; s.durs = mn.durs; s.dt = mn.dt; s.ragged = true; s.pad = 1;
+        const Host h = make_host(s);
+        RunOpts with, without;
+        with.state_in_grads = true;
+        const Out a = run_gpu(h, with), b = run_gpu(h, without);
+        EXPECT_EQ(a.raw_costs, b.raw_costs) << s.str() << ", the smallest V: costs";
+        EXPECT_EQ(a.raw_gtok, b.raw_gtok) << s.str() << ", the smallest V: gradients";
+    }
+    // no node, nothing to keep: accepted without any gradient (and with rows too short)
+    for (int64_t B : {0, 2}) {
+        Spec s;
+        s.B = B; s.T = B ? 0 : 3; s.U = 2; s.V = 5;
+        const Host h = make_host(s);
+        for (Mode m : {Mode::FwdOnly, Mode::CostsOnly, Mode::OneShot}) {
+            RunOpts ro;
+            ro.mode = m;
+            ro.state_in_grads = true;
+            const Out o = run_gpu(h, ro);
+            EXPECT_EQ(o.status, TDT_STATUS_SUCCESS) << "B = " << B << ", max_frames = " << s.T << ", mode "
+                                                     << (int)m << ": " << o.error;
+        }
+    }
 }
 
 // ---- tdt_pack_indices on the device (the cases of test_indices.cc) -----------------------------------

@@ -70,7 +70,7 @@ struct RandomLattice {
         for (size_t n = 0; n < nodes; ++n) w[n * wn + TDT_W_LABEL] = weight();
         for (size_t n = 0; n < nodes; ++n)
             for (int k = 0; k < count; ++k) w[n * wn + TDT_W_DUR + k] = weight();
-        L.w = w.data();
+        L.wb = tdt_wblocks_ws(w.data(), (int64_t)wn, frames, U + 1);
         L.wn = (int64_t)wn;
         L.row = U + 1;
         L.frames = frames;

@@ -388,6 +388,7 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     opt.grad_costs_scalar = ro.grad_costs_scalar;
     opt.normalize_costs = ro.normalize_costs;
     opt.batch_mean = ro.batch_mean;
+    opt.state_in_grads = ro.state_in_grads ? 1 : 0;
     if (ro.pack) {
         opt.pack = &pack;
         opt.pack_valid = &pack_valid;
@@ -407,6 +408,7 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
         out.error = tdt_last_error();
         return out;
     }
+    out.workspace_bytes = ws_bytes;
     // Garbage in the workspace: the library must not rely on it being zeroed.
     std::vector<unsigned char> ws(ws_bytes + ro.misalign + 1, 0xa5);
     void *ws_ptr = ws.data() + ro.misalign;
@@ -429,6 +431,9 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     };
     std::vector<double> gc_d, sc_d;
     std::vector<float> gc_f, sc_f;
+    // What every buffer the calls may write held before them: a failed call must leave all alike.
+    const std::vector<unsigned char> tok_before = tok_buf, dur_before = dur_buf,
+                                     gtok_before = gtok_buf, gdur_before = gdur_buf;
     if (ro.two_phase) {
         const void *gc = acc_values(ro.grad_costs, gc_d, gc_f);
         if (ro.ahead) {
@@ -452,7 +457,13 @@ Output run_lib(const Problem &p, const RunOptions &ro) {
     }
     out.error = tdt_last_error();
     out.pack_valid = pack_valid;
-    if (out.status != TDT_STATUS_SUCCESS) return out;
+    if (out.status != TDT_STATUS_SUCCESS) {
+        bool costs_nan = dbl ? std::isnan(reduced_d) : std::isnan(reduced_f);
+        for (int64_t b = 0; b <= p.B; ++b) costs_nan = costs_nan && (dbl ? std::isnan(costs_d[b]) : std::isnan(costs_f[b]));
+        out.untouched = costs_nan && tok_buf == tok_before && dur_buf == dur_before &&
+                        gtok_buf == gtok_before && gdur_buf == gdur_before;
+        return out;
+    }
     if (ro.pack) {  // the packed array holds what the Problem gave as int32
         std::vector<int32_t> want(p.T.begin(), p.T.end());
         want.insert(want.end(), p.U.begin(), p.U.end());

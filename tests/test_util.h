@@ -77,6 +77,10 @@ struct Output {
     std::vector<double> gdur;      // (B, maxT, maxU + 1, D); empty when not requested
     double reduced = 0.0;          // options.reduction's value (RunOptions.reduction)
     int pack_valid = -1;           // options.pack_valid after the calls (RunOptions.pack)
+    size_t workspace_bytes = 0;    // what tdt_get_workspace_size() said for the call
+    bool untouched = true;         // on failure: the costs, the reduced cost and the gradient
+                                   // buffers (in place: the logits) still hold what they held
+                                   // before the calls (checked only when status != SUCCESS)
 };
 
 enum class Layout {
@@ -96,6 +100,7 @@ struct RunOptions {
     bool two_phase = false;                           // tdt_forward + tdt_backward
     bool ahead = false;                               // with two_phase: tdt_forward_ahead (the
                                                       // CPU writes nothing ahead: it must say 0)
+                                                      // and tdt_backward with the same grads
     const std::vector<double> *scale = nullptr;       // then tdt_scale_gradients by these (B)
     bool scale_scalar = false;                        // scale holds one value for all
     bool costs_only = false;                          // no gradient at all (grads == NULL)
@@ -111,6 +116,12 @@ struct RunOptions {
                                                       // the forward call into the problem's
                                                       // int32 array (checked against the
                                                       // Problem's own; Output.pack_valid)
+    bool state_in_grads = false;                      // options.state_in_grads (the workspace
+                                                      // sized with it). The library refuses it
+                                                      // for tdt_forward: two_phase without
+                                                      // ahead still calls tdt_forward (so that
+                                                      // refusal can be tested); the supported
+                                                      // pair is two_phase with ahead
 };
 
 Output run_lib(const Problem &p, const RunOptions &ro = RunOptions());

@@ -24,8 +24,8 @@
  * bijection of [0, max_frames), so this is a permutation of the plain t-major order (same size,
  * sample offsets unchanged), and the nodes of one anti-diagonal, and each arc's other ends, are
  * contiguous in u: a sweep over a diagonal reads and writes whole cache lines. A node's
- * weights are one block of the workspace's w (workspace.h): lp_blank, lp_label, then lp_dur,
- * block n at w + n * W.
+ * weights are one block (workspace.h): lp_blank, lp_label, then lp_dur, node (t, u)'s at
+ * tdt_node_block(), in the workspace's w or at the head of the node's token-gradient row.
  *
  * Log-sum-exp of a node (tdt_lse_terms): two passes over its arc terms (all terms first, their
  * max, then independent exps and one log, with no branch between them), so the exps of one
@@ -75,9 +75,10 @@ typedef struct tdt_arcs {
 /* One sample's lattice: its lengths and its per-node log-probabilities (already offset to the
  * sample). alpha and beta arrays are passed separately so sweeps can write them. */
 typedef struct tdt_lattice {
-    const double *w; /* (T, row) blocks of wn (workspace.h's TDT_W_*): log p(blank) - sigma,
-                        log p(y_{u+1}) - sigma (for u < U), the duration log-probs (TDT) */
-    int64_t wn;      /* doubles a block: tdt_w_block(D) */
+    tdt_wblocks_t wb; /* the sample's blocks (workspace.h's tdt_wblock with b = 0) of wn
+                         doubles, TDT_W_*: log p(blank) - sigma, log p(y_{u+1}) - sigma (for
+                         u < U), the duration log-probs (TDT), the token log-normaliser */
+    int64_t wn;       /* doubles a block: tdt_w_block(D) */
     int64_t row;            /* max_labels + 1 */
     int64_t frames;         /* max_frames: the per-node arrays' rows (see tdt_node_index) */
     int64_t T;              /* frames of this sample */
@@ -96,11 +97,7 @@ typedef struct tdt_node_grad {
 
 /* ---- index helpers ------------------------------------------------------------------------ */
 
-/* Row of the per-node arrays that holds anti-diagonal s, 0 <= s < max_frames + max_labels:
- * s mod max_frames (a subtraction in the common case U < T, a division only beyond 2 T). */
-TDT_HD int64_t tdt_diag_row(int64_t s, int64_t max_frames) {
-    return s < max_frames ? s : (s - max_frames < max_frames ? s - max_frames : s % max_frames);
-}
+/* tdt_diag_row (workspace.h): the row of the per-node arrays that holds anti-diagonal s. */
 
 /* Node (t, u) of a sample in the per-node arrays: row (t + u) mod max_frames, column u. */
 TDT_HD int64_t tdt_node_index(int64_t max_frames, int64_t row, int64_t t, int64_t u) {
@@ -137,9 +134,14 @@ TDT_HD void tdt_arcs_rnnt(tdt_arcs_t *arcs) {
     arcs->blank_dur[0] = 1;
 }
 
-/* Duration log-prob of arc k at node n (0 for RNN-T). */
-TDT_HD double tdt_arc_dur(const tdt_lattice_t *L, const tdt_arcs_t *A, int64_t n, int k) {
-    return A->use_dur ? L->w[n * L->wn + TDT_W_DUR + k] : 0.0;
+/* Node (t, u)'s block of weights (workspace.h). */
+TDT_HD const double *tdt_node_block(const tdt_lattice_t *L, int64_t t, int64_t u) {
+    return tdt_wblock(&L->wb, 0, t, u);
+}
+
+/* Duration log-prob of arc k at node (t, u) (0 for RNN-T). */
+TDT_HD double tdt_arc_dur(const tdt_lattice_t *L, const tdt_arcs_t *A, int64_t t, int64_t u, int k) {
+    return A->use_dur ? tdt_node_block(L, t, u)[TDT_W_DUR + k] : 0.0;
 }
 
 /* ---- the sweeps ---------------------------------------------------------------------------- */
@@ -197,14 +199,15 @@ TDT_HD int tdt_slot_final(const tdt_lattice_t *L, const tdt_slot_t *q, int64_t t
     return q->du == 0 && q->dt > 0 && u == L->U && t + q->dt == L->T;
 }
 
-/* The two log-probs that weigh slot q's arc when it leaves node n (the weight of an arc is a
- * property of the node it leaves): the token's (blank or label) and the duration's (0 for
+/* The two log-probs that weigh slot q's arc when it leaves node (t, u) (the weight of an arc
+ * is a property of the node it leaves): the token's (blank or label) and the duration's (0 for
  * RNN-T). Returned apart, so a GPU sweep can have the loads in flight for a whole diagonal
  * before anything consumes them. */
 TDT_HD void tdt_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
-                            int64_t n, double *lp, double *dur) {
-    *lp = L->w[n * L->wn + (q->du ? TDT_W_LABEL : TDT_W_BLANK)];
-    *dur = tdt_arc_dur(L, A, n, q->k);
+                            int64_t t, int64_t u, double *lp, double *dur) {
+    const double *w = tdt_node_block(L, t, u);
+    *lp = w[q->du ? TDT_W_LABEL : TDT_W_BLANK];
+    *dur = A->use_dur ? w[TDT_W_DUR + q->k] : 0.0;
 }
 
 /* Weights of slot q's arc into (t, u), read at its source; an absent arc reads (t, u) itself
@@ -212,14 +215,13 @@ TDT_HD void tdt_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const t
 TDT_HD void tdt_alpha_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
                                   int64_t t, int64_t u, double *lp, double *dur) {
     const int e = tdt_slot_in(q, t, u);
-    tdt_slot_weight(L, A, q, tdt_node_index(L->frames, L->row, e ? t - q->dt : t, e ? u - q->du : u),
-                    lp, dur);
+    tdt_slot_weight(L, A, q, e ? t - q->dt : t, e ? u - q->du : u, lp, dur);
 }
 
 /* Weights of slot q's arc out of (t, u): the node's own. */
 TDT_HD void tdt_beta_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
                                  int64_t t, int64_t u, double *lp, double *dur) {
-    tdt_slot_weight(L, A, q, tdt_node_index(L->frames, L->row, t, u), lp, dur);
+    tdt_slot_weight(L, A, q, t, u, lp, dur);
 }
 
 /* The terms from values already read: alpha's, alpha(source) a + (lp + dur) for an arc that
@@ -486,7 +488,7 @@ TDT_HD double tdt_log_likelihood(const tdt_lattice_t *L, const tdt_arcs_t *A, co
         x[j] = -TDT_INF;
         if (q.du == 0 && q.dt > 0 && L->T - q.dt >= 0) {
             const int64_t i = tdt_node_index(L->frames, L->row, L->T - q.dt, L->U);
-            tdt_slot_weight(L, A, &q, i, &lp, &dur);
+            tdt_slot_weight(L, A, &q, L->T - q.dt, L->U, &lp, &dur);
             x[j] = alpha[i] + (lp + dur);
         }
     }
@@ -609,16 +611,15 @@ TDT_HD double tdt_occupancy(double alpha_src, double w, double beta_dst, double 
     return x == -TDT_INF ? 0.0 : exp(x - ll);
 }
 
-/* Occupancy of slot q's arc out of node n = (t, u), whose alpha is a: 0 when the arc does not
+/* Occupancy of slot q's arc out of node (t, u), whose alpha is a: 0 when the arc does not
  * exist (or a is -inf). The arc's loads depend on its indices alone, not on a, so a GPU lane
  * has them in flight together with a's (one memory round trip, not two). */
 TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *beta,
-                                 const tdt_slot_t *q, int64_t t, int64_t u, int64_t n, double a,
-                                 double ll) {
+                                 const tdt_slot_t *q, int64_t t, int64_t u, double a, double ll) {
     const int e = tdt_slot_out(L, q, t, u);
     if (!(e || tdt_slot_final(L, q, t, u))) return 0.0;
     double lp, dur;
-    tdt_slot_weight(L, A, q, n, &lp, &dur);
+    tdt_slot_weight(L, A, q, t, u, &lp, &dur);
     const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
     return a == -TDT_INF ? 0.0 : tdt_occupancy(a, lp + dur, b, ll);
 }
@@ -630,11 +631,11 @@ TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, co
  * gradient pass exponentiates a run of nodes' arguments together, vectorised. */
 TDT_HD double tdt_slot_occupancy_arg(const tdt_lattice_t *L, const tdt_arcs_t *A,
                                      const double *beta, const tdt_slot_t *q, int64_t t,
-                                     int64_t u, int64_t n, double a, double ll) {
+                                     int64_t u, double a, double ll) {
     const int e = tdt_slot_out(L, q, t, u);
     if (!(e || tdt_slot_final(L, q, t, u))) return -TDT_INF;
     double lp, dur;
-    tdt_slot_weight(L, A, q, n, &lp, &dur);
+    tdt_slot_weight(L, A, q, t, u, &lp, &dur);
     const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
     const double x = a + (lp + dur) + b;
     return a == -TDT_INF || x == -TDT_INF ? -TDT_INF : x - ll;
@@ -662,12 +663,11 @@ TDT_HD void tdt_node_grad_of(const double *occ, int count, double fastemit_lambd
 TDT_HD void tdt_node_grad(const tdt_lattice_t *L, const tdt_arcs_t *A, const double *alpha,
                           const double *beta, int64_t t, int64_t u, double ll,
                           double fastemit_lambda, tdt_node_grad_t *g) {
-    const int64_t n = tdt_node_index(L->frames, L->row, t, u);
-    const double a = alpha[n];
+    const double a = alpha[tdt_node_index(L->frames, L->row, t, u)];
     double occ[2 * TDT_MAX_DURATIONS];
     for (int j = 0; j < tdt_num_slots(A); ++j) {
         const tdt_slot_t q = tdt_slot_of(A, j);
-        occ[j] = tdt_slot_occupancy(L, A, beta, &q, t, u, n, a, ll);
+        occ[j] = tdt_slot_occupancy(L, A, beta, &q, t, u, a, ll);
     }
     tdt_node_grad_of(occ, A->count, fastemit_lambda, g);
 }
@@ -678,11 +678,10 @@ TDT_HD void tdt_node_grad(const tdt_lattice_t *L, const tdt_arcs_t *A, const dou
 TDT_HD void tdt_node_occupancy_args(const tdt_lattice_t *L, const tdt_arcs_t *A,
                                     const double *alpha, const double *beta, int64_t t,
                                     int64_t u, double ll, double *x) {
-    const int64_t n = tdt_node_index(L->frames, L->row, t, u);
-    const double a = alpha[n];
+    const double a = alpha[tdt_node_index(L->frames, L->row, t, u)];
     for (int j = 0; j < tdt_num_slots(A); ++j) {
         const tdt_slot_t q = tdt_slot_of(A, j);
-        x[j] = tdt_slot_occupancy_arg(L, A, beta, &q, t, u, n, a, ll);
+        x[j] = tdt_slot_occupancy_arg(L, A, beta, &q, t, u, a, ll);
     }
 }
 
@@ -801,11 +800,11 @@ TDT_HD void tdt_sweep_chunk(const tdt_sweep_geo_t *G, const tdt_lattice_t *L, co
             const int64_t u = lo + i, t = s - u;
             double lp, dur;
             if (G->is_beta) {
-                tdt_slot_weight(L, A, q, G->node + u, &lp, &dur); /* the node's own weights */
+                tdt_slot_weight(L, A, q, t, u, &lp, &dur); /* the node's own weights */
                 x[j][i] = tdt_beta_slot_term(L, &X, q, t, u, lp, dur);
-            } else { /* the source's weights, at u - du on the row of X; the node's if none */
+            } else { /* the source's weights; the node's if none */
                 const int e = tdt_slot_in(q, t, u);
-                tdt_slot_weight(L, A, q, e ? G->off[j] + u - q->du : G->node + u, &lp, &dur);
+                tdt_slot_weight(L, A, q, e ? t - q->dt : t, e ? u - q->du : u, &lp, &dur);
                 x[j][i] = tdt_alpha_slot_term(L, &X, q, t, u, lp, dur);
             }
         }

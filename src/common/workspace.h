@@ -10,7 +10,8 @@
  *                     |                   | num_durations, 0 for RNN-T): the node       |
  *                     |                   | pass's lp_blank, lp_label, lp_dur[0..D-1],  |
  *                     |                   | then the token log-normaliser lse           |
- *                     |                   | (TDT_W_* below)                             |
+ *                     |                   | (TDT_W_* below); none with                  |
+ *                     |                   | options.state_in_grads (tdt_wblocks_t)      |
  *                     | alpha    [N]      | double                                      |
  *                     | beta     [N]      | double                                      |
  *                     | ll       [B]      | double: log p(y|x) per sample               |
@@ -32,7 +33,11 @@
  * w, a contiguous run of blocks). A node's weights in one block, not an array each: a GPU sweep
  * stages a diagonal's as one run with one address computation a copy, which took its step
  * 0-10 % below the arrays' (benchmark/sweep_step.cu, NOTES v41), and the node pass writes, and
- * the gradient pass reads, a node's values in one 64-byte line at D = 5.
+ * the gradient pass reads, a node's values in one 64-byte line at D = 5. With
+ * options.state_in_grads the blocks are at the head of the token gradient's rows instead
+ * (tdt_wblocks_t below), in the logits' (b, t, u) order; blocks in that order in w too cost
+ * long 7 % and large bfloat16 2.5 % on the H200 (NOTES v42), the diagonals' blocks no longer
+ * neighbours.
  *
  * tdt_get_workspace_size() returns layout total + TDT_WS_ALIGN (slack for an unaligned pointer).
  */
@@ -52,6 +57,7 @@ typedef struct tdt_ws_header {
     uint64_t magic;
     int64_t batch, max_frames, max_labels;
     int64_t num_durations; /* 0 for RNN-T */
+    int64_t state_in_grads; /* the blocks went to the token gradient's rows */
 } tdt_ws_header_t;
 
 /* A node's block in w: its fields, and its size for D durations (0 for RNN-T). */
@@ -61,6 +67,68 @@ typedef struct tdt_ws_header {
 TDT_HD int64_t tdt_w_block(int64_t num_durations) { return 3 + num_durations; }
 /* The field of the token log-normaliser, after the durations. */
 TDT_HD int64_t tdt_w_lse(int64_t num_durations) { return TDT_W_DUR + num_durations; }
+
+/* Row of the per-node arrays that holds anti-diagonal s, 0 <= s < max_frames + max_labels:
+ * s mod max_frames (a subtraction in the common case U < T, a division only beyond 2 T). */
+TDT_HD int64_t tdt_diag_row(int64_t s, int64_t max_frames) {
+    return s < max_frames ? s : (s - max_frames < max_frames ? s - max_frames : s % max_frames);
+}
+
+/* Where the node blocks are: node (b, t, u)'s starts at
+ *     base + b * s[0] + r * s[1] + u * s[2] bytes, rounded up to a multiple of 8,
+ * with r = tdt_diag_row(t + u, frames) where frames > 0, r = t where frames == 0.
+ * In the workspace (tdt_wblocks_ws, frames = max_frames) the strides are those of compact
+ * blocks in the per-node arrays' diagonal order from an aligned base, and the rounding changes
+ * nothing. With options.state_in_grads (tdt_wblocks_rows, frames = 0) they are the token
+ * gradient's row strides in bytes: each node's block sits at the head of its own token-gradient
+ * row, which the call overwrites with the gradient once nothing reads the block any more (a
+ * node's gradient is the last reader of its block: include/tdt.h lists the calls and the
+ * schedules where that holds). Rows aligned to their element only (a 16-bit row of odd length,
+ * say) are rounded up to the next double: tdt_state_row_bytes() is what a row must hold. */
+typedef struct tdt_wblocks {
+    char *base;
+    int64_t s[3];   /* bytes */
+    int64_t frames; /* > 0: diagonal rows (the workspace); 0: frame rows (the gradient's) */
+} tdt_wblocks_t;
+
+/* p rounded up to a double's alignment: p plus an offset, not an integer made a pointer again,
+ * so that a GPU compiler still sees a global-memory pointer derived from its argument (through
+ * a uintptr_t round trip the normaliser's stores became generic ones, and the H200's forward
+ * at base and ragged 6-10 % slower: benchmark/NOTES.md, v42). */
+TDT_HD double *tdt_align_double(const char *p) {
+    return (double *)(p + ((8 - ((uintptr_t)p & 7)) & 7));
+}
+
+TDT_HD double *tdt_wblock(const tdt_wblocks_t *k, int64_t b, int64_t t, int64_t u) {
+    const int64_t r = k->frames > 0 ? tdt_diag_row(t + u, k->frames) : t;
+    return tdt_align_double(k->base + (b * k->s[0] + r * k->s[1] + u * k->s[2]));
+}
+
+/* The workspace's blocks: W doubles a node, in the per-node arrays' order. */
+TDT_HD tdt_wblocks_t tdt_wblocks_ws(double *w, int64_t W, int64_t max_frames, int64_t row) {
+    tdt_wblocks_t k;
+    k.base = (char *)w;
+    k.s[2] = W * (int64_t)sizeof(double);
+    k.s[1] = row * k.s[2];
+    k.s[0] = max_frames * k.s[1];
+    k.frames = max_frames;
+    return k;
+}
+
+/* The token gradient's rows (strides in elements of elem bytes, as tdt_gradients_t's). */
+TDT_HD tdt_wblocks_t tdt_wblocks_rows(void *token_grads, const int64_t *strides, int64_t elem) {
+    tdt_wblocks_t k;
+    k.base = (char *)token_grads;
+    for (int i = 0; i < 3; ++i) k.s[i] = strides[i] * elem;
+    k.frames = 0;
+    return k;
+}
+
+/* Bytes a token-gradient row must hold for a block of W doubles at its head: W doubles, and
+ * the rounding of a row aligned to its elem-byte elements only up to a double's alignment. */
+TDT_HD int64_t tdt_state_row_bytes(int64_t W, int64_t elem) {
+    return W * (int64_t)sizeof(double) + (elem < 8 ? 8 - elem : 0);
+}
 
 /* Byte offsets from the aligned base. */
 typedef struct tdt_ws_layout {
@@ -119,14 +187,16 @@ TDT_HD int64_t tdt_ws_cost_count(int64_t batch, int64_t max_frames, int64_t max_
     return tdt_ws_counters(batch, max_frames, max_labels) - 1;
 }
 
-/* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T). 0 on overflow. */
+/* Layout for batch B, max_frames, max_labels, num_durations (0 for RNN-T); state_in_grads:
+ * no w (options.state_in_grads). 0 on overflow. */
 TDT_HD int tdt_workspace_layout(int64_t batch, int64_t max_frames, int64_t max_labels,
-                                int64_t num_durations, tdt_ws_layout_t *l) {
+                                int64_t num_durations, int state_in_grads, tdt_ws_layout_t *l) {
     size_t nodes, w_elems, cursor = 0;
     const int64_t block = tdt_w_block(num_durations);
     if (!tdt_mul_size((size_t)batch, (size_t)max_frames, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)max_labels + 1, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)block, &w_elems)) return 0;
+    if (state_in_grads) w_elems = 0;
     int ok = tdt_ws_take(&cursor, 1, sizeof(tdt_ws_header_t), &l->header) &&
              tdt_ws_take(&cursor, w_elems, sizeof(double), &l->w) &&
              tdt_ws_take(&cursor, nodes, sizeof(double), &l->alpha) &&

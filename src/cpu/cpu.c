@@ -466,8 +466,9 @@ static void token_grad_row(const tdt_call_t *c, const void *z, void *g, double l
 
 static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const tdt_problem_t *p = &c->p;
-    const int64_t row = p->max_labels + 1, D = c->num_durations, W = c->layout.block;
+    const int64_t D = c->num_durations;
     const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
+    const tdt_wblocks_t wb = tdt_call_blocks(c, ws->w);
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
     for (int64_t b = 0; b < p->batch; ++b) {
         for (int64_t t = 0; t < p->max_frames; ++t) {
@@ -476,7 +477,6 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
             const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
             row_scan_t sc = {0.0f, 0}; /* row u's, from row u - 1's pass */
             for (int64_t u = 0; u <= U; ++u) {
-                int64_t n = tdt_sample_offset(b, p->max_frames, row) + tdt_node_index(p->max_frames, row, t, u);
                 const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
                 double lse = 0.0;
                 if (logits) {
@@ -485,7 +485,7 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                                            : NULL;
                     lse = row_lse(z, zn, p->vocab_size, p->dtype, &sc);
                 }
-                double *w = ws->w + n * W; /* the node's block (workspace.h) */
+                double *w = tdt_wblock(&wb, b, t, u); /* the node's block (workspace.h) */
                 w[tdt_w_lse(D)] = lse;
                 w[TDT_W_BLANK] = load_one(z, c->o.blank, p->dtype) - lse - c->o.sigma;
                 w[TDT_W_LABEL] = u < U ? load_one(z, y[u], p->dtype) - lse - c->o.sigma : -INFINITY;
@@ -501,8 +501,7 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                 }
                 if (logits) tdt_log_softmax_small(h, (int)D, nn, TDT_SOFTMAX_NODES);
                 for (int i = 0; i < nn; ++i) {
-                    double *lp = ws->w + (tdt_sample_offset(b, p->max_frames, row) +
-                                          tdt_node_index(p->max_frames, row, t, u0 + i)) * W + TDT_W_DUR;
+                    double *lp = tdt_wblock(&wb, b, t, u0 + i) + TDT_W_DUR;
                     for (int64_t k = 0; k < D; ++k) lp[k] = h[k * TDT_SOFTMAX_NODES + i];
                 }
             }
@@ -513,12 +512,11 @@ static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
 /* ---- pass 2: alpha, beta, costs ------------------------------------------------------------- */
 
 static tdt_lattice_t sample_lattice(const tdt_call_t *c, const tdt_ws_t *ws, int64_t b) {
-    const int64_t row = c->p.max_labels + 1;
-    const int64_t off = tdt_sample_offset(b, c->p.max_frames, row);
     tdt_lattice_t L;
     L.wn = c->layout.block;
-    L.w = ws->w + off * L.wn;
-    L.row = row;
+    L.wb = tdt_call_blocks(c, ws->w);
+    L.wb.base += b * L.wb.s[0];
+    L.row = c->p.max_labels + 1;
     L.frames = c->p.max_frames;
     L.T = c->p.frame_lengths[b];
     L.U = c->p.label_lengths[b];
@@ -571,7 +569,7 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
 
 static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const tdt_problem_t *p = &c->p;
-    const int64_t row = p->max_labels + 1, D = c->num_durations, W = c->layout.block;
+    const int64_t row = p->max_labels + 1, D = c->num_durations;
     const size_t esz = (size_t)tdt_dtype_size(p->dtype);
     const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
@@ -590,7 +588,9 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
             /* A run of nodes' coefficients first, then their rows: the lattice arrays of the
                nodes of row t are one diagonal apart (lattice.h), so each node's reads miss the
                cache; back to back, those misses overlap instead of each stalling between two
-               rows of V-wide streaming. */
+               rows of V-wide streaming. (With options.state_in_grads a node's block is the
+               head of its own token-gradient row: every read of it, its lse included, comes
+               before token_grad_row writes that row.) */
             for (int64_t u0 = 0; u0 < row; u0 += GRAD_CHUNK) {
                 const int64_t u1 = row - u0 < GRAD_CHUNK ? row : u0 + GRAD_CHUNK;
                 const int nn = (int)(u1 - u0), slots = tdt_num_slots(&c->arcs);
@@ -603,13 +603,13 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                 for (int i = 0; i < nn; ++i) {
                     const int64_t u = u0 + i;
                     const int live = feasible && t < T && u <= U;
-                    const int64_t n = off + tdt_node_index(p->max_frames, row, t, u);
                     if (live)
                         tdt_node_occupancy_args(&L, &c->arcs, ws->alpha + off, ws->beta + off, t,
                                                 u, ll, occ + i * slots);
                     else
                         for (int j = 0; j < slots; ++j) occ[i * slots + j] = -INFINITY;
-                    for (int64_t k = 0; k < Dq; ++k) q[i * D + k] = live && logits ? ws->w[n * W + TDT_W_DUR + k] : -INFINITY;
+                    for (int64_t k = 0; k < Dq; ++k)
+                        q[i * D + k] = live && logits ? tdt_node_block(&L, t, u)[TDT_W_DUR + k] : -INFINITY;
                 }
                 for (int e = 0; e < nn * slots; ++e) occ[e] = tdt_exp_le0(occ[e]);
                 for (int e = 0; e < nn * (int)Dq; ++e) q[e] = tdt_exp_le0(q[e]);
@@ -627,10 +627,10 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                         continue;
                     }
                     const tdt_node_grad_t *g = &ng[u - u0];
-                    int64_t n = off + tdt_node_index(p->max_frames, row, t, u);
                     if (gz) {
                         const void *z = elem_ptr(p->token_logits, tdt_row_offset(p->token_strides, b, t, u), p->dtype);
-                        token_grad_row(c, z, gz, ws->w[n * W + tdt_w_lse(D)], g, u < U ? y[u] : -1, scale);
+                        const double lse = tdt_node_block(&L, t, u)[tdt_w_lse(D)];
+                        token_grad_row(c, z, gz, lse, g, u < U ? y[u] : -1, scale);
                     }
                     if (gh)
                         for (int64_t k = 0; k < D; ++k)
@@ -689,6 +689,7 @@ tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
         ws.header->max_frames = c->p.max_frames;
         ws.header->max_labels = c->p.max_labels;
         ws.header->num_durations = c->num_durations;
+        ws.header->state_in_grads = c->o.state_in_grads != 0;
         if (c->o.reduction != TDT_REDUCTION_NONE) {
             const int acc_double = tdt_acc_is_double(c->p.dtype);
             const double r = tdt_reduce_costs(c->costs, acc_double, c->p.batch,
@@ -701,11 +702,12 @@ tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
     } else {
         const tdt_ws_header_t *h = ws.header;
         if (h->magic != TDT_WS_MAGIC || h->batch != c->p.batch || h->max_frames != c->p.max_frames ||
-            h->max_labels != c->p.max_labels || h->num_durations != c->num_durations) {
+            h->max_labels != c->p.max_labels || h->num_durations != c->num_durations ||
+            h->state_in_grads != (c->o.state_in_grads != 0)) {
             tdt_set_error("workspace does not hold tdt_forward() of this problem (batch %lld, "
-                          "max_frames %lld, max_labels %lld, num_durations %d)",
+                          "max_frames %lld, max_labels %lld, num_durations %d, state_in_grads %d)",
                           (long long)c->p.batch, (long long)c->p.max_frames,
-                          (long long)c->p.max_labels, c->num_durations);
+                          (long long)c->p.max_labels, c->num_durations, c->o.state_in_grads != 0);
             return TDT_STATUS_INVALID_WORKSPACE;
         }
     }

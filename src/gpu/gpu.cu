@@ -95,7 +95,11 @@ void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
     a->batch_mean = c->o.batch_mean != 0;
     a->arcs = c->arcs;
     a->sweep_only = c->costs_only ? 1 : 0; /* no backward follows: alpha alone gives the costs */
-    if (c->workspace) tdt_workspace_carve(&c->layout, c->workspace, &a->ws); /* none: scaling */
+    if (c->workspace) { /* none: scaling */
+        tdt_workspace_carve(&c->layout, c->workspace, &a->ws);
+        a->wb = tdt_call_blocks(c, a->ws.w);
+        a->state_rows = c->o.state_in_grads != 0;
+    }
     /* options.reduction: written by the sweeps' last cost (tdt_cost_counted), where the count
      * fits its int32 counter; else by reduce_costs_kernel after them (enqueue). A forward here
      * has a workspace and a sample (an empty batch is enqueue_empty's). */

@@ -62,6 +62,8 @@ typedef struct tdt_gpu_args {
     int batch_mean;                /* options.batch_mean: upstreams divided by B */
     tdt_arcs_t arcs;
     tdt_ws_t ws;
+    tdt_wblocks_t wb;              /* the node blocks: in ws.w, or the token gradient's rows */
+    int state_rows;                /* options.state_in_grads: wb is the token gradient's rows */
     /* Which (sample, direction) jobs the sweep kernels run: 0 alpha and beta, 1 alpha only
      * (the split schedule's forward, and a costs-only call: build_args), 2 beta only (the
      * split schedule's backward). */
@@ -418,8 +420,8 @@ template <> struct tdt_rexp_fast<TDT_DTYPE_FLOAT64> { typedef tdt_rexp_nat<TDT_D
 /* ---- nodes and samples ---------------------------------------------------------------------- */
 
 /* Logits row n in [0, B * maxT * row), in the logits' (b, t, u) order -> (b, t, u). The kernels
- * over logits rows walk this order (neighbouring rows are neighbours in memory); the per-node
- * workspace arrays are in lattice.h's diagonal order (tdt_ws_node). */
+ * over logits rows walk this order (neighbouring rows are neighbours in memory), as do the node
+ * blocks (tdt_wblock); alpha and beta are in lattice.h's diagonal order (tdt_node_index). */
 __device__ __forceinline__ void tdt_decode_node(const tdt_gpu_args_t &a, int64_t n, int64_t *b,
                                                 int64_t *t, int64_t *u) {
     int64_t per_sample = a.maxT * a.row;
@@ -427,12 +429,6 @@ __device__ __forceinline__ void tdt_decode_node(const tdt_gpu_args_t &a, int64_t
     int64_t r = n - *b * per_sample;
     *t = r / a.row;
     *u = r - *t * a.row;
-}
-
-/* Index of node (b, t, u) in the workspace's per-node arrays. */
-__device__ __forceinline__ int64_t tdt_ws_node(const tdt_gpu_args_t &a, int64_t b, int64_t t,
-                                               int64_t u) {
-    return tdt_sample_offset(b, a.maxT, a.row) + tdt_node_index(a.maxT, a.row, t, u);
 }
 
 /* Reads T_b and U_b from device memory; 0 if either is out of range (bad data: the sample is
@@ -450,9 +446,9 @@ __device__ __forceinline__ int tdt_sample_lengths(const tdt_gpu_args_t &a, int64
 __device__ __forceinline__ tdt_lattice_t tdt_sample_lattice(const tdt_gpu_args_t &a, int64_t b,
                                                             int64_t T, int64_t U) {
     tdt_lattice_t L;
-    int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     L.wn = tdt_w_block(a.D);
-    L.w = a.ws.w + off * L.wn;
+    L.wb = a.wb;
+    L.wb.base += b * a.wb.s[0];
     L.row = a.row;
     L.frames = a.maxT;
     L.T = T;

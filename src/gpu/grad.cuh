@@ -36,10 +36,13 @@
  * the logits; the other lanes of its group read the blank and label logits too, before the
  * group's shuffles (node_grad_group) that come before any store of the row, and discard their
  * copies; nothing else reads the logits in this kernel, and the workspace is read-only
- * here (the ordered and trail kernels read a sample's sweep values only after an acquire of the
- * count the sweep releases after writing them; their atomics are the ticket counter and the
- * trail's ready flags in shared memory). No atomics on any value: deterministic, whatever the
- * order.
+ * here. With options.state_in_grads a node's block (lse, weights) is the head of its own
+ * token-gradient row: its group's lanes read it before a __syncwarp that precedes any store of
+ * the row, and no other node reads it (the split and fused schedules, whose sweeps read
+ * blocks beside this kernel, are not taken then). (The ordered and trail kernels read a
+ * sample's sweep values only after an acquire of the count the sweep releases after writing
+ * them; their atomics are the ticket counter and the trail's ready flags in shared memory.) No
+ * atomics on any value: deterministic, whatever the order.
  *
  * Precision: the node's coefficients in float64 (lattice.h). The bulk of each row, p * occ
  * clipped and scaled, in the accumulate precision (float32; float64 for float64), as the CPU
@@ -513,8 +516,7 @@ __device__ __forceinline__ void node_grad_group(const tdt_lattice_t &L, const td
         tdt_node_grad(&L, &A, alpha, beta, t, u, ll, fastemit_lambda, g);
     } else {
         enum { SLOTS = 2 * KD, PER = (SLOTS + G - 1) / G };
-        const int64_t n = tdt_node_index(L.frames, L.row, t, u);
-        const double a = alpha[n];
+        const double a = alpha[tdt_node_index(L.frames, L.row, t, u)];
         double mine[PER];
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
@@ -522,7 +524,7 @@ __device__ __forceinline__ void node_grad_group(const tdt_lattice_t &L, const td
              * at run time reads from the constant bank; A's copy of them would go to local
              * memory. Past SLOTS: no arc, no load. */
             const tdt_slot_t q = tdt_slot_of(&arcs, lane + i * G);
-            mine[i] = tdt_slot_occupancy(&L, &A, beta, &q, t, u, n, a, ll);
+            mine[i] = tdt_slot_occupancy(&L, &A, beta, &q, t, u, a, ll);
         }
         double occ[SLOTS];
 #pragma unroll
@@ -621,8 +623,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     }
     const tdt_lattice_t L = tdt_sample_lattice(a, b, Tb, Ub);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
-    const int64_t nl = tdt_node_index(a.maxT, a.row, t, u); /* node inside the sample */
-    const double *const w = L.w + nl * L.wn; /* the node's block (workspace.h) */
+    const double *const w = tdt_node_block(&L, t, u); /* the node's block (workspace.h) */
     const double lse = w[tdt_w_lse(a.D)];
     const int32_t y = u < Ub ? a.labels[b * a.maxU + u] : -1; /* compared; indexed only in [0, V) */
     if (zr && lane == 0 && y >= 0 && y < V) tdt_prefetch_l1(zr + y);
@@ -663,6 +664,10 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
     }
 
     if (gz) {
+        /* options.state_in_grads: the node's block is the head of this row; every lane of the
+         * group has read its part of it (lse, the duration log-probs, its slots' weights)
+         * before any lane writes the row. */
+        if (a.state_rows) __syncwarp(tdt_group_mask<G>());
         const T *z = tok + tdt_row_offset(a.tok_s, b, t, u);
         /* How the row is split (row_owner): by the gradient's address when zeroing
          * (log-prob inputs), by the logits' when both share an alignment modulo 16, one

@@ -296,9 +296,7 @@ __device__ __forceinline__ void normalize_node(const tdt_gpu_args_t &a, int64_t 
         lse = row_lse_fast<DT, G>(z, a.V, zb, lane, mask, &huge);
         if (huge) lse = row_lse_nat<DT, G>(z, a.V, lane, mask); /* group-uniform, rare */
     }
-    const int64_t nw = tdt_ws_node(a, b, t, u); /* the node in the workspace's order */
-
-    double *const w = a.ws.w + nw * tdt_w_block(D); /* the node's block (workspace.h) */
+    double *const w = tdt_wblock(&a.wb, b, t, u); /* the node's block (workspace.h) */
     if (lane == 0) {
         w[tdt_w_lse(D)] = lse;
         w[TDT_W_BLANK] = (double)zb - lse - a.sigma;

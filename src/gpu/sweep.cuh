@@ -447,22 +447,27 @@ __device__ __forceinline__ void staged_range(const staged_geo &g, int s, int *lo
     *hi = min(s, g.U);
 }
 
-/* Block-wide: the copies of the first F fields of cnt consecutive blocks of F + 1 doubles (a
- * node's weights and its lse, workspace.h) from src into a ring slot, field f of node c to
- * slot[(F_BLANK + f) * row + c]: thread e copies field e mod F of node e / F, so a warp's
- * copies read a run of blocks, one address computation a copy and no branch between fields
- * (staging field by field, a branch between the token and the duration fields, took the step
- * 0-10 % longer: benchmark/sweep_step.cu, NOTES v41). */
+/* Block-wide: the copies of the first F fields of cnt blocks of F + 1 doubles (a node's
+ * weights and its lse, workspace.h), block c at first + c * step bytes rounded up to a double
+ * (tdt_wblock), into a ring slot, field f of node c to slot[(F_BLANK + f) * row + c]: thread e
+ * copies field e mod F of node e / F, so a warp's copies read a run of blocks where they are
+ * one (the workspace's), one address computation a copy and no branch between fields (staging
+ * field by field, a branch between the token and the duration fields, took the step 0-10 %
+ * longer; blocks a joint row apart staged as fast as a run: benchmark/sweep_step.cu, NOTES
+ * v41). */
 template <int F>
-__device__ __forceinline__ void stage_blocks(const double *src, double *slot, int row, int cnt) {
+__device__ __forceinline__ void stage_blocks(const char *first, int64_t step, double *slot,
+                                             int row, int cnt) {
     for (int e = threadIdx.x; e < F * cnt; e += blockDim.x) {
         const int c = e / F, f = e - c * F;
-        cp_async8(slot + (F_BLANK + f) * row + c, src + c * (F + 1) + f);
+        cp_async8(slot + (F_BLANK + f) * row + c, tdt_align_double(first + c * step) + f);
     }
 }
 
-/* Block-wide: the asynchronous copies of diagonal s's weights (workspace row wr = s mod
- * max_frames, tdt_node_index) into its ring slot. KD > 0 durations a node. */
+/* Block-wide: the asynchronous copies of diagonal s's weights into its ring slot: nodes
+ * (s - u, u), whose blocks (tdt_node_block) are a run in the workspace (its row wr = s mod
+ * max_frames, tdt_node_index) and a constant step apart in the token gradient's rows
+ * (options.state_in_grads). KD > 0 durations a node. */
 template <int KD, bool CLUSTER>
 __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const staged_geo &g,
                                                double *ring, int s, int wr) {
@@ -473,13 +478,16 @@ __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const sta
         hi = min(hi, g.c1);
     }
     const int cnt = hi - lo + 1; /* <= 0: nothing */
-    const int n0 = wr * g.row + lo; /* first node of the diagonal (sample-local: fits an int) */
     double *slot = ring + (s & g.mask) * g.fstride + lo;
-    /* blocks of W = 3 + KD (TDT) or 3 (RNN-T) doubles: n0 * W fits an int (sweep_choose) */
+    /* node (s - lo - c, lo + c)'s block, before tdt_wblock's rounding: first + c * step */
+    const bool ws = L.wb.frames > 0;
+    const char *first = L.wb.base + ((int64_t)(ws ? wr : s - lo) * L.wb.s[1] + (int64_t)lo * L.wb.s[2]);
+    const int64_t step = ws ? L.wb.s[2] : L.wb.s[2] - L.wb.s[1];
+    /* blocks of W = 3 + KD (TDT) or 3 (RNN-T) doubles */
     if (g.use_dur)
-        stage_blocks<2 + KD>(L.w + n0 * (3 + KD), slot, g.row, cnt);
+        stage_blocks<2 + KD>(first, step, slot, g.row, cnt);
     else
-        stage_blocks<2>(L.w + n0 * 3, slot, g.row, cnt);
+        stage_blocks<2>(first, step, slot, g.row, cnt);
 }
 
 /* staged_sweep's staging of the weights: by default the workspace's blocks (stage_diagonal).
@@ -1102,7 +1110,7 @@ inline bool fused_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
  * gradient kernel stopped spilling (v27, grad_ordered: 512 threads). Then a's fus_* and bwd_*
  * are set. */
 inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_grads, bool cluster) {
-    if (!with_grads || a->fwd_tickets == 0 || a->fwd_ends != 2) return false;
+    if (!with_grads || a->state_rows || a->fwd_tickets == 0 || a->fwd_ends != 2) return false;
     if (env.schedule != TDT_GPU_SCHEDULE_FUSED &&
         !(env.schedule == TDT_GPU_SCHEDULE_AUTO && (cluster || fused_pays(*a, env.dtype))))
         return false;
@@ -1289,9 +1297,7 @@ template <int KD> sweep_cfg sweep_choose(const tdt_gpu_args_t &a, int span, cons
     const int fields = a.arcs.use_dur ? F_DUR + a.arcs.count : F_DUR;
     /* the dynamic shared memory a block may have beside the static table (lse_tab_load) */
     const int64_t limit = ((int64_t)env.smem_max - (int64_t)kLseTabBytes) / (int64_t)sizeof(double);
-    /* the staged kernel indexes a sample's per-node blocks (times their doubles) with an int */
-    const bool small = a.maxT <= ((int64_t)1 << 31) / (a.row * tdt_w_block(a.D)) - 1;
-    c.mode = KD > 0 && small && a.row <= limit / (c.staged_ring * fields) ? SWEEP_STAGED
+    c.mode = KD > 0 && a.row <= limit / (c.staged_ring * fields) ? SWEEP_STAGED
              : a.row <= limit / c.ring                                  ? SWEEP_RING
                                                                         : SWEEP_ARRAY;
     c.staged_smem = (size_t)c.staged_ring * fields * a.row * sizeof(double);
@@ -1394,7 +1400,9 @@ cudaError_t split_plan(tdt_gpu_args_t *a, const sweep_cfg &c, const tdt_fwd_env_
                        one_block *ob, bool *split) {
     *ob = sweep_one_block<KD>(*a, c);
     *split = false;
-    if (KD == 0 || c.mode != SWEEP_STAGED || c.cl != 1) return cudaSuccess;
+    /* options.state_in_grads: the split backward's gradient pass could overwrite a node's
+     * block (its row's head) before the beta sweep beside it has read it */
+    if (KD == 0 || a->state_rows || c.mode != SWEEP_STAGED || c.cl != 1) return cudaSuccess;
     if (env.schedule == TDT_GPU_SCHEDULE_AUTO) {
         if (a->B > env.num_sms / 4 || !split_pays(*a, env.dtype)) return cudaSuccess;
     } else if (env.schedule != TDT_GPU_SCHEDULE_SPLIT) {
