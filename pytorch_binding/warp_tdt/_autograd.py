@@ -18,6 +18,12 @@ written in the forward, and backward only multiplies them by the loss's upstream
 loss.backward()). Whether a shape's plan writes ahead is learned from its first call and cached
 (_ahead_plans), so other shapes pay nothing for it. WARP_TDT_GRADIENTS_AHEAD=0 turns it off.
 
+Where the per-node state would be a large share of the logits (small vocabularies:
+_core.state_in_grads_wanted), that forward_ahead() also keeps it in the token gradient's rows
+(options.state_in_grads), whatever the plan: the workspace then holds 16 bytes a node instead of
+8 (5 + D), and the peak memory of forward and backward stays near the gradient's own. The first
+backward consumes that state; a second one (retain_graph=True) runs the forward again first.
+
 Used on every torch version in eager mode (it costs far less per call than a dispatcher custom
 op); _ops.py holds the torch.compile custom ops for torch >= 2.4.
 
@@ -154,7 +160,12 @@ class LossFunction(torch.autograd.Function):
         label_lengths = idx.label_lengths if reduction in ("mean", "mean_volume") else None
         args = idx.lib_args()
         key = _ahead_key(ctx, logits, spec, as_rnnt, in_place)
-        if key is not None and _ahead_plans.get(key, True):
+        state = key is not None and _core.state_in_grads_wanted(
+            logits, 0 if as_rnnt or spec.mode == "rnnt" else len(spec.durations),
+            spec.vocab_size, ctx.needs_input_grad[0] or spec.mode == "joint")
+        ctx.state = state
+        ctx.forward_args = (per_label, batch_mean)
+        if key is not None and (state or _ahead_plans.get(key, True)):
             # the gradients for a loss gradient of 1: the reduction's weights, by the very
             # divisions backward's _upstream() runs (or the library's, with batch_mean: none
             # here), so the same bits when it is 1
@@ -167,7 +178,8 @@ class LossFunction(torch.autograd.Function):
                                          ctx.needs_input_grad[1])
             costs, workspace, written = _core.forward_ahead(
                 spec, logits, duration, *args, weights, *buffers, as_rnnt=as_rnnt, built=built,
-                per_label=per_label, batch_mean=batch_mean, reduce=lib_reduce)
+                per_label=per_label, batch_mean=batch_mean, reduce=lib_reduce,
+                state_in_grads=state)
             if len(_ahead_plans) >= _PLANS_MAX:
                 _ahead_plans.clear()
             _ahead_plans[key] = written
@@ -208,6 +220,20 @@ class LossFunction(torch.autograd.Function):
                     "backward pass, so a second backward through the same loss cannot be "
                     "computed; use in_place=False with retain_graph=True")
             ctx.spent = True
+        if ctx.state and ctx.spent:
+            # the per-node state was in the gradient's rows, which the first backward handed
+            # on: the forward again, into a workspace of its own, for this one
+            per_label, batch_mean = ctx.forward_args
+            built = []
+            _, workspace = _core.forward(ctx.spec, logits, duration, *ctx.idx.lib_args(),
+                                         ctx.as_rnnt, built=built, per_label=per_label,
+                                         batch_mean=batch_mean)
+            g_logits, g_duration = _core.backward(
+                ctx.spec, _upstream(grad_out, ctx.scale), logits, duration,
+                *ctx.idx.lib_args(), workspace, ctx.as_rnnt, need_logits=need_logits,
+                need_duration=need_duration, built=built[0])
+            return (g_logits if need_logits else None, g_duration) + nones
+        ctx.spent = True
         if ctx.ahead is not None:
             # written by the forward for a loss gradient of 1: times the one that came (a
             # second backward, after retain_graph=True, runs tdt_backward below instead)

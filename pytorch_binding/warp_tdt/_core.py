@@ -111,7 +111,7 @@ def _strides3(t):
 # copied per call (the copy gets the call's stream or thread count). The durations array each
 # points to lives in the cache entry; a caller keeps the entry while its call runs.
 _options_cache = {}
-_workspace_cache = {}  # (B, T, rows, tdt, D) -> tdt_get_workspace_size()
+_workspace_cache = {}  # (B, T, rows, tdt, D, state_in_grads) -> tdt_get_workspace_size()
 _CACHE_MAX = 256
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -203,7 +203,8 @@ def _build(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt
 
 
 def _workspace_size(p, o):
-    key = (p.batch, p.max_frames, p.max_labels, bool(p.duration_logits), o.num_durations)
+    key = (p.batch, p.max_frames, p.max_labels, bool(p.duration_logits), o.num_durations,
+           o.state_in_grads)
     n = _workspace_cache.get(key)
     if n is None:
         c = ctypes.c_size_t(0)
@@ -231,7 +232,7 @@ _REDUCTIONS = {"sum": _lib.REDUCTION_SUM, "mean_batch": _lib.REDUCTION_MEAN}
 
 def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt,
                    workspace_bytes, zero_workspace, built, per_label=False, batch_mean=False,
-                   reduce=None):
+                   reduce=None, state_in_grads=False):
     """A forward call's (problem, options, keep), workspace and costs, allocated. per_label:
     options.normalize_costs (costs / U_b, and the backward's upstream divided likewise);
     batch_mean: options.batch_mean (the backward's upstream is the batch mean's, divided by B).
@@ -247,6 +248,8 @@ def _forward_setup(spec, logits, duration, labels, frame_lengths, label_lengths,
         o.normalize_costs = 1
     if batch_mean:
         o.batch_mean = 1
+    if state_in_grads:
+        o.state_in_grads = 1
     if built is not None:
         built.append((p, o, keep))
     need = _workspace_size(p, o)
@@ -370,9 +373,68 @@ def ahead_available():
     return hasattr(_lib.load(), "tdt_forward_ahead")
 
 
+_STATE_ENV = _lib.EnvVar("WARP_TDT_STATE_IN_GRADS")
+# The share of a logits row (token and duration elements) above which the per-node state, 8 (5
+# + D) bytes a node, goes to the gradient's rows (options.state_in_grads): then it would take
+# the peak memory past 1.04x the logits (ragged's V = 257: 7.6 % in float32, 15 % in 16-bit
+# types; V = 1025 in 16-bit types: 3.9 %, left in the workspace).
+_STATE_SHARE = 0.04
+# src/gpu/sweep.cuh's kSplitBytesPerDiagonal: logits bytes a diagonal from which AUTO splits
+_SPLIT_BYTES_PER_DIAGONAL = 2.5 * 1024 * 1024
+_sm_counts = {}  # device index -> multiprocessors
+
+
+def _auto_may_split_or_fuse(logits, vocab, num_durations):
+    """Whether the library's AUTO schedule might take the split or the fused schedule for this
+    CUDA call (src/gpu/sweep.cuh: overlap_wanted, fused_plan, split_plan), which
+    options.state_in_grads rules out: the fused one only where both sweeps overlap the
+    normaliser, their 2 B blocks (times a cluster's) on at most a quarter of the SMs; the split
+    one only for B on at most a quarter of them and 2.5 MiB of logits a diagonal. Conservative:
+    True wherever either could be taken, so the state never costs a faster plan."""
+    index = logits.device.index if logits.device.index is not None else torch.cuda.current_device()
+    sms = _sm_counts.get(index)
+    if sms is None:
+        sms = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    B, T, rows = int(logits.shape[0]), int(logits.shape[1]), int(logits.shape[2])
+    if 2 * B <= sms // 4:
+        return True
+    if B > sms // 4:
+        return False
+    nbytes = B * T * rows * (vocab + num_durations) * logits.element_size()
+    return nbytes >= _SPLIT_BYTES_PER_DIAGONAL * (T + rows - 1)
+
+
+def state_in_grads_wanted(logits, num_durations, vocab, has_token_grad):
+    """Whether a CUDA forward_ahead() keeps the per-node state in the token gradient's rows
+    (options.state_in_grads, library 0.6.0): the workspace then holds 16 bytes a node where it
+    held 8 (5 + D). Asked where that state is more than _STATE_SHARE of a logits row, the rows
+    can hold it, and the schedule (WARP_TDT_GPU_SCHEDULE) is one it keeps: serial, overlap or
+    trail, or auto where auto would take one of them (_auto_may_split_or_fuse: the small
+    vocabularies' ragged batches of training, say). WARP_TDT_STATE_IN_GRADS=0 never asks; =1
+    asks wherever the library takes it (then the split and fused schedules give way to the
+    others: include/tdt.h)."""
+    if not has_token_grad or not _has_version(600):
+        return False
+    env = _STATE_ENV.get()
+    if env == "0":
+        return False
+    elem = logits.element_size()
+    w = 3 + num_durations  # a block's doubles (src/common/workspace.h)
+    if vocab * elem < 8 * w + (8 - elem if elem < 8 else 0):  # tdt_state_row_bytes()
+        return False
+    if env == "1":
+        return True
+    schedule = gpu_schedule()
+    if schedule in (_lib.GPU_SCHEDULE_SPLIT, _lib.GPU_SCHEDULE_FUSED):
+        return False
+    if schedule == _lib.GPU_SCHEDULE_AUTO and _auto_may_split_or_fuse(logits, vocab, num_durations):
+        return False
+    return 8 * (5 + num_durations) > _STATE_SHARE * (vocab + num_durations) * elem
+
+
 def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, weights,
                   g_logits, g_dur, as_rnnt=False, built=None, per_label=False, batch_mean=False,
-                  reduce=None):
+                  reduce=None, state_in_grads=False):
     """forward() through tdt_forward_ahead(): (costs, workspace, written).
 
     Where the library's plan runs the gradient pass with the forward (the GPU's fused schedule:
@@ -383,10 +445,14 @@ def forward_ahead(spec, logits, duration, labels, frame_lengths, label_lengths, 
     backward() follows on the workspace as usual.
     per_label, batch_mean: as in forward(); with batch_mean the weights are those of the
     batch mean (None: 1 / B a sample, divided by the library). reduce: as in forward().
+    state_in_grads: options.state_in_grads (state_in_grads_wanted()): the per-node state goes to
+    g_logits' token rows, so where written is False the backward() that follows must take these
+    very buffers, and no backward() can follow the one that consumed them (the workspace alone
+    no longer serves it: run the forward again).
     """
     p, o, keep, size, workspace, costs, costs_at = _forward_setup(
         spec, logits, duration, labels, frame_lengths, label_lengths, as_rnnt, None, False, built,
-        per_label, batch_mean, reduce)
+        per_label, batch_mean, reduce, state_in_grads)
     if _nothing_to_read(logits, costs, reduce, labels):
         return costs, workspace, False
     w = None

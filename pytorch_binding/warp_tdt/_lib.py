@@ -105,10 +105,11 @@ class Options(ctypes.Structure):
         ("reduced_cost", ctypes.c_void_p),
         ("pack", ctypes.c_void_p),  # const tdt_indices_t * (0.5.0)
         ("pack_valid", ctypes.c_void_p),
+        ("state_in_grads", ctypes.c_int),  # (0.6.0)
         # the library reads its whole tdt_options_t, which grows at its end from version to
         # version with every new field's zero its default: a newer library than this package
         # then reads zeros here, its new fields' defaults, not whatever follows the struct
-        ("_newer_fields_zero", ctypes.c_char * 256),
+        ("_newer_fields_zero", ctypes.c_char * 260),  # 256, and up to the struct's 8-byte end
     ]
 
 

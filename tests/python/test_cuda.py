@@ -472,6 +472,60 @@ def test_gradients_written_ahead_on_long_rows_and_in_a_graph():
     assert torch.equal(x.grad, g), "the graph against the first eager step"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("schedule", ["auto", "serial", "overlap", "trail"])
+def test_state_in_grads_gives_the_same_bits(monkeypatch, dtype, schedule):
+    # A ragged batch of a small vocabulary (V = 40, 16-bit joint rows of 45 elements: every other
+    # row 4 bytes off a double's alignment; B = 40, too many samples for AUTO's split and fused
+    # schedules): the binding keeps the per-node state in the gradient's rows
+    # (options.state_in_grads, library 0.6.0), which must change no bit of the loss or the
+    # gradients, written ahead or by the backward, nor of a second backward (retain_graph),
+    # which runs the forward again; WARP_TDT_STATE_IN_GRADS=0 keeps it in the workspace.
+    if not _core._has_version(600):
+        pytest.skip("a library before 0.6.0")
+    from warp_tdt import _autograd
+    case = R.random_case(B=40, T=30, U=10, V=40, seed=151)
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", schedule)
+    asked = []
+    real = _core.forward_ahead
+    monkeypatch.setattr(_core, "forward_ahead",
+                        lambda *a, **k: (asked.append(k.get("state_in_grads")), real(*a, **k))[1])
+    _autograd._ahead_plans.clear()
+    got = _step(case, dtype, "mean_batch", factor=0.5, retain=True)
+    got_one = _step(case, dtype, "sum")
+    assert asked == [True, True], asked
+    monkeypatch.setenv("WARP_TDT_STATE_IN_GRADS", "0")
+    _autograd._ahead_plans.clear()
+    want = _step(case, dtype, "mean_batch", factor=0.5, retain=True)
+    want_one = _step(case, dtype, "sum")
+    assert not any(asked[2:]), asked
+    for i, what in enumerate(["loss", "gradient", "second backward's gradient"]):
+        assert torch.equal(got[i], want[i]), "%s (%s, %s)" % (what, dtype, schedule)
+    assert torch.equal(got_one[0], want_one[0]) and torch.equal(got_one[1], want_one[1]), \
+        "loss and gradient, sum (%s, %s)" % (dtype, schedule)
+
+
+def test_state_in_grads_is_not_asked_where_auto_may_fuse_or_split(monkeypatch):
+    # AUTO's fused and split schedules, which options.state_in_grads rules out, are faster
+    # where AUTO takes them: the binding does not ask for the state there (a batch whose sweeps
+    # fit a quarter of the SMs), nor under WARP_TDT_GPU_SCHEDULE=fused or split.
+    if not _core._has_version(600):
+        pytest.skip("a library before 0.6.0")
+    x = torch.empty(2, 30, 11, 45, device="cuda")
+    assert not _core.state_in_grads_wanted(x, 5, 40, True)
+    big = torch.empty(40, 30, 11, 45, device="cuda")
+    assert _core.state_in_grads_wanted(big, 5, 40, True)
+    assert not _core.state_in_grads_wanted(big, 5, 40, False), "no token gradient"
+    assert not _core.state_in_grads_wanted(big.to(torch.float16), 5, 34, True), "rows too short"
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "fused")
+    assert not _core.state_in_grads_wanted(big, 5, 40, True)
+    monkeypatch.setenv("WARP_TDT_STATE_IN_GRADS", "1")
+    assert _core.state_in_grads_wanted(big, 5, 40, True)
+    monkeypatch.setenv("WARP_TDT_STATE_IN_GRADS", "0")
+    monkeypatch.setenv("WARP_TDT_GPU_SCHEDULE", "serial")
+    assert not _core.state_in_grads_wanted(big, 5, 40, True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_trail_schedule_on_a_ragged_batch(monkeypatch, dtype, reduction):

@@ -208,6 +208,11 @@ def test_options_struct_matches_the_library():
         bad.pack = ctypes.addressof(ind)
         assert status(bad) == 8 and "options->pack->type = 9" in _lib.last_error(), \
             _lib.last_error()
+    if _core._has_version(600):  # the last field: tdt_forward() has no gradient rows for it
+        bad = _lib.Options.from_buffer_copy(o)
+        bad.state_in_grads = 1
+        assert status(bad) == 13 and "options->state_in_grads = 1" in _lib.last_error(), \
+            _lib.last_error()
     tail = _lib.Options._newer_fields_zero
     raw = bytes(o)
     assert tail.offset + tail.size == ctypes.sizeof(_lib.Options) and tail.size >= 256
