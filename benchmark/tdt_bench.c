@@ -365,6 +365,8 @@ static void bench_gpu(const bench_args_t *a, const shape_t *s, bench_problem_t *
             if (!strcmp(a->vary_name, "schedule")) {
                 for (int k = 0; k < (int)(sizeof schedule_names / sizeof *schedule_names); ++k)
                     if (!strcmp(a->vary_values[var], schedule_names[k])) o.gpu_schedule = (tdt_gpu_schedule_t)k;
+            } else if (!strcmp(a->vary_name, "state")) { /* the gradient rows hold it: f+b only */
+                o.state_in_grads = pass && atoi(a->vary_values[var]) != 0;
             } else {
                 setenv(a->vary_name, a->vary_values[var], 1);
             }
@@ -417,7 +419,8 @@ static void usage(FILE *f) {
             "                  another kernel order, and gradients bit for bit but for fused's, which\n"
             "                  agree to rounding)\n"
             "  --vary N=LIST   GPU: run each value in turn, each checked, then timed: N schedule (the\n"
-            "                  names above), or an environment variable a TDT_SWEEP_TUNING build of\n"
+            "                  names above), state (0 or 1: tdt_options_t.state_in_grads, in the\n"
+            "                  fwd+bwd rows), or an environment variable a TDT_SWEEP_TUNING build of\n"
             "                  the library reads per call (up to 8 values); --rounds N times over\n"
             "                  (default 1), interleaved, so the values see the same machine\n");
 }
