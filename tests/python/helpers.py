@@ -93,3 +93,25 @@ def assert_close(actual, expected, dtype, what):
     tol = tolerances(dtype)
     torch.testing.assert_close(actual.double(), expected.double(), **tol,
                                msg=lambda m: "%s (%s): %s" % (what, dtype, m))
+
+
+def joint_step(case, dtype, reduction, device, factor=None, retain=False):
+    """loss.backward() (times `factor` when given) through tdt_loss on a joint tensor on
+    `device`; returns (loss, joint gradient[, second joint gradient after retain_graph])."""
+    tok = case["token_logits"].to(device=device, dtype=dtype)
+    dur = case["duration_logits"].to(device=device, dtype=dtype)
+    V = tok.shape[-1]
+    joint = torch.cat([tok, dur], -1).requires_grad_(True)
+    loss = warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
+                             case["target_lengths"], case["blank_token_id"], case["durations"],
+                             reduction=reduction)
+    out = loss if reduction != "none" else loss.sum()
+    if factor is not None:
+        out = out * factor
+    out.backward(retain_graph=retain)
+    first = joint.grad.clone()
+    if not retain:
+        return loss.detach(), first
+    joint.grad = None
+    out.backward()
+    return loss.detach(), first, joint.grad.clone()

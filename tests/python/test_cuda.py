@@ -10,7 +10,7 @@ import reference as R
 import warp_tdt
 from warp_tdt import _core
 from conftest import requires_cuda
-from helpers import REDUCTIONS, lib_tdt, tolerances
+from helpers import REDUCTIONS, joint_step, lib_tdt, tolerances
 
 pytestmark = requires_cuda
 
@@ -390,25 +390,8 @@ def _within_rounding(a, b, what):
 
 
 def _step(case, dtype, reduction, factor=None, retain=False):
-    """loss.backward() (times `factor` when given) through tdt_loss on a joint tensor; returns
-    (loss, joint gradient[, second joint gradient after retain_graph])."""
-    tok = case["token_logits"].to(device="cuda", dtype=dtype)
-    dur = case["duration_logits"].to(device="cuda", dtype=dtype)
-    V = tok.shape[-1]
-    joint = torch.cat([tok, dur], -1).requires_grad_(True)
-    loss = warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
-                             case["target_lengths"], case["blank_token_id"], case["durations"],
-                             reduction=reduction)
-    out = loss if reduction != "none" else loss.sum()
-    if factor is not None:
-        out = out * factor
-    out.backward(retain_graph=retain)
-    first = joint.grad.clone()
-    if not retain:
-        return loss.detach(), first
-    joint.grad = None
-    out.backward()
-    return loss.detach(), first, joint.grad.clone()
+    """helpers.joint_step on CUDA."""
+    return joint_step(case, dtype, reduction, "cuda", factor, retain)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])

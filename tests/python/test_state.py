@@ -10,28 +10,8 @@ import pytest
 import torch
 
 import reference as R
-import warp_tdt
+from helpers import joint_step
 from warp_tdt import _autograd, _core
-
-
-def _step(case, dtype, reduction, retain=False):
-    """loss.backward() (twice with retain) through tdt_loss on a joint CPU tensor: (loss, joint
-    gradient[, the second backward's])."""
-    tok = case["token_logits"].to(dtype)
-    dur = case["duration_logits"].to(dtype)
-    V = tok.shape[-1]
-    joint = torch.cat([tok, dur], -1).requires_grad_(True)
-    loss = warp_tdt.tdt_loss(joint[..., :V], joint[..., V:], case["targets"], case["logit_lengths"],
-                             case["target_lengths"], case["blank_token_id"], case["durations"],
-                             reduction=reduction)
-    out = loss if reduction != "none" else loss.sum()
-    out.backward(retain_graph=retain)
-    first = joint.grad.clone()
-    if not retain:
-        return loss.detach(), first
-    joint.grad = None
-    (0.5 * out).backward()
-    return loss.detach(), first, joint.grad.clone()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -40,7 +20,7 @@ def test_state_path_gives_the_pairs_bits(monkeypatch, dtype, reduction):
     if not _core._has_version(600):
         pytest.skip("a library before 0.6.0")
     case = R.random_case(B=6, T=12, U=5, V=40, seed=171)
-    want = _step(case, dtype, reduction, retain=True)
+    want = joint_step(case, dtype, reduction, "cpu", factor=0.5, retain=True)
     asked, calls = [], []
     real_ahead, real_forward = _core.forward_ahead, _core.forward
     monkeypatch.setattr(_autograd, "_ahead_key", lambda ctx, logits, *a: ("state", logits.shape))
@@ -50,7 +30,7 @@ def test_state_path_gives_the_pairs_bits(monkeypatch, dtype, reduction):
     monkeypatch.setattr(_core, "forward",
                         lambda *a, **k: (calls.append("forward"), real_forward(*a, **k))[1])
     _autograd._ahead_plans.clear()
-    got = _step(case, dtype, reduction, retain=True)
+    got = joint_step(case, dtype, reduction, "cpu", factor=0.5, retain=True)
     assert asked == [True], asked
     assert calls == ["forward"], "the second backward runs the forward again: %s" % calls
     for i, what in enumerate(["loss", "gradient", "second backward's gradient"]):
