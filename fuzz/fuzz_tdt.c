@@ -51,7 +51,9 @@
  *     (options.pack) gives the plain forward's costs bitwise, or a data status;
  *   - tdt_forward_ahead on the CPU writes no gradient and the costs of tdt_forward;
  *     tdt_scale_gradients gives each element inside a lattice times its factor, rounded once,
- *     and touches nothing else.
+ *     and touches nothing else;
+ *   - options.state_in_grads gives the one-shot call's bits in its smaller workspace, or
+ *     INVALID_OPTION with nothing written where no token-gradient row can hold the state.
  */
 #include <float.h>
 #include <math.h>
@@ -1501,6 +1503,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             if (ld != lt) free(ld);
             free(lt);
+        }
+
+        /* 5. options.state_in_grads: the one-shot call with the per-node state at the head of
+         * each token-gradient row, in the smaller workspace it asks for, gives the bits of step
+         * 1 (kinds whose gradients are the one-shot's); refused with INVALID_OPTION, nothing
+         * written, where the call has no token gradient or a row cannot hold a node's block */
+        if ((kind == K_ONESHOT || kind == K_TWOPHASE) && B > 0 && T > 0) {
+            inv_t st = iv;
+            st.o.state_in_grads = 1;
+            size_t need_st = 0;
+            REQUIRE(tdt_get_workspace_size(&st.p, &st.o, &need_st) == TDT_STATUS_SUCCESS && need_st < need,
+                    "state_in_grads: workspace size %zu, without it %zu", need_st, need);
+            st.wsb = need_st;
+            const int64_t es = (int64_t)esize(dt), blk = 8 * (3 + (c->tdt ? D : 0));
+            const int ok = st.pass_grads && st.g.token_grads != NULL && V * es >= blk + (es < 8 ? 8 - es : 0);
+            memcpy(W.g_tok.mem, g_tok0, gt_bytes);
+            memcpy(W.g_dur.mem, g_dur0, gd_bytes);
+            memset(costs_mem, 0xC3, (size_t)(B + 2) * as);
+            s = invoke(K_ONESHOT, &st, 0, &phase);
+            if (ok) {
+                REQUIRE(s == TDT_STATUS_SUCCESS, "state_in_grads: status %d (%s)", (int)s, tdt_status_string(s));
+                REQUIRE(memcmp(costs1, costs_mem, (size_t)(B + 2) * as) == 0, "state_in_grads: costs differ");
+                REQUIRE(memcmp(g_tok1, W.g_tok.mem, gt_bytes) == 0, "state_in_grads: token gradients differ");
+                REQUIRE(memcmp(g_dur1, W.g_dur.mem, gd_bytes) == 0, "state_in_grads: duration gradients differ");
+            } else {
+                REQUIRE(s == TDT_STATUS_INVALID_OPTION && strstr(tdt_last_error(), "state_in_grads") != NULL,
+                        "state_in_grads without a row to hold it: status %d", (int)s);
+                for (size_t i = 0; i < (size_t)(B + 2) * as; ++i)
+                    REQUIRE(costs_mem[i] == 0xC3, "state_in_grads refused but costs written");
+                check_untouched(&W.g_tok, g_tok0, NULL, dt, "token gradient buffer after a refused state_in_grads");
+                if (!W.g_joint)
+                    check_untouched(&W.g_dur, g_dur0, NULL, dt, "duration gradient buffer after a refused state_in_grads");
+            }
         }
         free(g_tok1);
         free(g_dur1);
