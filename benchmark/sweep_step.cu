@@ -23,7 +23,8 @@
  *   pair     the scaled step, writing (m, e) to the workspace;
  *   pair+log the scaled step, writing log(m) + e ln2 (the workspace's form today, which the
  *            gradient pass reads), the log off the chain;
- *   rows     the library's staged_sweep with another stager (NOTES v41, "What remains" 12):
+ *   rows     the library's staged_sweep on the gradient-rows blocks of options.state_in_grads
+ *            (v42; NOTES v41 timed it with a stager of the harness's own):
  *            each node's weights from the head of its own joint-shaped row, as if the
  *            normaliser had written them into the gradient buffer's rows instead of the
  *            workspace's diagonal-major blocks; rows of float32 and of 16-bit elements of the
@@ -118,41 +119,12 @@ void to_pair(double lp, double *m, int32_t *e) {
 
 /* ---- the library's step, from the workspace's blocks or from the rows layout --------------- */
 
-/* The library's stager (the workspace's blocks), as the harness's kernel takes a stager. */
-struct lib_stager : ws_stager {
-    __device__ lib_stager at(int64_t) const { return *this; }
-};
-
-/* staged_sweep's stager for the rows layout: the same ring fields, each node's from the head of
- * its own row (t-major rows of rs doubles: a diagonal's nodes are a row stride minus one apart,
- * (row - 1) * rs doubles), its 2 + KD fields by consecutive threads. */
-struct rows_stager {
-    const double *rows; /* the batch's first row; at(): the sample's */
-    int rs;
-    __device__ rows_stager at(int64_t first_node) const {
-        rows_stager r = *this;
-        r.rows += first_node * rs;
-        return r;
-    }
-    template <int KD_, bool CLUSTER>
-    __device__ __forceinline__ void stage(const tdt_lattice_t &, const staged_geo &g, double *ring,
-                                          int s, int) const {
-        int lo, hi;
-        staged_range(g, s, &lo, &hi);
-        const int F = 2 + KD_, total = F * (hi - lo + 1);
-        double *slot = ring + (s & g.mask) * g.fstride + lo;
-        for (int e = threadIdx.x; e < total; e += blockDim.x) {
-            const int c = e / F, f = e - c * F, u = lo + c, t = s - u;
-            cp_async8(slot + (F_BLANK + f) * g.row + c, rows + (int64_t)(t * g.row + u) * rs + f);
-        }
-    }
-};
-
 /* One alpha sweep a block, as the library's one-block staged kernel calls staged_sweep: the
- * weights from the workspace's blocks w (lib_stager) or through another stager. */
-template <int G, typename STAGE>
-__global__ void __launch_bounds__(512, 1) log_kernel(const double *w, double *alpha, int T, int U,
-                                                     int frames, tdt_gpu_args_t a, STAGE stager) {
+ * weights from the batch's blocks wb (workspace.h: the workspace's, or rows of the gradient's
+ * shape as options.state_in_grads leaves them). */
+template <int G>
+__global__ void __launch_bounds__(512, 1) log_kernel(tdt_wblocks_t wb, double *alpha, int T, int U,
+                                                     int frames, tdt_gpu_args_t a) {
     extern __shared__ double ring[];
     enum { SPL = sweep_shape<KD, G>::SPL };
     const int row = U + 1;
@@ -173,14 +145,14 @@ __global__ void __launch_bounds__(512, 1) log_kernel(const double *w, double *al
     staged_slots_of<SPL, G>(a, row, &sl);
     tdt_lattice_t L;
     L.wn = tdt_w_block(KD);
-    L.wb = tdt_wblocks_ws(const_cast<double *>(w), L.wn, frames, row);
-    L.wb.base += blockIdx.x * L.wb.s[0];
+    L.wb = wb;
+    L.wb.base += blockIdx.x * wb.s[0];
     L.row = row;
     L.frames = frames;
     L.T = T;
     L.U = U;
     lse_tab_load(); /* read after the sweep's first barrier */
-    staged_sweep<false, KD, SPL, G, false, 0, 2, STAGE>(L, g, sl, ring, alpha + off, NULL, stager.at(off));
+    staged_sweep<false, KD, SPL, G, false>(L, g, sl, ring, alpha + off, NULL);
 }
 
 /* ---- the scaled step ---------------------------------------------------------------------- */
@@ -486,7 +458,8 @@ const char *kNames[V_N] = {"log (library)", "pair", "pair+log", "log, f32 rows",
 template <int G> void launch(int v, const problem &p, const run_cfg &c, cudaStream_t st) {
     switch (v) {
     case V_LOG:
-        log_kernel<G><<<p.B, c.threads, c.smem_log, st>>>(p.w, p.alpha, p.T, p.U, p.frames, c.a, lib_stager());
+        log_kernel<G><<<p.B, c.threads, c.smem_log, st>>>(tdt_wblocks_ws(p.w, tdt_w_block(KD), p.frames, p.row),
+                                                          p.alpha, p.T, p.U, p.frames, c.a);
         break;
     case V_PAIR:
         pair_kernel<G, false><<<p.B, c.threads, c.smem_pair, st>>>(p.w_blank, p.w_label, p.w_dur, p.alpha,
@@ -497,18 +470,19 @@ template <int G> void launch(int v, const problem &p, const run_cfg &c, cudaStre
                                                                   p.a_pair, p.T, p.U, p.frames, c.a);
         break;
     default: {
+        /* t-major rows of rs doubles, a node's fields at the head of its own row (rows_dev) */
         const int r = v - V_ROWS32;
-        const rows_stager rows = {p.rows[r], p.rs[r]};
-        log_kernel<G><<<p.B, c.threads, c.smem_log, st>>>(p.w, p.alpha, p.T, p.U, p.frames, c.a, rows);
+        const int64_t rs[3] = {(int64_t)p.frames * p.row * p.rs[r], (int64_t)p.row * p.rs[r], p.rs[r]};
+        log_kernel<G><<<p.B, c.threads, c.smem_log, st>>>(tdt_wblocks_rows(p.rows[r], rs, sizeof(double)),
+                                                          p.alpha, p.T, p.U, p.frames, c.a);
     }
     }
 }
 
 template <int G> void allow_all(const run_cfg &c) {
-    allow(log_kernel<G, lib_stager>, c.smem_log);
+    allow(log_kernel<G>, c.smem_log);
     allow(pair_kernel<G, false>, c.smem_pair);
     allow(pair_kernel<G, true>, c.smem_pair);
-    allow(log_kernel<G, rows_stager>, c.smem_log);
 
 }
 

@@ -490,17 +490,6 @@ __device__ __forceinline__ void stage_diagonal(const tdt_lattice_t &L, const sta
         stage_blocks<2>(first, step, slot, g.row, cnt);
 }
 
-/* staged_sweep's staging of the weights: by default the workspace's blocks (stage_diagonal).
- * benchmark/sweep_step.cu gives it another stager, which copies the same ring fields from
- * another layout, to time that layout's step with everything else the library's. */
-struct ws_stager {
-    template <int KD, bool CLUSTER>
-    __device__ __forceinline__ void stage(const tdt_lattice_t &L, const staged_geo &g, double *ring,
-                                          int s, int wr) const {
-        stage_diagonal<KD, CLUSTER>(L, g, ring, s, wr);
-    }
-};
-
 /* The terms of a lane's slots at node (t, u) of diagonal s, from the ring: lattice.h's
  * existence rules and tdt_alpha_term / tdt_beta_term, with X and the weights read from the
  * staged fields (absent arcs read nothing). */
@@ -648,14 +637,11 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * prefetch (one line a thread, 8 steps ahead) cost the fused sweeps 7 % of long's sweep time
  * even with no gradient pass beside them, long bfloat16 7 % of its f+b time, and the split's
  * beta sweep 3-9 % of its time (NOTES v14). ENDS: the diagonals a layer of the normaliser it
- * trails holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). STAGE: where the
- * weights are copied from (ws_stager). */
-template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2,
-          typename STAGE = ws_stager>
+ * trails holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). */
+template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
                                              const staged_slots<SPL> &sl, double *ring,
-                                             double *glob, double *nb,
-                                             const STAGE &stager = STAGE()) {
+                                             double *glob, double *nb) {
     const int S = g.T > 0 ? g.T + g.U : 0;
     if (S == 0) return;
     const int step = BETA ? -1 : 1;
@@ -668,7 +654,7 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
     for (int j = 0; j < kStageAhead; ++j) {
         if (j < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
-            stager.template stage<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+            stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
         }
         cp_async_commit();
         s_st += step;
@@ -703,7 +689,7 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
             tdt_st_release(g.progress, CLUSTER ? i - 1 : i);
         if (i + kStageAhead < S) {
             if (g.done && layer_of(s_st, S, ENDS) > ready) ready = wait_layers(g.done, g.full, ready, layers);
-            stager.template stage<KD, CLUSTER>(L, g, ring, s_st, wr_st);
+            stage_diagonal<KD, CLUSTER>(L, g, ring, s_st, wr_st);
         }
         cp_async_commit();
         s_st += step;
