@@ -608,8 +608,8 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                                                 u, ll, occ + i * slots);
                     else
                         for (int j = 0; j < slots; ++j) occ[i * slots + j] = -INFINITY;
-                    for (int64_t k = 0; k < Dq; ++k)
-                        q[i * D + k] = live && logits ? tdt_node_block(&L, t, u)[TDT_W_DUR + k] : -INFINITY;
+                    const double *lpd = live && logits ? tdt_node_block(&L, t, u) + TDT_W_DUR : NULL;
+                    for (int64_t k = 0; k < Dq; ++k) q[i * D + k] = lpd ? lpd[k] : -INFINITY;
                 }
                 for (int e = 0; e < nn * slots; ++e) occ[e] = tdt_exp_le0(occ[e]);
                 for (int e = 0; e < nn * (int)Dq; ++e) q[e] = tdt_exp_le0(q[e]);
