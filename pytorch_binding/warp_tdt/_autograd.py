@@ -220,19 +220,16 @@ class LossFunction(torch.autograd.Function):
                     "backward pass, so a second backward through the same loss cannot be "
                     "computed; use in_place=False with retain_graph=True")
             ctx.spent = True
+        workspace, built = ctx.workspace, ctx.built
         if ctx.state and ctx.spent:
             # the per-node state was in the gradient's rows, which the first backward handed
             # on: the forward again, into a workspace of its own, for this one
             per_label, batch_mean = ctx.forward_args
-            built = []
+            again = []
             _, workspace = _core.forward(ctx.spec, logits, duration, *ctx.idx.lib_args(),
-                                         ctx.as_rnnt, built=built, per_label=per_label,
+                                         ctx.as_rnnt, built=again, per_label=per_label,
                                          batch_mean=batch_mean)
-            g_logits, g_duration = _core.backward(
-                ctx.spec, _upstream(grad_out, ctx.scale), logits, duration,
-                *ctx.idx.lib_args(), workspace, ctx.as_rnnt, need_logits=need_logits,
-                need_duration=need_duration, built=built[0])
-            return (g_logits if need_logits else None, g_duration) + nones
+            built = again[0]
         ctx.spent = True
         if ctx.ahead is not None:
             # written by the forward for a loss gradient of 1: times the one that came (a
@@ -245,9 +242,9 @@ class LossFunction(torch.autograd.Function):
         buffers, ctx.buffers = ctx.buffers, None
         g_logits, g_duration = _core.backward(
             ctx.spec, _upstream(grad_out, ctx.scale), logits, duration, *ctx.idx.lib_args(),
-            ctx.workspace, ctx.as_rnnt,
+            workspace, ctx.as_rnnt,
             need_logits=need_logits, need_duration=need_duration, in_place=ctx.in_place,
-            built=ctx.built, buffers=buffers)
+            built=built, buffers=buffers)
         if ctx.in_place:
             ctx.workspace = None  # nothing can use it again; free it now
         return (g_logits if need_logits else None, g_duration) + nones
