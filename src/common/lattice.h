@@ -203,11 +203,14 @@ TDT_HD int tdt_slot_final(const tdt_lattice_t *L, const tdt_slot_t *q, int64_t t
  * is a property of the node it leaves): the token's (blank or label) and the duration's (0 for
  * RNN-T). Returned apart, so a GPU sweep can have the loads in flight for a whole diagonal
  * before anything consumes them. */
-TDT_HD void tdt_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
-                            int64_t t, int64_t u, double *lp, double *dur) {
-    const double *w = tdt_node_block(L, t, u);
+TDT_HD void tdt_block_weight(const tdt_arcs_t *A, const tdt_slot_t *q, const double *w,
+                             double *lp, double *dur) {
     *lp = w[q->du ? TDT_W_LABEL : TDT_W_BLANK];
     *dur = A->use_dur ? w[TDT_W_DUR + q->k] : 0.0;
+}
+TDT_HD void tdt_slot_weight(const tdt_lattice_t *L, const tdt_arcs_t *A, const tdt_slot_t *q,
+                            int64_t t, int64_t u, double *lp, double *dur) {
+    tdt_block_weight(A, q, tdt_node_block(L, t, u), lp, dur);
 }
 
 /* Weights of slot q's arc into (t, u), read at its source; an absent arc reads (t, u) itself
@@ -793,18 +796,25 @@ TDT_HD void tdt_sweep_chunk(const tdt_sweep_geo_t *G, const tdt_lattice_t *L, co
                             int64_t s, int64_t lo, int64_t hi, double *out) {
     double x[2 * TDT_MAX_DURATIONS][TDT_SWEEP_CHUNK], m[TDT_SWEEP_CHUNK], sum[TDT_SWEEP_CHUNK];
     const int nn = (int)(hi - lo + 1);
+    /* the workspace's blocks by node index, the alpha view's row of the source's diagonal
+       (G->off) plus u - du, as X reads alpha there; elsewhere (the gradient's rows) by (t, u) */
+    const int by_index = L->wb.frames > 0;
     for (int j = 0; j < G->n; ++j) {
         const tdt_slot_t *q = &G->q[j];
         const tdt_diag_view_t X = {G->v + G->off[j], 0};
         for (int i = 0; i < nn; ++i) {
             const int64_t u = lo + i, t = s - u;
             double lp, dur;
-            if (G->is_beta) {
-                tdt_slot_weight(L, A, q, t, u, &lp, &dur); /* the node's own weights */
+            if (G->is_beta) { /* the node's own weights */
+                tdt_block_weight(A, q, by_index ? tdt_wblock_node(&L->wb, 0, G->node + u)
+                                                : tdt_node_block(L, t, u), &lp, &dur);
                 x[j][i] = tdt_beta_slot_term(L, &X, q, t, u, lp, dur);
             } else { /* the source's weights; the node's if none */
                 const int e = tdt_slot_in(q, t, u);
-                tdt_slot_weight(L, A, q, e ? t - q->dt : t, e ? u - q->du : u, &lp, &dur);
+                tdt_block_weight(A, q,
+                                 by_index ? tdt_wblock_node(&L->wb, 0, e ? G->off[j] + u - q->du : G->node + u)
+                                          : tdt_node_block(L, e ? t - q->dt : t, e ? u - q->du : u),
+                                 &lp, &dur);
                 x[j][i] = tdt_alpha_slot_term(L, &X, q, t, u, lp, dur);
             }
         }

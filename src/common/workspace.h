@@ -104,6 +104,13 @@ TDT_HD double *tdt_wblock(const tdt_wblocks_t *k, int64_t b, int64_t t, int64_t 
     return tdt_align_double(k->base + (b * k->s[0] + r * k->s[1] + u * k->s[2]));
 }
 
+/* Node n of sample b, n its index in the per-node arrays (tdt_diag_offset + u), where the
+ * blocks are the workspace's (frames > 0): tdt_wblock's address, found without the diagonal's
+ * row (their strides make it n * s[2] bytes into the sample's), for a sweep that has n. */
+TDT_HD double *tdt_wblock_node(const tdt_wblocks_t *k, int64_t b, int64_t n) {
+    return tdt_align_double(k->base + (b * k->s[0] + n * k->s[2]));
+}
+
 /* The workspace's blocks: W doubles a node, in the per-node arrays' order. */
 TDT_HD tdt_wblocks_t tdt_wblocks_ws(double *w, int64_t W, int64_t max_frames, int64_t row) {
     tdt_wblocks_t k;
