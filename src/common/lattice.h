@@ -631,14 +631,15 @@ TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, co
  * exactly 0 (the CPU's; the GPU keeps tdt_slot_occupancy's own expression: a shared helper for
  * the two cost the H200's gradient pass 3-7 % at large, benchmark/NOTES.md v39). It is <= 0
  * but for rounding (an occupancy is a probability), so tdt_exp_le0 takes it: the CPU's
- * gradient pass exponentiates a run of nodes' arguments together, vectorised. */
+ * gradient pass exponentiates a run of nodes' arguments together, vectorised. w: node (t, u)'s
+ * block (tdt_node_block), which every slot of the node reads. */
 TDT_HD double tdt_slot_occupancy_arg(const tdt_lattice_t *L, const tdt_arcs_t *A,
                                      const double *beta, const tdt_slot_t *q, int64_t t,
-                                     int64_t u, double a, double ll) {
+                                     int64_t u, const double *w, double a, double ll) {
     const int e = tdt_slot_out(L, q, t, u);
     if (!(e || tdt_slot_final(L, q, t, u))) return -TDT_INF;
     double lp, dur;
-    tdt_slot_weight(L, A, q, t, u, &lp, &dur);
+    tdt_block_weight(A, q, w, &lp, &dur);
     const double b = e ? beta[tdt_node_index(L->frames, L->row, t + q->dt, u + q->du)] : 0.0;
     const double x = a + (lp + dur) + b;
     return a == -TDT_INF || x == -TDT_INF ? -TDT_INF : x - ll;
@@ -682,9 +683,10 @@ TDT_HD void tdt_node_occupancy_args(const tdt_lattice_t *L, const tdt_arcs_t *A,
                                     const double *alpha, const double *beta, int64_t t,
                                     int64_t u, double ll, double *x) {
     const double a = alpha[tdt_node_index(L->frames, L->row, t, u)];
+    const double *w = tdt_node_block(L, t, u); /* found once for the node's slots */
     for (int j = 0; j < tdt_num_slots(A); ++j) {
         const tdt_slot_t q = tdt_slot_of(A, j);
-        x[j] = tdt_slot_occupancy_arg(L, A, beta, &q, t, u, a, ll);
+        x[j] = tdt_slot_occupancy_arg(L, A, beta, &q, t, u, w, a, ll);
     }
 }
 
