@@ -498,6 +498,129 @@ TDT_API int tdt_backend_built(tdt_location_t location);
  * machine without a GPU or driver gives 0 and TDT_STATUS_SUCCESS. */
 TDT_API tdt_status_t tdt_gpu_device_count(int *count);
 
+/* ---------------------------------------------------------------------------------------------
+ * The fused joint + loss. A transducer's joint network ends in
+ *     z(b, t, u) = W act(enc[b, t, :] + pred[b, u, :]) + bias      (length V + D, or V for RNN-T)
+ * and the calls above read those logits, a (B, max_frames, max_labels + 1, V + D) tensor that a
+ * caller must first write in full. The calls below take the joint's inputs instead and compute
+ * the same costs (and the gradients of enc, pred, W and bias) without ever holding the logits:
+ * tiles of lattice nodes are multiplied against tiles of W's rows, with a running log-sum-exp
+ * over the vocabulary, and each node keeps only what the lattice reads (its log-normaliser and
+ * its blank, label and duration log-probabilities); the backward pass recomputes each tile's
+ * logits and folds their gradient straight into d h and d W. Memory: O(nodes x (D + a few))
+ * plus a bounded scratch for the tiles, never O(nodes x V). docs/joint.md has the algorithm.
+ *
+ * For every node (b, t, u) of sample b's lattice:
+ *     h = dropout(act(enc[b, t, :] + pred[b, u, :]))           (length H)
+ *     z = W h + bias                                            (length num_outputs)
+ * z's first V values are the token logits (blank included, at options->blank), the D after them
+ * the duration logits (duration-logit k belongs to options->durations[k]). The loss of those
+ * logits is exactly compute_tdt_loss()'s with input_kind TDT_INPUT_LOGITS: the same options
+ * (blank, durations, sigma, fastemit_lambda, clamp, reduction, normalize_costs, batch_mean,
+ * grad_costs_scalar, num_threads, location, stream), the same infeasible-sample policy. Not
+ * taken here (TDT_STATUS_INVALID_OPTION when set): input_kind TDT_INPUT_LOG_PROBS, pack,
+ * state_in_grads; gpu_schedule is ignored.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The joint's activation, applied to enc + pred before the output layer (NeMo's three, and
+ * none). */
+typedef enum tdt_activation {
+    TDT_ACTIVATION_RELU = 0,     /* max(x, 0) (NeMo's default); its derivative at 0 is 0 */
+    TDT_ACTIVATION_TANH = 1,
+    TDT_ACTIVATION_SIGMOID = 2,
+    TDT_ACTIVATION_IDENTITY = 3
+} tdt_activation_t;
+
+/* The joint problem. Strides are in elements. All floating-point tensors (enc, pred, weight,
+ * bias) have dtype; the gradients are written in it too. */
+typedef struct tdt_joint_problem {
+    int64_t batch;           /* B >= 0 */
+    int64_t max_frames;      /* padded T >= 0 */
+    int64_t max_labels;      /* padded U >= 0; the lattice has max_labels + 1 rows */
+    int64_t vocab_size;      /* V >= 1, blank included */
+    int64_t hidden;          /* H >= 1: the joint's hidden size */
+    int64_t num_outputs;     /* rows of weight: V + D for TDT (D = options->num_durations), or V
+                                for plain RNN-T; anything else is TDT_STATUS_INVALID_SIZE */
+    tdt_dtype_t dtype;       /* of enc, pred, weight, bias and of every gradient; float16 and
+                                bfloat16 accumulate in float32, float32 in float32, float64 in
+                                float64 */
+    const void *enc;         /* (B, max_frames, H): element (b, t, i) at
+                                enc[b * enc_strides[0] + t * enc_strides[1] + i]; the encoder's
+                                output already projected to H (NeMo's joint.enc(f)) */
+    int64_t enc_strides[2];  /* >= 0; the last dimension is contiguous */
+    const void *pred;        /* (B, max_labels + 1, H): element (b, u, i) at
+                                pred[b * pred_strides[0] + u * pred_strides[1] + i]; the
+                                prediction network's output projected to H (joint.pred(g)) */
+    int64_t pred_strides[2]; /* >= 0; the last dimension is contiguous */
+    const void *weight;      /* (num_outputs, H), nn.Linear's layout (out, in): row o at
+                                weight + o * weight_stride */
+    int64_t weight_stride;   /* elements between rows, >= H */
+    const void *bias;        /* (num_outputs), contiguous, or NULL for none */
+    tdt_activation_t activation;
+    double dropout;          /* probability in [0, 1) that an element of act(enc + pred) is
+                                zeroed (the others are scaled by 1 / (1 - dropout)), as
+                                nn.Dropout in training; 0 = no dropout. The mask is never
+                                stored: element (b, t, u, i) is kept or dropped by a
+                                counter-based hash of dropout_seed and the counter
+                                dropout_offset + ((b * max_frames + t) * (max_labels + 1) + u) * H
+                                + i, the same on both backends (tdt_joint_dropout_mask() writes
+                                it), and the backward pass regenerates it. */
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
+    const int32_t *labels;        /* as tdt_problem_t: (B, max_labels), row-major, contiguous */
+    const int32_t *frame_lengths; /* (B): T_b in [0, max_frames] */
+    const int32_t *label_lengths; /* (B): U_b in [0, max_labels] */
+} tdt_joint_problem_t;
+
+/* Where the joint's gradients go; each pointer may be NULL to skip that gradient. Every element
+ * of each extent is overwritten (frames t >= T_b of enc_grad, rows u > U_b of pred_grad and
+ * every element of an infeasible sample's enc_grad and pred_grad get exactly 0; an infeasible
+ * sample adds nothing to weight_grad and bias_grad). The gradients must not overlap each other
+ * or any input. */
+typedef struct tdt_joint_gradients {
+    void *enc_grad;            /* (B, max_frames, H), strided like enc (its own strides) */
+    int64_t enc_strides[2];
+    void *pred_grad;           /* (B, max_labels + 1, H), strided like pred */
+    int64_t pred_strides[2];
+    void *weight_grad;         /* (num_outputs, H), rows weight_stride apart */
+    int64_t weight_stride;     /* >= H */
+    void *bias_grad;           /* (num_outputs), contiguous */
+} tdt_joint_gradients_t;
+
+/* Bytes of workspace the joint calls need for this problem and these options: the lattice's
+ * per-node state (as tdt_get_workspace_size()) plus the scratch of the tiles. Reads the shapes,
+ * dtype and whether the problem is TDT of problem, and location, num_threads and
+ * num_durations of options; nothing is dereferenced but the structs. */
+TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
+                                                  const tdt_options_t *options,
+                                                  size_t *workspace_bytes);
+
+/* One-shot fused joint + loss: writes costs[b] (and options->reduced_cost with a reduction)
+ * and, when grads is non-NULL, the gradients of sum_b costs[b] (upstream 1; batch_mean and
+ * normalize_costs apply as in tdt_backward()). Memory, streams and validation as
+ * compute_tdt_loss(): every argument checked before any work, nothing written on failure. */
+TDT_API tdt_status_t tdt_joint_loss(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                    void *costs, const tdt_joint_gradients_t *grads,
+                                    void *workspace, size_t workspace_bytes);
+
+/* Forward half of an autograd pair: costs, and in the workspace what tdt_joint_backward()
+ * needs (the per-node log-probabilities and normalisers, alpha, beta). enc, pred, weight and
+ * bias must hold the same values when the backward runs. */
+TDT_API tdt_status_t tdt_joint_forward(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                       void *costs, void *workspace, size_t workspace_bytes);
+
+/* Backward half: the gradients of sum_b grad_costs[b] * costs[b] (grad_costs as
+ * tdt_backward()'s, NULL for ones), recomputing each tile's logits from the problem. */
+TDT_API tdt_status_t tdt_joint_backward(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                        const void *grad_costs, const tdt_joint_gradients_t *grads,
+                                        void *workspace, size_t workspace_bytes);
+
+/* The joint dropout's mask, for checking: keep[j] = 1 if the element with counter
+ * first + j is kept at probability `dropout` under `seed`, else 0, for j < count (host memory;
+ * the counter of element (b, t, u, i) is given at tdt_joint_problem_t.dropout). */
+TDT_API tdt_status_t tdt_joint_dropout_mask(double dropout, uint64_t seed, uint64_t first,
+                                            int64_t count, uint8_t *keep);
+
 #ifdef __cplusplus
 }
 #endif

@@ -53,6 +53,21 @@ int tdt_gpu_built(void);
 tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_options_t *options,
                           const tdt_indices_t *indices, int32_t *packed, int32_t *valid);
 
+/* A validated fused joint + loss call (tdt_joint_*): the lattice part is an ordinary call whose
+ * problem has no logits pointers (c.p.token_logits and duration_logits NULL; c.tdt_mode and
+ * c.num_durations say TDT or RNN-T), whose c.g is unused, and whose c.layout is the lattice's
+ * workspace layout; the tiles' scratch follows it in the workspace. */
+typedef struct tdt_joint_call {
+    tdt_joint_problem_t jp;   /* as the caller gave it */
+    tdt_call_t c;             /* the lattice call (options, arcs, layout, costs, grad_costs) */
+    tdt_joint_gradients_t jg; /* gradients to write (NULL pointers skipped) */
+    size_t scratch_offset;    /* bytes from the aligned workspace start to the tiles' scratch */
+    size_t scratch_bytes;
+} tdt_joint_call_t;
+
+tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *call);
+tdt_status_t tdt_gpu_joint_run(const tdt_joint_call_t *call);
+
 /* Records the detail returned by tdt_last_error() for this thread (printf-style). */
 void tdt_set_error(const char *fmt, ...)
 #if defined(__GNUC__)
