@@ -92,16 +92,75 @@ def transformers_loss():
     return loss_tdt.tdt_loss
 
 
-def baselines():
+FAST_BASELINES = ("kc", "nemo")  # timed on every shape, with --iters
+
+
+def kernels_community_loss(module_names):
+    """The kernels-community `tdt-loss` layer's functional loss (its CUDA kernels), from the first
+    importable module of `module_names` (comma-separated): the package the `kernels` hub installs
+    is `tdt_loss`; a local build may go by another name. None where none imports."""
+    import importlib
+    for name in [m for m in module_names.split(",") if m]:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:  # not installed, or its extension did not build here
+            continue
+        if hasattr(mod, "tdt_loss"):
+            return mod.tdt_loss
+    return None
+
+
+def nemo_loss():
+    """NeMo's numba TDT loss (TDTLossNumba) wrapped to tdt_loss's signature, or None where NeMo
+    does not import. NeMo takes the whole joint tensor (B, T, U+1, V+D): the two slices passed
+    here are views of one tensor, whose base is handed over (no copy). It computes in float32:
+    a bfloat16 joint is upcast inside the call, as NeMo's RNNTLoss does."""
+    try:
+        import numpy as np
+        # numba-cuda still calls numpy names that numpy 2 removed; alias them to their successors
+        for old, new in (("row_stack", "vstack"), ("trapz", "trapezoid"), ("in1d", "isin")):
+            if not hasattr(np, old) and hasattr(np, new):
+                setattr(np, old, getattr(np, new))
+        from nemo.collections.asr.parts.numba.rnnt_loss.rnnt_pytorch import TDTLossNumba
+    except Exception:
+        return None
+    losses = {}
+
+    def loss(token_logits, duration_logits, targets, logit_lengths, target_lengths,
+             blank_token_id, durations, sigma=0.0, reduction="mean"):
+        joint = token_logits._base
+        if (joint is None or duration_logits._base is not joint
+                or joint.shape[-1] != token_logits.shape[-1] + duration_logits.shape[-1]):
+            joint = torch.cat([token_logits, duration_logits], dim=-1)
+        if joint.dtype not in (torch.float32, torch.float64):
+            joint = joint.float()
+        key = (blank_token_id, tuple(durations), sigma, reduction)
+        if key not in losses:
+            losses[key] = TDTLossNumba(blank=blank_token_id, durations=list(durations),
+                                       reduction=reduction, sigma=sigma)
+        return losses[key](joint, targets, logit_lengths, target_lengths)
+
+    return loss
+
+
+def baselines(device, kc_modules):
     """(column name, loss function, relative gradient tolerance for float32) of every baseline
     available here. transformers' loss runs its lattice in float32: on an H200 its float32
     gradient missed ours by 1.10 x (1e-3 |g| + 1e-6) at ragged (0.94 x that at parakeet), about
-    0.2% of the small elements, so it gets 1e-2; a difference of semantics (sigma, an arc) moves
-    the costs, which are held to 2e-5 for every baseline."""
+    0.2% of the small elements, so it gets 1e-2, as do the kernels-community and NeMo losses,
+    which also keep float32 lattices; a difference of semantics (sigma, an arc) moves the costs,
+    which are held to 2e-5 for every baseline."""
     out = [("torch", torch_tdt.tdt_loss, 1e-4)]
     hf = transformers_loss()
     if hf is not None:
         out.append(("transformers", hf, 1e-2))
+    if device.type == "cuda":
+        kc = kernels_community_loss(kc_modules)
+        if kc is not None:
+            out.append(("kc", kc, 1e-2))
+        nemo = nemo_loss()
+        if nemo is not None:
+            out.append(("nemo", nemo, 1e-2))
     return out
 
 
@@ -268,7 +327,10 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
            "floor_ms": 3 * logits_bytes / floor_bw * 1e3, "base": {}}
     if not ok:
         return row
-    with_baselines = name in args.baseline_shapes and dtype != torch.float64
+    # the PyTorch losses (0.1-3 s a call) on --baseline-shapes only; the CUDA ones everywhere
+    bases = [b for b in bases if dtype != torch.float64
+             and (b[0] in FAST_BASELINES or name in args.baseline_shapes)]
+    with_baselines = bool(bases)
     if not with_baselines:
         our_loss = our_grad = None  # the baselines' reference; free it before timing
     x, step = training_step(joint, targets, T_b, U_b, V)
@@ -306,7 +368,8 @@ def bench(name, shape, dtype, device, args, bases, floor_bw):
             fn(y[..., :V], y[..., V:], targets, T_b, U_b, blank_token_id=V - 1,
                durations=DURATIONS, reduction="sum").backward()
 
-        row["base"][bname] = time_step(base_step, device, args.baseline_iters, warmup=1)
+        iters = args.iters if bname in FAST_BASELINES else args.baseline_iters
+        row["base"][bname] = time_step(base_step, device, iters, warmup=1)
     return row
 
 
@@ -331,6 +394,10 @@ def main():
     p.add_argument("--sync-validation", action="store_true",
                    help="set WARP_TDT_ASYNC_VALIDATION=0: on CUDA, check lengths and labels "
                         "before the loss's kernels are enqueued (a host sync), not while they run")
+    p.add_argument("--kc-module", default="tdt_loss,tdt_loss_kc",
+                   help="CUDA: modules to try for the kernels-community tdt-loss baseline, in "
+                        "order (its functional tdt_loss); NeMo's numba loss is timed where the "
+                        "nemo package imports")
     args = p.parse_args()
     global VALIDATE
     VALIDATE = not args.no_validate
@@ -345,17 +412,19 @@ def main():
     if device.type == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         torch.set_num_threads(args.threads if args.threads > 0 else cores)
-    bases = baselines()
+    bases = baselines(device, args.kc_module)
     floor_bw = copy_bandwidth(device)
     print("warp_tdt %s (library %s), torch %s, device %s%s" % (
         warp_tdt.__version__, warp_tdt.library_version(), torch.__version__, device,
         (" (" + torch.cuda.get_device_name(device) + ")") if device.type == "cuda"
         else " (%d threads)" % torch.get_num_threads()))
-    print("copy bandwidth %.0f GB/s (read + write); validate=%s%s; baselines: %s%s" % (
+    described = {"torch": "torch = torch_tdt.tdt_loss (vectorised pure PyTorch)",
+                 "transformers": "transformers = transformers.loss.loss_tdt.tdt_loss",
+                 "kc": "kc = kernels-community tdt-loss",
+                 "nemo": "nemo = NeMo TDTLossNumba"}
+    print("copy bandwidth %.0f GB/s (read + write); validate=%s%s; baselines: %s" % (
         floor_bw * 1e-9, VALIDATE, " (before the launch)" if args.sync_validation else "",
-        "torch = torch_tdt.tdt_loss (vectorised pure PyTorch)",
-        ", transformers = transformers.loss.loss_tdt.tdt_loss" if len(bases) > 1
-        else " (transformers not installed)"))
+        ", ".join(described[b[0]] for b in bases)))
     names = [b[0] for b in bases]
     graphs = args.graph and device.type == "cuda"
     loops = device.type == "cuda"
