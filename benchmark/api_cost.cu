@@ -4,7 +4,8 @@
  * int32 indices), each called in a loop with the GPU running behind (best of 5 loops; the
  * device is synchronised between loops, not inside them). What a call costs when it is hot,
  * against what the same call takes inside a PyTorch step (benchmark/host_step.py), where it
- * runs once among torch's work (benchmark/NOTES.md, v33). The library's calls are checked for
+ * runs once among torch's work (docs/performance.md, "The binding's host
+ * time"). The library's calls are checked for
  * SUCCESS once before they are timed.
  *
  *     build/benchmark/tdt_api_cost

@@ -7,7 +7,7 @@
 The package is pytorch_binding/warp_tdt at that revision (git archive of this repository),
 renamed, with its torch.compile custom ops moved to a namespace of the same name, so that both
 bindings import into one process and their steps interleave there (the H200 host's drift between
-processes is larger than the differences these A/Bs look for: benchmark/NOTES.md, v23). Both
+processes is larger than the differences these A/Bs look for: docs/performance.md, "How to measure"). Both
 load the library WARP_TDT_LIBRARY names. The library reads its whole tdt_options_t from the
 caller's memory, which grows at its end from version to version (every field's zero its
 default): the older package's ctypes Options is given 256 zero bytes at its end, so a newer

@@ -1,7 +1,7 @@
 """Benchmark of warp_tdt through PyTorch: forward+backward through autograd with the logits as
 the two slices of one joint (B, T, U+1, V+D) tensor, as a Parakeet training step does.
 
-For each named shape of shared/TARGETS.md (or --shape B,T,U,V) and dtype it
+For each named shape of docs/performance.md, "Shapes" (or --shape B,T,U,V) and dtype it
   1. checks the result first: CUDA results against the same library's CPU backend (costs and the
      joint gradient), CPU results against a float64 run; a wrong answer prints FAILED, no time;
   2. times forward+backward (CUDA events on a GPU, wall clock on the CPU; median over --iters,
@@ -213,7 +213,7 @@ def graph_time(x, targets, T_b, U_b, V, device, iters):
     torch.cuda.graph runs it (the binding skips its host-side check while capturing): the median
     of a replay between its own two events and waited for (the GPU idles while the host launches
     the graph, as in "ms"), and of --iters replays enqueued back to back (loop_time, as in "loop
-    ms"; shared/TARGETS.md's way: the GPU kept busy between timed calls). Both None when the
+    ms": the GPU kept busy between timed calls). Both None when the
     replay's gradient differs from the eager step's."""
     x.grad = None
     ours(x, targets, T_b, U_b, V).backward()

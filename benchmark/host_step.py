@@ -1,7 +1,7 @@
 """Where an eager training step's host time goes, through the binding on a GPU.
 
 Below `large`, an eager step's time on the H200 is the host's: the kernels take 0.17-0.52 ms,
-the host's Python, autograd and CUDA calls as long or longer (benchmark/NOTES.md, v8, v22). This
+the host's Python, autograd and CUDA calls as long or longer (docs/performance.md, "The binding's host time"). This
 script measures that host time for one shape at a time, with no claim about the kernels:
 
   1. variants, their rounds interleaved so the host's drift hits each alike:

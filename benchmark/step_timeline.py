@@ -1,8 +1,8 @@
 """Where an eager training step's time goes on the GPU: its kernels, the GPU's idle gaps
 between them, and what the host was doing when each gap began.
 
-Below `large` an eager step through the binding takes longer than its kernels (benchmark/
-NOTES.md, v8, v32-v35): the GPU idles somewhere in each step. host_step.py measures the host's
+Below `large` an eager step through the binding takes longer than its kernels (docs/
+performance.md, "The binding's host time"): the GPU idles somewhere in each step. host_step.py measures the host's
 time; this script finds the idle time on the GPU's own timeline. For each shape and dtype it
 
   1. checks the step's costs and joint gradient against the CPU backend (bench.check), and

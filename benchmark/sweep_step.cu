@@ -1,10 +1,10 @@
 /*
  * sweep_step.cu - prototypes of the sweep's step in another number form or with its weights
- * from another layout, timed beside the library's own step (benchmark/NOTES.md, "What
- * remains" 4 and 12).
+ * from another layout, timed beside the library's own step (docs/performance.md, "The sweep"
+ * and "Where time is left").
  *
  * The library's sweeps work in the log domain: a node's value is the log-sum-exp of its arc
- * terms, so every step pays a float64 exp a term and a log a node (v19: ~200 of the ~450
+ * terms, so every step pays a float64 exp a term and a log a node (H200: ~200 of the ~450
  * instructions a warp a step at base). Here a value is a scaled number instead, a mantissa m in
  * [1, 2) and an integer exponent e, value m 2^e (0: m = 0, e = kNegExp). The arc weights come
  * as such pairs too (what the normaliser would write beside its log-probabilities), so a term is
@@ -17,20 +17,20 @@
  * G lanes a node, the weights copied into a ring in shared memory kStageAhead diagonals ahead,
  * one barrier a diagonal):
  *   log      the library's own staged_sweep (src/gpu/sweep.cuh), called as its kernel does
- *            (since v24 its exp and log are lattice.h's table forms; v24's first call timed
- *            this harness with a copy of those tables beside the Taylor forms they replaced),
- *            on the workspace's blocks (a node's weights in one block, workspace.h: v41);
+ *            (its exp and log are lattice.h's table forms, which this harness first timed
+ *            beside the Taylor forms they replaced),
+ *            on the workspace's blocks (a node's weights in one block, workspace.h);
  *   pair     the scaled step, writing (m, e) to the workspace;
  *   pair+log the scaled step, writing log(m) + e ln2 (the workspace's form today, which the
  *            gradient pass reads), the log off the chain;
  *   rows     the library's staged_sweep on the gradient-rows blocks of options.state_in_grads
- *            (v42; NOTES v41 timed it with a stager of the harness's own):
+ *            (first timed with a stager of the harness's own):
  *            each node's weights from the head of its own joint-shaped row, as if the
  *            normaliser had written them into the gradient buffer's rows instead of the
  *            workspace's diagonal-major blocks; rows of float32 and of 16-bit elements of the
  *            shape's V + 5, so a diagonal's nodes are ~U row strides apart, and every node's
- *            fields a gather of their own (the layout v41 weighs for the peak memory at small
- *            V; its first calls also timed the blocks and the workspace's earlier arrays of
+ *            fields a gather of their own (the layout weighed for the peak memory at small
+ *            V; earlier runs also timed the blocks and the workspace's earlier arrays of
  *            one field each here, staged node-major and field by field).
  * Each variant is also timed "cold": one launch after a 256 MB write that leaves none of its
  * weights in L2, as in a loss call, where the normaliser's traffic separates their writing from

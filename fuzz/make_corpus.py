@@ -118,7 +118,7 @@ def encode(kind="oneshot", tdt=True, log_probs=False, neginf=False, nonfinite=Fa
 def seeds():
     rnd = random.Random(20240607)
     s = {}
-    # golden cases of DESIGN.md
+    # golden cases of docs/math.md, section 6
     s["nemo_fixed_case"] = encode(B=1, T=3, U=1, V=4, blank=3, durations=(0, 1, 2), sigma=0.05,
                                   scale=0.0, lengths=[(3, 1)], labels=[[0]], tok=[0] * 24,
                                   dur=[0] * 18)

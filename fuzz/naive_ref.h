@@ -2,7 +2,7 @@
  * naive_ref.h - a second, independent naive float64 reference of the TDT and RNN-T losses, for
  * the fuzzer (fuzz/fuzz_tdt.c) and the robustness tests (tests/robustness/).
  *
- * Written from ../shared/DESIGN.md section 2 only. It shares no code with src/ (nor with the
+ * Written from docs/math.md (sections 1-4) only. It shares no code with src/ (nor with the
  * tests helper's tests/reference.cc, so a mistake copied into one is not copied into both):
  *
  *   - every node's token and duration rows are log-softmaxed in full and kept;

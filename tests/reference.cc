@@ -1,6 +1,6 @@
 /*
  * reference.cc - the naive float64 TDT / RNN-T loss (see reference.h). Written from
- * ../shared/DESIGN.md section 2; shares nothing with src/.
+ * docs/math.md (sections 1-4 and 7) alone; shares nothing with src/.
  */
 #include "reference.h"
 

@@ -1,6 +1,6 @@
 /*
  * reference.h - an independent, deliberately naive float64 implementation of the TDT and
- * RNN-T losses, written from ../shared/DESIGN.md section 2 and nothing else. It is the yardstick
+ * RNN-T losses, written from docs/math.md (sections 1-4 and 7) and nothing else. It is the yardstick
  * the library is measured against, so it shares no code with src/ (not even src/common/):
  *
  *   - full log_softmax of every node's token (and duration) logits, materialised;

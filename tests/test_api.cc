@@ -103,8 +103,8 @@ TEST(Api, WorkspaceSizeFromShapesOnly) {
     EXPECT_EQ(workspace(0, int64_t(1) << 62, 4, 5), workspace(0, 10, 4, 5));
 }
 
-// The workspace's per-node state is what the peak memory at small V is made of (NOTES v38,
-// v41): a block of 3 + D doubles (the node pass's log-probabilities and log-normaliser), alpha
+// The workspace's per-node state is what the peak memory at small V is made of (docs/performance.md,
+// "Peak memory"): a block of 3 + D doubles (the node pass's log-probabilities and log-normaliser), alpha
 // and beta, so 8 (5 + D) bytes a node for TDT and 40 for RNN-T. More is a decision that moves
 // ragged's peak (80 bytes there against 52 a node at 1.05x), not something to slip in.
 TEST(Api, WorkspaceBytesANode) {

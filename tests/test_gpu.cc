@@ -908,7 +908,7 @@ INSTANTIATE_TEST_SUITE_P(All, GpuVsCpu, ::testing::ValuesIn(params()),
                              return std::string(configs()[i.param.config].name) + "_" + dt_name(i.param.dt);
                          });
 
-// ---- golden value on the GPU alone (NeMo's fixed TDT case, DESIGN.md) ------------------------------
+// ---- golden value on the GPU alone (NeMo's fixed TDT case, docs/math.md) ---------------------------
 
 TEST(GpuGolden, NemoFixedCase) {
     REQUIRE_GPU();

@@ -30,7 +30,7 @@ op); _ops.py holds the torch.compile custom ops for torch >= 2.4.
 No torch.amp.custom_fwd / custom_bwd: neither pass runs an op that autocast would cast (the
 library reads the logits in their own dtype, and the costs are float32 under any autocast), so
 the decorators would only add an autocast context to every backward (measured on the H200's
-host: see benchmark/NOTES.md, v8).
+host: see docs/performance.md, "The binding's host time").
 """
 
 import torch
@@ -98,7 +98,7 @@ def _library_reduction(reduction):
 def _folded(reduction):
     """(reduction, per_label): "mean" = (costs / U_b).mean() is the library's per-label costs
     (options.normalize_costs, the same bits in both directions) and a batch mean, one op here
-    and one division in backward instead of three ops (benchmark/NOTES.md, v22)."""
+    and one division in backward instead of three ops (docs/performance.md, "The binding's host time")."""
     if reduction == "mean" and _core.per_label_available():
         return "mean_batch", True
     return reduction, False
@@ -143,7 +143,7 @@ class LossFunction(torch.autograd.Function):
     library reads them by address, idx.lib_args(); idx keeps their memory alive). The reduction
     runs inside (the library's own for "sum" and the batch means, else reduce()), so a step's
     autograd graph holds this one node: on a GPU whose kernels take less time than the host's
-    autograd work, each node and op saved is time saved (benchmark/NOTES.md, v8, v32)."""
+    autograd work, each node and op saved is time saved (docs/performance.md, "The binding's host time")."""
 
     @staticmethod
     def forward(ctx, logits, duration, idx, spec, as_rnnt, in_place, reduction="none"):
@@ -152,7 +152,7 @@ class LossFunction(torch.autograd.Function):
         reduction, per_label = _folded(reduction)
         # on CUDA a batch mean's division of the upstream by B is the library's too
         # (options.batch_mean: a product with 1 / B, as torch's CUDA division by a number, so
-        # the same bits; the CPU's torch divides): no torch op in backward (NOTES v23)
+        # the same bits; the CPU's torch divides): no torch op in backward
         batch_mean = (reduction == "mean_batch" and logits.is_cuda
                       and _core.batch_mean_available())
         lib_reduce = _library_reduction(reduction)

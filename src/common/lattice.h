@@ -281,16 +281,16 @@ TDT_HD double tdt_pow2i(int k) {
 
 /* exp(x) in float64 for a log-sum-exp's x - max <= 0, with no branch, so it vectorises (the
  * CPU's tdt_sweep_chunk: eight nodes a 512-bit vector; the GPU's sweeps take tdt_exp_le0_tab
- * since v24 of benchmark/NOTES.md): x = -inf gives exactly 0, NaN gives NaN. Cody-Waite
+ * below): x = -inf gives exactly 0, NaN gives NaN. Cody-Waite
  * reduction x = n ln2 + r, |r| <= ln2 / 2, the Taylor polynomial of degree 13 (TDT_EXP_TAYLOR;
  * truncation error below 5e-18 relative, so the result is within about 2 ulp of e^x), and 2^n
  * applied as one factor. Below -708 it gives 0: e^x is then under
  * 2^-1021, and every sum this exp feeds holds its max term's e^0 = 1, whose own rounding
  * (2^-53) is 2^968 times larger than what the flushed terms add up to (the sums come out the
  * same but in a tie of that rounding); from -708 up, n >= -1021 keeps 2^n and the result
- * normal, the same bits as before. (Until v19 of benchmark/NOTES.md it followed e^x into the
+ * normal, the same bits as before. (A form that followed e^x into the
  * subnormal range with two factors and a second clamp: 15 more instructions a warp a step in
- * the GPU's staged sweep, whose lanes took three exps each.) The clamp is a select (the
+ * the GPU's staged sweep, whose lanes took three exps each: dropped.) The clamp is a select (the
  * vectoriser's form); the host spells its FMAs its own way, as FMAs only where
  * the CPU has them (a compiler targeting x86-64 without FMA would call a software fma; a
  * multiply and an add keep the result within the same few ulp). */
@@ -314,10 +314,10 @@ TDT_HD double tdt_exp_le0(double x) {
 }
 
 /* ---- the GPU sweeps' exp and log, from tables ---------------------------------------------
- * A GPU sweep's step is bound by its instruction stream (benchmark/NOTES.md, v19), and its
+ * A GPU sweep's step is bound by its instruction stream (docs/performance.md, "The sweep"), and its
  * exps and log were ~200 of a warp's ~450 instructions a step. With small tables both take
- * short polynomials (benchmark/NOTES.md, v24: the staged step 8-9 % faster alone at base and
- * parakeet, the f+b 1-4 %). The tables, TDT_LSE_TAB (rounded to nearest from 60-digit values):
+ * short polynomials (H200: the staged step 8-9 % faster alone at base and parakeet, the f+b
+ * 1-4 %). The tables, TDT_LSE_TAB (rounded to nearest from 60-digit values):
  *   [0, 32)    2^(j / 32)
  *   [32, 96)   inv_j = 1 / (1 + j / 64), rounded (so inv_0 = 1)
  *   [96, 160)  -log(inv_j) of that rounded inv_j (so 0 for j = 0)
@@ -629,7 +629,7 @@ TDT_HD double tdt_slot_occupancy(const tdt_lattice_t *L, const tdt_arcs_t *A, co
 
 /* The log of that occupancy, alpha + w + beta(dst) - LL, or -inf where tdt_slot_occupancy is
  * exactly 0 (the CPU's; the GPU keeps tdt_slot_occupancy's own expression: a shared helper for
- * the two cost the H200's gradient pass 3-7 % at large, benchmark/NOTES.md v39). It is <= 0
+ * the two cost the H200's gradient pass 3-7 % at large). It is <= 0
  * but for rounding (an occupancy is a probability), so tdt_exp_le0 takes it: the CPU's
  * gradient pass exponentiates a run of nodes' arguments together, vectorised. w: node (t, u)'s
  * block (tdt_node_block), which every slot of the node reads. */

@@ -32,11 +32,12 @@
  * tdt_node_index() (lattice.h): anti-diagonal-major, so a sweep's diagonal is contiguous (in
  * w, a contiguous run of blocks). A node's weights in one block, not an array each: a GPU sweep
  * stages a diagonal's as one run with one address computation a copy, which took its step
- * 0-10 % below the arrays' (benchmark/sweep_step.cu, NOTES v41), and the node pass writes, and
+ * 0-10 % below the arrays' (H200, benchmark/sweep_step.cu; docs/performance.md, "The node
+ * layout"), and the node pass writes, and
  * the gradient pass reads, a node's values in one 64-byte line at D = 5. With
  * options.state_in_grads the blocks are at the head of the token gradient's rows instead
  * (tdt_wblocks_t below), in the logits' (b, t, u) order; blocks in that order in w too cost
- * long 7 % and large bfloat16 2.5 % on the H200 (NOTES v42), the diagonals' blocks no longer
+ * long 7 % and large bfloat16 2.5 % on the H200, the diagonals' blocks no longer
  * neighbours.
  *
  * tdt_get_workspace_size() returns layout total + TDT_WS_ALIGN (slack for an unaligned pointer).
@@ -94,7 +95,7 @@ typedef struct tdt_wblocks {
 /* p rounded up to a double's alignment: p plus an offset, not an integer made a pointer again,
  * so that a GPU compiler still sees a global-memory pointer derived from its argument (through
  * a uintptr_t round trip the normaliser's stores became generic ones, and the H200's forward
- * at base and ragged 6-10 % slower: benchmark/NOTES.md, v42). */
+ * at base and ragged 6-10 % slower). */
 TDT_HD double *tdt_align_double(const char *p) {
     return (double *)(p + ((8 - ((uintptr_t)p & 7)) & 7));
 }

@@ -250,10 +250,10 @@ __device__ __forceinline__ void tdt_prefetch_l1(const void *p) {
  * visible to it by cp_async_wait<N>() (all but its N latest groups complete). 8 bytes (the
  * sweeps' staged weights, read again by the block) and 16 bytes (a gradient row's logits, both
  * addresses 16-byte aligned) both through L1 (.ca). The 16-byte copies went through L2 only
- * (.cg, LDGSTS.BYPASS) until v26: then L1 asked L2 for 1.5x the sectors the warps copied (ncu,
+ * (.cg, LDGSTS.BYPASS) at first: then L1 asked L2 for 1.5x the sectors the warps copied (ncu,
  * H200: 24 sectors for a warp's 512 bytes, at every shape and lane count tried), and the
  * gradient pass was bound by L2's throughput; through L1 the copies ask for what they read, and
- * large float32's pass took 1.61 ms against 1.71 (benchmark/NOTES.md, v26). */
+ * large float32's pass took 1.61 ms against 1.71 (docs/performance.md, "The gradient pass"). */
 __device__ __forceinline__ void cp_async8(double *dst, const double *src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
@@ -333,7 +333,7 @@ __device__ __forceinline__ int64_t tdt_row_head(const void *p, int64_t V) {
  * ALIGN / sizeof(T) + VEC of them, so a lane's first N (tdt_row_scalars<T, VEC, G, ALIGN>::N)
  * fit registers: load() fetches them before the row's vectors, so that their latency hides
  * behind the vectors' instead of adding one more memory round trip at the end of every node
- * (benchmark/NOTES.md, v21); the caller uses v[i] for k = lane + i * G < nscalar after the
+ * (large 1.5-3 % faster on the H200); the caller uses v[i] for k = lane + i * G < nscalar after the
  * vectors, in the order it had, and any k from lane + N * G on (a row that is not
  * element-aligned) from memory. */
 __device__ __forceinline__ int64_t tdt_row_scalar_at(int64_t k, int64_t head, int64_t tail) {
@@ -588,7 +588,7 @@ template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
  * The answers of CUDA queries that depend on nothing but the device and what is asked (a device
  * attribute; a kernel's PTX version or its occupancy at a block size fixed by the code), kept
  * for the process: each query costs the host 0.5-8 us, together ~12 us of each call's ~35 on
- * the H200's host (benchmark/NOTES.md, v23). Keyed by (key, arg, device): key the kernel's
+ * the H200's host (docs/performance.md, "The binding's host time"). Keyed by (key, arg, device): key the kernel's
  * address, or the address of tdt_device_attribute for a device attribute. Only answers CUDA
  * gave without an error are kept. tdt_kept_get: 1 and *value when kept, else 0. */
 int tdt_kept_get(const void *key, int arg, int device, int *value);
@@ -723,21 +723,21 @@ template <typename Kernel> cudaError_t tdt_allow_cluster(Kernel kernel, int cl) 
  * Each node costs a fixed latency (lengths, workspace values, a reduction or the occupancies)
  * besides its row, so short rows go several nodes a warp, and only long rows (Parakeet's
  * V = 8193) take a whole warp. Rows of at most 64 vectors go 4 lanes a node in the gradient
- * pass (8 nodes a warp in flight): H200, f+b ms against 8 lanes (benchmark/NOTES.md, v11),
+ * pass (8 nodes a warp in flight): H200, f+b ms against 8 lanes (docs/performance.md, "The node pass"),
  * ragged (V = 257) float32 0.587-0.591 -> 0.519-0.521, bfloat16 0.560-0.562 -> 0.452-0.453;
- * and 2 lanes in the normaliser (its reads alone, 16 nodes a warp). v17, f+b, 2 against 4 in
+ * and 2 lanes in the normaliser (its reads alone, 16 nodes a warp). H200, f+b, 2 against 4 in
  * one process: ragged float32 0.405-0.406 / 0.412-0.413, bfloat16 0.350-0.353 / 0.362-0.364;
  * 40,150,60,257 bfloat16 0.621-0.632 / 0.636-0.644, but float32 0.778-0.782 / 0.767-0.775.
- * The gradient pass at 2 lost 50 % (v16). Rows of 65 to 511 vectors take 8 in both (the
+ * The gradient pass at 2 lost 50 %. Rows of 65 to 511 vectors take 8 in both (the
  * normaliser 4 in problems of many nodes, below): with
  * 4, base's forward went 0.128 -> 0.137 and long's gradient pass lost 0.2 ms; the normaliser
- * at 2 took large 3.06 -> 3.01 ms (bfloat16 2.12 -> 2.05) but base 0.199 -> 0.213 (v17).
+ * at 2 took large 3.06 -> 3.01 ms (bfloat16 2.12 -> 2.05) but base 0.199 -> 0.213.
  * The normaliser's G is a function of V, the dtype and the padded node count (nodes) alone, so
  * every schedule of a call gives the same bits (the lse's lane split is G's). Where its rows
  * take 8 lanes and there are at least kNormFourLanesNodes nodes (over 990 an SM on the H200),
  * it takes 4: with many nodes an SM the pass is the loads' latency, and a node's fixed work
  * (its reduction tree, its values written in float64, the durations' log-softmax) is then
- * paid once for 8 nodes a warp, not 4. H200, tdt_bench, one process (benchmark/NOTES.md, v29):
+ * paid once for 8 nodes a warp, not 4. H200, tdt_bench, one process (docs/performance.md, "The node pass"):
  * large float32 forward 0.957 -> 0.845 ms, f+b 2.596 -> 2.487; base (16,800 nodes) lost at 4,
  * 0.146 -> 0.155. So a sample's lse (and cost) may differ in its last bits between batches on
  * either side of the line. The gradient's elements do not depend on G, so its G is free, and

@@ -71,7 +71,7 @@ const int kThreads = 256;
  * read once and written once, where the 16-byte split left a row whose vectors start half way
  * into a sector writing that sector's halves in two requests (H200, ncu, large float32: the
  * gradient pass's L2 write sectors 91.5 M -> 86.9 M, 1.57 -> 1.53 ms; f+b 2.70 -> 2.59 ms;
- * benchmark/NOTES.md, v26). Groups of 4 (rows of at most 64 vectors) keep the 16-byte split:
+ * docs/performance.md, "The gradient pass"). Groups of 4 (rows of at most 64 vectors) keep the 16-byte split:
  * their lanes would hold up to twice the scalars of the longer head in registers, which
  * spills at 80. */
 template <int DT, int G> struct grad_row_align {
@@ -81,16 +81,16 @@ template <int DT, int G> struct grad_row_align {
 /* Per element type: 16-byte vectors a batch per lane (UNROLL), batches in the shared-memory ring
  * (STAGES: STAGES - 1 batches in flight ahead of the one computed) and blocks per SM (MIN_BLOCKS),
  * the knobs to tune on the device. The ring, against the register batches (H200, tdt_bench f+b ms,
- * same run, benchmark/NOTES.md v18): large float32 3.05-3.08 -> 2.85, bfloat16 2.11 -> 2.03, long
+ * same run, docs/performance.md, "The gradient pass"): large float32 3.05-3.08 -> 2.85, bfloat16 2.11 -> 2.03, long
  * float32 3.46 -> 3.18, base float32 0.202 -> 0.199, parakeet unchanged; 4 stages: long 3.19. The
  * trail kernel keeps the register batches (its ring lost ragged 4 %, 0.41 -> 0.425), and so does
  * the per-node pass (normalize.cu: its ring lost 4-14 %, large's forward 0.97 -> 1.11 ms). The row
  * loop is a few instructions an element and the blank and label elements are patched after it (no
  * per-vector test, no inlined special path), so unroll 4 is now about 110 (float32) to 340
  * (bfloat16) PTX instructions a batch; the earlier loop's unrolled special path is what stalled
- * bfloat16 at unroll 4 on instruction fetch (see benchmark/NOTES.md). Registers (sm_90): 80
+ * bfloat16 at unroll 4 on instruction fetch. Registers (sm_90): 80
  * for float32 and the 16-bit types (3 blocks, 24 warps an SM; 4 blocks would spill in the node's
- * coefficients), 106-126 for float64. ptxas -v (v26, durations 0..4): no spills for float32 and
+ * coefficients), 106-126 for float64. ptxas -v (durations 0..4): no spills for float32 and
  * float64; in grad_kernel and grad_ordered_kernel the 16-bit types spill up to 8 bytes at G = 8
  * and 28-40 at G = 4. */
 template <int DT> struct grad_tuning {
@@ -109,7 +109,7 @@ enum grad_sched { GS_PLAIN = 0, GS_FUSED = 1, GS_TRAIL = 2 };
  * (grad_row_vec; 0: none, the trail's), and its launch's dynamic shared memory, `threads`
  * threads a block: each thread's ring of STAGES batches of UNROLL 16-byte vectors (48 KB for
  * grad_kernel's 256 threads, 144 KB for grad_ordered_kernel's 768). The fused schedule's depth
- * is TDT_FUSED_STAGES: 4 and 5 stages did not speed it (benchmark/NOTES.md, v28: parakeet
+ * is TDT_FUSED_STAGES: 4 and 5 stages did not speed it (H200: parakeet
  * bfloat16 0.555-0.561 ms against 0.553-0.556 at 3). */
 #ifndef TDT_FUSED_STAGES /* a define, the knob for benchmark builds */
 #define TDT_FUSED_STAGES 3
@@ -218,7 +218,7 @@ __device__ __forceinline__ void grad_row_vec(const typename tdt_elem<DT>::T *z, 
     }
     /* The last mine % U vectors (fewer than a batch): loaded together, then written, so they
      * cost one memory round trip, not one each (H200, ncu, large float32: 8 % of the pass's
-     * stall samples sat on these loads, one after another; benchmark/NOTES.md, v25). */
+     * stall samples sat on these loads, one after another). */
     const int rem = (int)(mine % U);
     tdt_vec<DT> last[U > 1 ? U - 1 : 1];
 #pragma unroll
@@ -268,7 +268,7 @@ __device__ __noinline__ void grad_wait(const int32_t *p, int64_t need) {
  * some 2800 warps then poll a few cache lines about a quarter as often as with a 2 us
  * backoff. (The sweeps publish from about the middle on, so before that a waiter sees 0 and
  * sleeps the longest.) That was a hypothesis for why the sweeps run 20-45 % slower beside the
- * gradient pass (benchmark/NOTES.md, v13: a kernel timeline); the H200 gave the same times
+ * gradient pass (a kernel timeline of the fused schedule); the H200 gave the same times
  * either way, so it is not the polling. */
 __device__ __noinline__ int fused_wait(const int32_t *p, int64_t need) { /* returns the count seen */
     for (;;) {
@@ -283,8 +283,8 @@ __device__ __noinline__ int fused_wait(const int32_t *p, int64_t need) { /* retu
  * a count of chunks, then kCutDone), which a node asks for only once the sweeps have passed
  * it, so the cut is done or nearly, and its cut chunks' for the sweeps' counts at the middle;
  * the trail schedule's for a sweep's final count (INT_MAX),
- * which may be a whole sweep away (longest sleeps of 1, 4 and 16 us made no difference there:
- * benchmark/NOTES.md, v15). */
+ * which may be a whole sweep away (longest sleeps of 1, 4 and 16 us made no difference there,
+ * H200). */
 __device__ __noinline__ int wait_backoff(const int32_t *p, int need) { /* returns the count seen */
     unsigned ns = 64;
     int v;
@@ -355,8 +355,8 @@ __device__ __forceinline__ void seen_poll(const int32_t *p, int64_t need, int32_
  * deterministic. The merge spells out its roundings (no FMA contraction) and is symmetric in
  * its two pairs, so both lanes of a butterfly step get the same bits.
  * This is the fused schedule's path from the sweeps' middle to its first gradient node. Before
- * v28 (v27's timelines, parakeet bfloat16: 30-35 us from the first chunk to the last merge) a
- * lane took whole node slots, its ten terms in a row, each term's loads behind the previous
+ * this form (H200 timelines, parakeet bfloat16: 30-35 us from the first chunk to the last merge)
+ * a lane took whole node slots, its ten terms in a row, each term's loads behind the previous
  * term's exp (parakeet: 205 node slots, so 7 busy chunks), and lane 0 merged the 32 pairs alone,
  * 64 exps in a row; now parakeet's 2050 terms are two a lane. Forming a node slot's terms
  * together instead (unrolled, loads at once) made the gradient kernel spill (ptxas allocates
@@ -504,7 +504,7 @@ __device__ __forceinline__ void cut_ticket(const tdt_gpu_args_t &a, const tdt_ar
  * order (tdt_node_grad_of): the same operations as the CPU's, the same bits for any G. Before,
  * each lane of the group computed all of a node's slots itself, one after another; that was
  * over half the gradient pass's warp time (ncu stall samples, H200: large float32 54 %,
- * parakeet bfloat16 55 %; benchmark/NOTES.md, v25), with the row's loads not yet asked for.
+ * parakeet bfloat16 55 %; docs/performance.md, "The gradient pass"), with the row's loads not yet asked for.
  * mask: the group's lanes (tdt_group_mask), which all reach this together. */
 template <int G, int KD>
 __device__ __forceinline__ void node_grad_group(const tdt_lattice_t &L, const tdt_arcs_t &A,
@@ -646,7 +646,7 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
         /* lane l computes duration k = l (k known at compile time in each unrolled step, so
          * the node's arrays stay in registers) and the group stores them in one instruction:
          * one request for the row's few contiguous elements, where a store for each k made D
-         * requests (measured with grad_row_align's split, v26). Groups of fewer lanes than
+         * requests (measured with grad_row_align's split). Groups of fewer lanes than
          * durations store each k as it comes. */
         enum { KMAX = KD > 0 ? KD : TDT_MAX_DURATIONS };
         const double *lpd = w + TDT_W_DUR;
@@ -733,7 +733,7 @@ __global__ void __launch_bounds__(kThreads, grad_tuning<DT>::MIN_BLOCKS) grad_ke
  * blocks take the SMs the beta sweep leaves free. The fused schedule's (FUSED) takes 512: at
  * 768 its node (the sweeps' counts and the cut waited for) spilled 120-150 bytes a thread at
  * the cap of 80 registers (ptxas -v), at 640 still 60-70; at 512, 114-128 registers and no
- * spill. H200, f+b ms, 512 against 768, timeline builds (benchmark/NOTES.md, v27, call 5):
+ * spill. H200, f+b ms, 512 against 768, timeline builds (docs/performance.md, "Tried and dropped"):
  * parakeet bfloat16 under FUSED 0.557 / 0.593, float32 0.918 / 0.959, base float32 0.165 /
  * 0.178; long (AUTO: fused) float32 2.995 / 3.117, bfloat16 2.526 / 2.602.
  * TDT_FUSED_THREADS (a define) is the knob for benchmark builds. */
@@ -822,9 +822,9 @@ __global__ void __launch_bounds__(grad_ordered<DT, FUSED>::THREADS, 1) grad_orde
 const int kTrailZeroRows = 8;
 
 /* Threads of a block of grad_trail_kernel: 640, not grad_ordered's 768, whose cap of 80
- * registers a thread makes ptxas spill 8 bytes of the trail's loop (ncu, v16: 154 K local
- * requests at 40,150,60,257); at 640 it takes 92-95 and spills none. H200 (benchmark/NOTES.md,
- * v17): ragged float32 f+b 0.413-0.419 -> 0.405-0.408 ms; 576 threads 0.408; blocks of 320 (two
+ * registers a thread makes ptxas spill 8 bytes of the trail's loop (ncu: 154 K local
+ * requests at 40,150,60,257); at 640 it takes 92-95 and spills none. H200 (docs/performance.md,
+ * "Tried and dropped"): ragged float32 f+b 0.413-0.419 -> 0.405-0.408 ms; 576 threads 0.408; blocks of 320 (two
  * an SM, one beside a sweep's block) 0.407-0.409, of 224 (three) 0.444-0.450. The split's
  * grad_ordered_kernel stays at 768: large float32 3.05 -> 3.14-3.15 at 640. */
 template <int DT> struct grad_trail {

@@ -52,7 +52,7 @@ namespace {
 const int kThreads = 256;
 
 /* 16-byte loads in flight per lane before they are consumed (a batch), per element type: the
- * knob to tune on the device. float32 takes 8 (v9: the memory-order normaliser 845 -> 808 us at
+ * knob to tune on the device. float32 takes 8 (H200: the memory-order normaliser 845 -> 808 us at
  * large, 79 registers). Registers (sm_90, no spills): float32 80, 16-bit types 80, float64 112. */
 template <int DT> struct norm_tuning {
     enum { UNROLL = DT == TDT_DTYPE_FLOAT32 ? 8 : 4 };
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) normalize_kernel(const tdt_gpu_args_
  * thread 0 after the barrier that ends the ticket. Thread 0 takes the next ticket while the
  * block works on the current one; it reaches the others through ticket[], double-buffered (a
  * slot is rewritten two barriers after it was read). Fewer, larger tickets finish a layer in
- * fewer pieces than the warp loop's, each layer sooner after its start (v9, benchmark/NOTES.md);
+ * fewer pieces than the warp loop's, each layer sooner after its start (H200, docs/performance.md, "Schedules");
  * the warps of a block wait for its slowest group at every ticket. */
 template <int G, int PER, typename Body, typename Done>
 __device__ __forceinline__ void block_ticket_loop(int32_t *next, int total, int tpl, Body body,

@@ -118,7 +118,7 @@ template <int G> __device__ __forceinline__ double group_sum(double x) {
  * are one load. Every sweep kernel copies it there first (lse_tab_load), before the barrier
  * that starts its first job (tdt_sweep_bad_sample), and the launchers leave room for it
  * (sweep_choose). Branch-free: a warp whose lanes mix absent arcs (-inf) and present ones runs
- * one path. H200 (benchmark/NOTES.md, v24, tdt_sweep_step, 4 lanes a node): the staged step
+ * one path. H200 (tdt_sweep_step, 4 lanes a node): the staged step
  * 0.908 -> 0.836 us a diagonal at base, 0.956 -> 0.872 at parakeet, against the Taylor exp of
  * degree 13 and the atanh series of degree 23 these replace. */
 __device__ const double c_lse_tab[TDT_LSE_TAB_N] = TDT_LSE_TAB;
@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
  * step waits only on copies issued kStageAhead steps before, and its index arithmetic is 32-bit
  * ring offsets: the register-prefetching sweep above spent about 430 of its ~600 instructions
  * a warp a diagonal on integer and index work (64-bit gathers), and ~17 % of its stalls waiting
- * for the gathered weights (ncu, H200; benchmark/NOTES.md, v4). The staged one takes ~460.
+ * for the gathered weights (ncu, H200). The staged one takes ~460.
  *
  * Ring sizes (sweep_launch): R, a power of two, > span + kStageAhead, so that the copy issued
  * at step i (diagonal i + kStageAhead in sweep order) lands in the slot of step i + kStageAhead
@@ -395,12 +395,12 @@ __global__ void __launch_bounds__(kMaxThreads, 1) sweep_kernel(const tdt_gpu_arg
  * where the ring stays 8 diagonals (base, parakeet, ragged: the sweeps as slow beside the trail
  * gradient pass either way, so their slowdown there is not the staged copies' latency), and it
  * doubles the ring of durations 0..4 (span 5), which then no longer fits long's rows: long
- * 3.47 -> 10.7 ms f+b on the ring kernel (benchmark/NOTES.md, v16). */
+ * 3.47 -> 10.7 ms f+b on the ring kernel (H200). */
 const int kStageAhead = 2;
 
 /* Columns a block of the cluster split (sweep_cluster_kernel) takes: long (401-node diagonals)
  * on the H200, forward ms with clusters of 1 / 4 / 8 / 12 / 16 blocks: 6.80 / 3.86 / 3.23 /
- * 3.10 / 3.05 (benchmark/NOTES.md, v5); 16 blocks of 26 columns. */
+ * 3.10 / 3.05 (docs/performance.md, "The sweep"); 16 blocks of 26 columns. */
 const int kClusterCols = 26;
 
 enum { F_X = 0, F_BLANK = 1, F_LABEL = 2, F_DUR = 3 }; /* fields of a staged diagonal */
@@ -453,8 +453,7 @@ __device__ __forceinline__ void staged_range(const staged_geo &g, int s, int *lo
  * copies field e mod F of node e / F, so a warp's copies read a run of blocks where they are
  * one (the workspace's), one address computation a copy and no branch between fields (staging
  * field by field, a branch between the token and the duration fields, took the step 0-10 %
- * longer; blocks a joint row apart staged as fast as a run: benchmark/sweep_step.cu, NOTES
- * v41). */
+ * longer; blocks a joint row apart staged as fast as a run: H200, benchmark/sweep_step.cu). */
 template <int F>
 __device__ __forceinline__ void stage_blocks(const char *first, int64_t step, double *slot,
                                              int row, int cnt) {
@@ -584,7 +583,7 @@ __device__ __forceinline__ int layer_of(int s, int S, int ends) { return ends ==
  * grain. The fused schedule's sweeps publish every kFusedPublish steps from the middle on: the
  * gradient pass beside them makes each fence wait longer. Their publisher is the block's last
  * thread, which stores no value on short diagonals (a fence waits for its own thread's stores):
- * H200, f+b ms, every 8 steps, last thread against thread 0 (NOTES v12): long float32 3.564 /
+ * H200, f+b ms, every 8 steps, last thread against thread 0: long float32 3.564 /
  * 3.589, bfloat16 2.988 / 3.058; every step, 3.572 / 3.602 and 3.021 / 3.110. */
 const int kPublish = 16;
 const int kFusedPublish = 8;
@@ -631,12 +630,12 @@ __device__ __forceinline__ void staged_write_through(const staged_geo &g, const 
  * backward's beta sweep, one block, PUBLISH 1): its progress goes to g.progress as it runs;
  * PUBLISH 2 (the fused schedule, both sweeps): its progress goes to g.progress (NULL but in a
  * cluster's block 0) every kFusedPublish steps from about the middle of the lattice on, in
- * step with the count the middle cut needs (before v28, at multiples of kFusedPublish: base's
- * cut then waited 4 steps past it), one step late in a cluster (whose values reach the
+ * step with the count the middle cut needs (at multiples of kFusedPublish instead, base's cut
+ * waited 4 steps past it), one step late in a cluster (whose values reach the
  * workspace a step late). Neither asks L2 for the weights ahead of their staging: that
  * prefetch (one line a thread, 8 steps ahead) cost the fused sweeps 7 % of long's sweep time
  * even with no gradient pass beside them, long bfloat16 7 % of its f+b time, and the split's
- * beta sweep 3-9 % of its time (NOTES v14). ENDS: the diagonals a layer of the normaliser it
+ * beta sweep 3-9 % of its time (H200). ENDS: the diagonals a layer of the normaliser it
  * trails holds (a.fwd_ends: 2, diagonals k and S - 1 - k; 1, diagonal k). */
 template <bool BETA, int KD, int SPL, int G, bool CLUSTER, int PUBLISH = 0, int ENDS = 2>
 __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const staged_geo &g,
@@ -733,8 +732,8 @@ __device__ __forceinline__ void staged_sweep(const tdt_lattice_t &L, const stage
 }
 
 /* The alpha sweep of both staged kernels, in the layer form of the normaliser it trails: a
- * template argument, so the loop loads none (v8: long's sweep ran 2.7 % slower while it read
- * the form). fwd_ends 1 (one diagonal a layer): the split forward and a costs-only call, where
+ * template argument, so the loop loads none (H200: long's sweep ran 2.7 % slower while it
+ * read the form). fwd_ends 1 (one diagonal a layer): the split forward and a costs-only call, where
  * alpha alone trails the normaliser; else both sweeps do (or none, fwd_tickets 0). */
 template <int KD, int SPL, int G, bool CLUSTER>
 __device__ __forceinline__ void staged_alpha(const tdt_gpu_args_t &a, const tdt_lattice_t &L,
@@ -907,11 +906,11 @@ cudaError_t sweep_launch_k(Kernel kernel, const tdt_gpu_args_t &a, int threads, 
 
 /* The most lanes a node uses: the power of two at or above its 2 * KD slots, at most 8, and 8
  * only in the one-block staged kernel, for diagonals of at most kEightLanesDiag nodes. H200
- * (benchmark/NOTES.md, v24): 8 lanes against 4 took base (21 nodes a diagonal, 6 warps
+ * (docs/performance.md, "The sweep"): 8 lanes against 4 took base (21 nodes a diagonal, 6 warps
  * instead of 3) from 0.188 to 0.176 ms f+b, bfloat16 0.165 -> 0.152; with 41 nodes (parakeet)
  * the staged step was 1 % slower alone (tdt_sweep_step) and 0-2 % faster in the library, with
- * 61 (ragged) 12 % slower alone and ragged 0.401 -> 0.406 ms (v3, on an older step, had 8 lanes
- * no faster). The runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover
+ * 61 (ragged) 12 % slower alone and ragged 0.401 -> 0.406 ms (on an older step, 8 lanes were
+ * no faster either). The runtime arc count (KD = 0) takes 4: SPL = 16 slots a lane cover
  * TDT_MAX_DURATIONS. Only the G that can occur are instantiated. */
 const int kEightLanesDiag = 32;
 template <int KD, int G> struct sweep_g {
@@ -1013,7 +1012,7 @@ inline cudaError_t overlap_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, swe
 
 /* Whether the normaliser of an overlapped forward other than the split's takes a block a
  * ticket (see normalize.cu), not a warp: where a warp ticket holds several nodes (G < 32), or
- * alpha alone trails it (a costs-only call: ends 1). H200, ms (benchmark/NOTES.md, v9), block
+ * alpha alone trails it (a costs-only call: ends 1). H200, ms, block
  * against warp: base f32 f+b 0.193-0.196 / 0.205-0.206, long f32 4.081-4.086 / 4.124-4.141;
  * parakeet bf16 (G = 32) costs only 0.254-0.255 / 0.263-0.266, but f+b (ends 2) 0.660 /
  * 0.646-0.649. */
@@ -1027,7 +1026,7 @@ inline bool norm_block_tickets(const tdt_gpu_args_t &a, tdt_dtype_t dtype, int e
 /* Whether the overlap of both sweeps with the normaliser is wanted for a sweep of `blocks`
  * blocks: asked for, or (AUTO) where the sweep's blocks take at most a quarter of the SMs
  * (ragged on the H200, 64 blocks on half of them, ran 0.31 -> 0.40 ms forward: the normaliser
- * on the other half came too slowly; benchmark/NOTES.md, v6). */
+ * on the other half came too slowly; docs/performance.md, "AUTO's choice"). */
 inline bool overlap_wanted(const tdt_fwd_env_t &env, int64_t blocks) {
     if (env.schedule == TDT_GPU_SCHEDULE_OVERLAP || env.schedule == TDT_GPU_SCHEDULE_FUSED) return true;
     return env.schedule == TDT_GPU_SCHEDULE_AUTO && blocks <= env.num_sms / 4;
@@ -1059,7 +1058,7 @@ inline bool overlap_wanted(const tdt_fwd_env_t &env, int64_t blocks) {
 /* Bytes of logits a diagonal (over the batch) from which AUTO takes the fused schedule for
  * one-block sweeps that it overlaps with the normaliser (and does not split): the gradient pass
  * beside their second half then saves more than the sweeps lose to its traffic. H200, f+b ms,
- * fused against overlap, two rounds (benchmark/NOTES.md, v27, call 6): parakeet bfloat16
+ * fused against overlap, two rounds (docs/performance.md, "AUTO's choice"): parakeet bfloat16
  * (2.1 MB a diagonal) 0.569-0.570 / 0.595-0.599, base float32 (0.55) 0.158-0.161 /
  * 0.165-0.166; but base bfloat16 (0.28) 0.148-0.149 / 0.144. (Fused also beat the split at
  * parakeet float32, 0.917 / 0.939, and lost to it at large float32, 2.829 / 2.585: AUTO
@@ -1071,7 +1070,7 @@ const double kFusedBytesPerDiagonal = 0.4 * 1024 * 1024;
  * a diagonal: there its pass trails the sweeps, and the counts a node needs were seen before by
  * its block. Where the pass keeps up with the sweeps a node mostly misses, and the cache's
  * reads and raises then add to its waits. H200, tdt_bench f+b ms, with / without the cache,
- * three rounds (benchmark/NOTES.md, v36): parakeet bfloat16 (2.2 MB a diagonal) 0.497-0.501 /
+ * three rounds (docs/performance.md, "Schedules"): parakeet bfloat16 (2.2 MB a diagonal) 0.497-0.501 /
  * 0.531-0.538, parakeet float32 (4.5 MB) 0.884-0.889 / 0.888-0.891, but base float32 (0.58 MB)
  * 0.146-0.149 / 0.140-0.142. */
 const double kSeenBytesPerDiagonal = 2.0 * 1024 * 1024;
@@ -1090,10 +1089,10 @@ inline bool fused_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
 /* Whether this call runs the fused schedule: gradients asked for (with_grads), an overlap plan
  * of both sweeps on *a, and the schedule FUSED, or AUTO with the sweeps split over clusters
  * (cluster: long rows) or with rows of enough bytes a diagonal (fused_pays). H200, tdt_bench
- * f+b ms, fused against overlap (benchmark/NOTES.md, v12): long (clusters of 16) float32
+ * f+b ms, fused against overlap (docs/performance.md, "AUTO's choice"): long (clusters of 16) float32
  * 3.55-3.57 / 4.06, bfloat16 2.94 / 3.36; with one-block sweeps it lost then (base float32
  * 0.203-0.205 / 0.190, parakeet bfloat16 0.650-0.660 / 0.642-0.644) and pays since its
- * gradient kernel stopped spilling (v27, grad_ordered: 512 threads). Then a's fus_* and bwd_*
+ * gradient kernel stopped spilling (grad_ordered: 512 threads). Then a's fus_* and bwd_*
  * are set. */
 inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_grads, bool cluster) {
     if (!with_grads || a->state_rows || a->fwd_tickets == 0 || a->fwd_ends != 2) return false;
@@ -1156,7 +1155,7 @@ inline bool fused_plan(tdt_gpu_args_t *a, const tdt_fwd_env_t &env, bool with_gr
  * code), at most TDT_TRAIL_MAX_BATCH samples, its tickets within an int, and the schedule
  * TRAIL, or AUTO with the sweeps' blocks leaving SMs free. Then a's trail flag and counters are
  * set.
- * H200, f+b ms, trail against serial (benchmark/NOTES.md, v15): ragged float32 0.413-0.415 /
+ * H200, f+b ms, trail against serial (docs/performance.md, "Schedules"): ragged float32 0.413-0.415 /
  * 0.526-0.527, bfloat16 0.360-0.370 / 0.460-0.462; but on equal lengths, where no sample ends
  * early and the trail's gradient pass has only its own overhead to show (a ticket, a rank
  * search and a flag a node), 40,150,60,257 0.768 / 0.725 (bfloat16 0.625 / 0.585) and
@@ -1264,7 +1263,7 @@ static inline int pow2_above(int n) {
  * ~3600 and ~14500); beyond, the workspace array. Only the staged kernels overlap the
  * normaliser.
  * Lanes a node, from the longest diagonal, min(maxT, maxU + 1) nodes, and tdt_bench on the H200
- * (benchmark/NOTES.md, v3): 4 lanes while one pass of kMaxThreads threads covers the
+ * (docs/performance.md, "The sweep"): 4 lanes while one pass of kMaxThreads threads covers the
  * diagonal; 2 lanes up to kMaxThreads nodes, in two passes (long, 401 nodes: 9.3 ms forward
  * against 10.3 with one lane a node and 11.5 with four); one lane beyond. */
 struct sweep_cfg {
@@ -1347,7 +1346,7 @@ template <int KD> one_block sweep_one_block(const tdt_gpu_args_t &a, const sweep
  * forward is then about the normaliser's pass alone (the overlap of both sweeps takes the
  * normaliser plus half a sweep), but its backward is the gradient pass on the SMs the beta
  * sweep leaves, or the beta sweep itself (slower beside the gradient pass's traffic), whichever
- * is longer. H200, f+b ms, split against overlap (benchmark/NOTES.md, v7): parakeet f32
+ * is longer. H200, f+b ms, split against overlap (docs/performance.md, "AUTO's choice"): parakeet f32
  * (4.5 MB a diagonal) 0.985 / 1.019, large f32 (5.3) 3.045 / 3.120, large bf16 (2.7) 2.093 /
  * 2.198, huge bf16 (10.3) 5.137 / 5.145; but parakeet bf16 (2.2) 0.716 / 0.643, base (0.6)
  * 0.300 / 0.203. */
@@ -1362,7 +1361,7 @@ inline bool split_pays(const tdt_gpu_args_t &a, tdt_dtype_t dtype) {
  * (compute_tdt_loss(), tdt_forward_ahead()) the fused schedule where it would split, the fused
  * gradient pass beside both sweeps' second halves ending sooner than the split's beside the
  * beta sweep after the forward. H200, tdt_bench f+b ms float32, fused / split, two or three
- * rounds (benchmark/NOTES.md, v35), by (B, T, U, V): 240 diagonals of 41 rows, parakeet
+ * rounds (docs/performance.md, "AUTO's choice"), by (B, T, U, V): 240 diagonals of 41 rows, parakeet
  * (4, 200, 40, 8193) 0.890-0.905 / 0.927-0.929 and (8, 200, 40, 8193) 1.725-1.729 /
  * 1.754-1.758; 250 of 51, (16, 200, 50, 1025) 0.709-0.713 / 0.736-0.742. But 250 diagonals
  * of 101 rows, (16, 150, 100, 1025) 1.072-1.080 / 1.022-1.025; and large's 500 of 101

@@ -5,7 +5,7 @@
  * torch.manual_seed(42), combined_logits = torch.randn(2, 8, 4 + 1, 5 + 1 + 5) (float32),
  * targets = torch.randint(0, 5, (2, 4)), logit_lengths [8, 7], target_lengths [4, 3],
  * blank = 5 (the last token), durations [0, 1, 2, 3, 4], sigma 0; the per-sample losses of
- * NeMo's TDTLossPytorch are 12.923372 and 9.054794 (DESIGN.md section 2; transformers
+ * NeMo's TDTLossPytorch are 12.923372 and 9.054794 (docs/math.md section 6; transformers
  * test_modeling_parakeet.py TDTLossTest). The tensors below were drawn from torch's CPU
  * generator exactly as that script does (torch 1.13):
  *

@@ -1,6 +1,6 @@
 """Independent pure-PyTorch references for the TDT and RNN-T losses (float64, autograd).
 
-Written from ../shared/DESIGN.md section 2 only, not from the C sources: alpha recursion node
+Written from docs/math.md (sections 1-4 and 7) only, not from the C sources: alpha recursion node
 by node (vectorised over the batch), terminal blank arcs that land exactly on T_b, sigma on token
 log-probs, FastEmit as a (1 + lambda) scale of the label log-probs' gradient, and the gradient
 from autograd. Unreachable / infeasible terms are kept out of the autograd graph (safe
@@ -121,7 +121,7 @@ def rnnt_costs(logits, labels, frame_lengths, label_lengths, blank, fastemit_lam
 
 
 def reduce(costs, label_lengths, reduction):
-    """The reductions of DESIGN.md / NeMo / transformers on (B,) costs."""
+    """The reductions of docs/math.md section 7 (NeMo's and transformers') on (B,) costs."""
     if reduction == "none":
         return costs
     if reduction == "sum":

@@ -1,4 +1,4 @@
-"""Golden values from public test suites, each with its provenance (see ../../shared/DESIGN.md)."""
+"""Golden values from public test suites, each with its provenance (docs/math.md, section 6)."""
 
 import pytest
 import torch

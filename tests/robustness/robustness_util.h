@@ -1,6 +1,6 @@
 /*
  * robustness_util.h - one small problem type, one call helper and one reference helper for the
- * robustness tests (issue 5, items 4 and 5, CPU). Self-contained on purpose: it uses the public
+ * robustness tests (CPU). Self-contained on purpose: it uses the public
  * C API only, the fuzzer's independent naive reference (fuzz/naive_ref.c) and its independent
  * half / bfloat16 conversions (fuzz/halfconv.h), nothing from src/ or tests/test_util.
  *

@@ -1,4 +1,4 @@
-// Extreme and non-finite inputs (issue 5, item 4), per dtype:
+// Extreme and non-finite inputs, per dtype:
 //   - logits of magnitude 1e4 and at the float16 limit 65504 give finite costs and gradients
 //     that match the naive float64 reference on the same (quantized) inputs;
 //   - -inf entries (a masked vocabulary; masked durations) are probability 0: finite results,

@@ -1,4 +1,4 @@
-// Very long lattices keep float64 accuracy (issue 5, item 4): T = 20000 frames, U = 2000 labels
+// Very long lattices keep float64 accuracy: T = 20000 frames, U = 2000 labels
 // (40 million nodes), small V, float64, checked against references computed another way:
 //
 //   - Broadcast logits (all strides 0: every node holds the same token and duration logits)

@@ -1,4 +1,4 @@
-// Extreme shapes (issue 5, item 5) and bitwise determinism under any thread count (item 4):
+// Extreme shapes and bitwise determinism under any thread count:
 // B = 0, T = 0 (padded and per sample), U = 0, V = 1 (blank only), V = 2, D = 1, durations far
 // beyond T (and INT32_MAX), more threads than work; threads 1, 2, 3, 8 give the same bits.
 #include <climits>
