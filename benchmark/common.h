@@ -1,7 +1,7 @@
 /*
  * common.h - what tdt_demo and tdt_bench share: a random joint-tensor problem (Parakeet
  * layout: blank = V - 1, duration logits after the token logits in one (B, T, U+1, V+D) row),
- * dtype conversion, timing, and checked library calls.
+ * dtype loads and stores (with the library's own conversions), timing, and checked library calls.
  */
 #ifndef TDT_BENCH_COMMON_H
 #define TDT_BENCH_COMMON_H
@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/dtype.h" /* src/: the library's float16 / bfloat16 conversions */
 #include "tdt.h"
 
 /* A problem on the host, in the run dtype. */
@@ -73,49 +74,23 @@ static inline double bench_uniform(uint64_t *state) {
     return ((double)(bench_rand(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-/* Rounds x to dtype and stores it at element i. */
+/* Rounds x to dtype (through float32 for the 16-bit types, as the library's conversions in
+ * src/common/dtype.h do) and stores it at element i. */
 static inline void bench_store(void *base, size_t i, tdt_dtype_t d, double x) {
-    float f = (float)x;
-    uint32_t bits;
     switch (d) {
     case TDT_DTYPE_FLOAT64: ((double *)base)[i] = x; return;
-    case TDT_DTYPE_FLOAT32: ((float *)base)[i] = f; return;
-    case TDT_DTYPE_BFLOAT16:
-        memcpy(&bits, &f, 4);
-        bits += 0x7fffu + ((bits >> 16) & 1u);
-        ((uint16_t *)base)[i] = (uint16_t)(bits >> 16);
-        return;
-    case TDT_DTYPE_FLOAT16: {
-        /* via the normal range only: the generated logits are small and finite */
-        memcpy(&bits, &f, 4);
-        uint32_t sign = (bits >> 16) & 0x8000u, a = bits & 0x7fffffffu;
-        if (a < 0x38800000u) { ((uint16_t *)base)[i] = (uint16_t)sign; return; }
-        uint32_t r = a - (112u << 23);
-        r += 0xfffu + ((r >> 13) & 1u);
-        ((uint16_t *)base)[i] = (uint16_t)(sign | (r >> 13));
-        return;
-    }
+    case TDT_DTYPE_FLOAT32: ((float *)base)[i] = (float)x; return;
+    case TDT_DTYPE_BFLOAT16: ((uint16_t *)base)[i] = tdt_float_to_bf16((float)x); return;
+    case TDT_DTYPE_FLOAT16: ((uint16_t *)base)[i] = tdt_float_to_fp16((float)x); return;
     }
 }
 
 static inline double bench_load(const void *base, size_t i, tdt_dtype_t d) {
-    uint32_t bits;
-    float f;
     switch (d) {
     case TDT_DTYPE_FLOAT64: return ((const double *)base)[i];
     case TDT_DTYPE_FLOAT32: return ((const float *)base)[i];
-    case TDT_DTYPE_BFLOAT16:
-        bits = (uint32_t)((const uint16_t *)base)[i] << 16;
-        memcpy(&f, &bits, 4);
-        return f;
-    case TDT_DTYPE_FLOAT16: {
-        uint16_t h = ((const uint16_t *)base)[i];
-        uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, s = (uint32_t)(h & 0x8000u) << 16;
-        if (e == 0) return (s ? -1.0 : 1.0) * m * 5.9604644775390625e-8;
-        bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112u) << 23) | (m << 13));
-        memcpy(&f, &bits, 4);
-        return f;
-    }
+    case TDT_DTYPE_BFLOAT16: return tdt_bf16_to_float(((const uint16_t *)base)[i]);
+    case TDT_DTYPE_FLOAT16: return tdt_fp16_to_float(((const uint16_t *)base)[i]);
     }
     return 0.0;
 }
