@@ -6,6 +6,9 @@
 #ifndef TDT_BENCH_COMMON_H
 #define TDT_BENCH_COMMON_H
 
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -48,18 +51,104 @@ static inline int bench_parse_dtype(const char *s, tdt_dtype_t *d) {
     return 1;
 }
 
-/* "0,1,2,3,4" -> durations; returns the count or -1. */
+/* "0,1,2,3,4" -> durations; returns the count or -1 (not integers, or more than
+ * TDT_MAX_DURATIONS). Their values are the library's to check. */
 static inline int bench_parse_durations(const char *s, int *out) {
     int n = 0;
+    if (!*s) return -1;
     while (*s) {
         char *end;
+        errno = 0;
         long v = strtol(s, &end, 10);
-        if (end == s || n == TDT_MAX_DURATIONS) return -1;
+        if (end == s || isspace((unsigned char)*s) || errno == ERANGE || v < -2147483647L - 1 ||
+            v > 2147483647L || n == TDT_MAX_DURATIONS || (*end && *end != ','))
+            return -1;
         out[n++] = (int)v;
         s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
     }
     return n;
+}
+
+/* ---- command-line values, checked whole --------------------------------------------------------
+ * Each returns 1 with the value, or prints one line naming the program, the flag and the value
+ * and returns 0 (the caller prints the usage and exits with status 2). */
+
+static inline int bench_arg_int(const char *prog, const char *flag, const char *v, long long lo,
+                                long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || isspace((unsigned char)*v)) {
+        fprintf(stderr, "%s: %s: '%s' is not an integer\n", prog, flag, v);
+        return 0;
+    }
+    if (errno == ERANGE || x < lo || x > hi) {
+        fprintf(stderr, "%s: %s: '%s' is out of range (%lld to %lld)\n", prog, flag, v, lo, hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+static inline int bench_arg_int32(const char *prog, const char *flag, const char *v, int lo, int hi, int *out) {
+    long long x;
+    if (!bench_arg_int(prog, flag, v, lo, hi, &x)) return 0;
+    *out = (int)x;
+    return 1;
+}
+
+static inline int bench_arg_u64(const char *prog, const char *flag, const char *v, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    /* strtoull takes "-1" as 2^64 - 1: only digits are a seed */
+    if (end == v || *end || !isdigit((unsigned char)*v)) {
+        fprintf(stderr, "%s: %s: '%s' is not a non-negative integer\n", prog, flag, v);
+        return 0;
+    }
+    if (errno == ERANGE) {
+        fprintf(stderr, "%s: %s: '%s' is out of range (0 to %llu)\n", prog, flag, v, (unsigned long long)UINT64_MAX);
+        return 0;
+    }
+    *out = (uint64_t)x;
+    return 1;
+}
+
+static inline int bench_arg_double(const char *prog, const char *flag, const char *v, double lo,
+                                   double hi, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || isspace((unsigned char)*v) || x != x) {
+        fprintf(stderr, "%s: %s: '%s' is not a number\n", prog, flag, v);
+        return 0;
+    }
+    if (errno == ERANGE || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "%s: %s: '%s' is out of range (%g to %g)\n", prog, flag, v, lo, hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* The line for getopt_long's refusals (called with opterr = 0 and an optstring that starts
+ * with ':'): c == ':' is a missing value for the option whose val is optopt, anything else an
+ * unknown option, arg being the word it came in (argv[optind - 1]). */
+static inline void bench_arg_refusal(const char *prog, int c, const struct option *opts, const char *arg) {
+    if (c == ':') {
+        for (const struct option *o = opts; o->name; ++o)
+            if (o->val == optopt) {
+                fprintf(stderr, "%s: --%s needs a value\n", prog, o->name);
+                return;
+            }
+        fprintf(stderr, "%s: %s needs a value\n", prog, arg);
+    } else if (strncmp(arg, "--", 2) != 0 && optopt > 0 && optopt < 128 && isgraph(optopt)) {
+        fprintf(stderr, "%s: unknown option '-%c'\n", prog, optopt);
+    } else if (strchr(arg, '=') && strncmp(arg, "--", 2) == 0) {
+        fprintf(stderr, "%s: unknown option, or one that takes no value: '%s'\n", prog, arg);
+    } else {
+        fprintf(stderr, "%s: unknown option '%s'\n", prog, arg);
+    }
 }
 
 /* splitmix64: a small deterministic generator, so a seed repeats a problem everywhere. */
