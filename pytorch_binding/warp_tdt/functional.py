@@ -325,7 +325,7 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device, 
             and _packable(x, fl, ll, device) and _core.pack_available()):
         # on the device: the library's one kernel converts, pads and (with check) judges them,
         # where torch's concatenation, cast and the check's copy cost ~200 us of host time a
-        # call on an H200's host (benchmark/NOTES.md, v22); from library 0.5.0 the forward call
+        # call on an H200's host (benchmark/host_step.py); from library 0.5.0 the forward call
         # does it in its first kernel, into its workspace's allocation (options.pack)
         if _core.fold_pack_available():
             req, flag = _core.pack_request(pack[0], max_labels, pack[1], pack[2], x, fl, ll,
@@ -417,7 +417,7 @@ def _joint_of(token, duration):
     if token.dtype != duration.dtype or token.requires_grad != grad \
             or duration.requires_grad != grad:
         return None
-    # (each shape, stride and offset asked once: an eager step's host time, NOTES v37)
+    # (each shape, stride and offset asked once: each ask is host time in an eager step)
     B, T, rows, V = token.shape
     dshape = duration.shape
     D = dshape[-1]
