@@ -131,6 +131,29 @@ static inline int bench_arg_double(const char *prog, const char *flag, const cha
     return 1;
 }
 
+/* --durations LIST: 1 with the count in *D, or 0 after the line. */
+static inline int bench_arg_durations(const char *prog, const char *v, int *durations, int *D) {
+    int n = bench_parse_durations(v, durations);
+    if (n < 1) {
+        fprintf(stderr, "%s: --durations: '%s' is not a list of integers like 0,1,2,3,4 (at most %d)\n",
+                prog, v, TDT_MAX_DURATIONS);
+        return 0;
+    }
+    *D = n;
+    return 1;
+}
+
+/* --backend cpu|gpu|all: 1 with *cpu and *gpu set, or 0 after the line. */
+static inline int bench_arg_backend(const char *prog, const char *v, int *cpu, int *gpu) {
+    if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "all")) {
+        fprintf(stderr, "%s: --backend: '%s' is not cpu, gpu or all\n", prog, v);
+        return 0;
+    }
+    *cpu = strcmp(v, "gpu") != 0;
+    *gpu = strcmp(v, "cpu") != 0;
+    return 1;
+}
+
 /* The line for getopt_long's refusals (called with opterr = 0 and an optstring that starts
  * with ':'): c == ':' is a missing value for the option whose val is optopt, anything else an
  * unknown option, arg being the word it came in (argv[optind - 1]). */

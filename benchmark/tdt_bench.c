@@ -477,14 +477,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a, int *named_any) {
             a->schedule = (tdt_gpu_schedule_t)found;
             break;
         }
-        case OPT_BACKEND:
-            if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "all")) {
-                fprintf(stderr, "%s: --backend: '%s' is not cpu, gpu or all\n", P, v);
-                return 0;
-            }
-            a->cpu = strcmp(v, "gpu") != 0;
-            a->gpu = strcmp(v, "cpu") != 0;
-            break;
+        case OPT_BACKEND: ok = bench_arg_backend(P, v, &a->cpu, &a->gpu); break;
         case OPT_DTYPES:
             n = split_list(v, toks, 4, sizeof toks[0]);
             if (n < 0) {
@@ -498,14 +491,7 @@ static int parse_args(int argc, char **argv, bench_args_t *a, int *named_any) {
                     return 0;
                 }
             break;
-        case OPT_DURATIONS:
-            a->D = bench_parse_durations(v, a->durations);
-            if (a->D < 1) {
-                fprintf(stderr, "%s: --durations: '%s' is not a list of integers like 0,1,2,3,4 (at most %d)\n",
-                        P, v, TDT_MAX_DURATIONS);
-                return 0;
-            }
-            break;
+        case OPT_DURATIONS: ok = bench_arg_durations(P, v, a->durations, &a->D); break;
         case OPT_ITERS: ok = bench_arg_int32(P, "--iters", v, 1, 1000, &a->iters); break;
         case OPT_THREADS: ok = bench_arg_int32(P, "--threads", v, 0, 4096, &a->threads); break;
         case OPT_ROUNDS: ok = bench_arg_int32(P, "--rounds", v, 1, 1000, &a->rounds); break;

@@ -19,7 +19,7 @@ typedef struct demo_args {
     int D, durations[TDT_MAX_DURATIONS];
     tdt_dtype_t dtype;
     int threads, iters, ragged, rnnt;
-    const char *backend; /* cpu, gpu, all */
+    int want_cpu, want_gpu; /* --backend: cpu, gpu or all (both) */
     double sigma, fastemit;
     uint64_t seed;
 } demo_args_t;
@@ -70,7 +70,7 @@ static int parse_args(int argc, char **argv, demo_args_t *a) {
     for (int k = 0; k < 5; ++k) a->durations[k] = k;
     a->dtype = TDT_DTYPE_FLOAT32;
     a->threads = 0; a->iters = 3; a->ragged = 0; a->rnnt = 0;
-    a->backend = "all";
+    a->want_cpu = a->want_gpu = 1;
     a->sigma = 0.0; a->fastemit = 0.0;
     a->seed = 1;
     opterr = 0;
@@ -94,11 +94,7 @@ static int parse_args(int argc, char **argv, demo_args_t *a) {
         case OPT_SIGMA: ok = bench_arg_double(P, "--sigma", v, 0.0, HUGE_VAL, &a->sigma); break;
         case OPT_FASTEMIT: ok = bench_arg_double(P, "--fastemit", v, 0.0, HUGE_VAL, &a->fastemit); break;
         case OPT_BACKEND:
-            if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "all")) {
-                fprintf(stderr, "%s: --backend: '%s' is not cpu, gpu or all\n", P, v);
-                ok = 0;
-            }
-            a->backend = v;
+            ok = bench_arg_backend(P, v, &a->want_cpu, &a->want_gpu);
             break;
         case OPT_DTYPE:
             if (!bench_parse_dtype(v, &a->dtype)) {
@@ -106,14 +102,7 @@ static int parse_args(int argc, char **argv, demo_args_t *a) {
                 ok = 0;
             }
             break;
-        case OPT_DURATIONS:
-            a->D = bench_parse_durations(v, a->durations);
-            if (a->D < 1) {
-                fprintf(stderr, "%s: --durations: '%s' is not a list of integers like 0,1,2,3,4 (at most %d)\n",
-                        P, v, TDT_MAX_DURATIONS);
-                ok = 0;
-            }
-            break;
+        case OPT_DURATIONS: ok = bench_arg_durations(P, v, a->durations, &a->D); break;
         default: bench_arg_refusal(P, c, demo_options, argv[optind - 1]); ok = 0; break;
         }
         if (!ok) return 0;
@@ -305,7 +294,7 @@ int main(int argc, char **argv) {
     memcpy(p.durations, a.durations, sizeof p.durations);
     int gpus = 0;
     if (tdt_gpu_device_count(&gpus) != TDT_STATUS_SUCCESS) gpus = 0;
-    int want_cpu = strcmp(a.backend, "gpu") != 0, want_gpu = strcmp(a.backend, "cpu") != 0;
+    int want_cpu = a.want_cpu, want_gpu = a.want_gpu;
     printf("warp-tdt %s (header %d.%d.%d), CUDA backend %s, %d GPU(s)\n", tdt_version_string(),
            TDT_VERSION_MAJOR, TDT_VERSION_MINOR, TDT_VERSION_PATCH,
            tdt_backend_built(TDT_LOCATION_GPU) ? "built" : "not built", gpus);
