@@ -1,11 +1,14 @@
 /*
  * common.h - what tdt_demo and tdt_bench share: a random joint-tensor problem (Parakeet
  * layout: blank = V - 1, duration logits after the token logits in one (B, T, U+1, V+D) row),
- * dtype conversion, timing, and checked library calls.
+ * dtype loads and stores (with the library's own conversions), timing, and checked library calls.
  */
 #ifndef TDT_BENCH_COMMON_H
 #define TDT_BENCH_COMMON_H
 
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/dtype.h" /* src/: the library's float16 / bfloat16 conversions */
 #include "tdt.h"
 
 /* A problem on the host, in the run dtype. */
@@ -47,18 +51,127 @@ static inline int bench_parse_dtype(const char *s, tdt_dtype_t *d) {
     return 1;
 }
 
-/* "0,1,2,3,4" -> durations; returns the count or -1. */
+/* "0,1,2,3,4" -> durations; returns the count or -1 (not integers, or more than
+ * TDT_MAX_DURATIONS). Their values are the library's to check. */
 static inline int bench_parse_durations(const char *s, int *out) {
     int n = 0;
+    if (!*s) return -1;
     while (*s) {
         char *end;
+        errno = 0;
         long v = strtol(s, &end, 10);
-        if (end == s || n == TDT_MAX_DURATIONS) return -1;
+        if (end == s || isspace((unsigned char)*s) || errno == ERANGE || v < -2147483647L - 1 ||
+            v > 2147483647L || n == TDT_MAX_DURATIONS || (*end && *end != ','))
+            return -1;
         out[n++] = (int)v;
         s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
     }
     return n;
+}
+
+/* ---- command-line values, checked whole --------------------------------------------------------
+ * Each returns 1 with the value, or prints one line naming the program, the flag and the value
+ * and returns 0 (the caller prints the usage and exits with status 2). */
+
+static inline int bench_arg_int(const char *prog, const char *flag, const char *v, long long lo,
+                                long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || isspace((unsigned char)*v)) {
+        fprintf(stderr, "%s: %s: '%s' is not an integer\n", prog, flag, v);
+        return 0;
+    }
+    if (errno == ERANGE || x < lo || x > hi) {
+        fprintf(stderr, "%s: %s: '%s' is out of range (%lld to %lld)\n", prog, flag, v, lo, hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+static inline int bench_arg_int32(const char *prog, const char *flag, const char *v, int lo, int hi, int *out) {
+    long long x;
+    if (!bench_arg_int(prog, flag, v, lo, hi, &x)) return 0;
+    *out = (int)x;
+    return 1;
+}
+
+static inline int bench_arg_u64(const char *prog, const char *flag, const char *v, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    /* strtoull takes "-1" as 2^64 - 1: only digits are a seed */
+    if (end == v || *end || !isdigit((unsigned char)*v)) {
+        fprintf(stderr, "%s: %s: '%s' is not a non-negative integer\n", prog, flag, v);
+        return 0;
+    }
+    if (errno == ERANGE) {
+        fprintf(stderr, "%s: %s: '%s' is out of range (0 to %llu)\n", prog, flag, v, (unsigned long long)UINT64_MAX);
+        return 0;
+    }
+    *out = (uint64_t)x;
+    return 1;
+}
+
+static inline int bench_arg_double(const char *prog, const char *flag, const char *v, double lo,
+                                   double hi, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || isspace((unsigned char)*v) || x != x) {
+        fprintf(stderr, "%s: %s: '%s' is not a number\n", prog, flag, v);
+        return 0;
+    }
+    if (errno == ERANGE || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "%s: %s: '%s' is out of range (%g to %g)\n", prog, flag, v, lo, hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* --durations LIST: 1 with the count in *D, or 0 after the line. */
+static inline int bench_arg_durations(const char *prog, const char *v, int *durations, int *D) {
+    int n = bench_parse_durations(v, durations);
+    if (n < 1) {
+        fprintf(stderr, "%s: --durations: '%s' is not a list of integers like 0,1,2,3,4 (at most %d)\n",
+                prog, v, TDT_MAX_DURATIONS);
+        return 0;
+    }
+    *D = n;
+    return 1;
+}
+
+/* --backend cpu|gpu|all: 1 with *cpu and *gpu set, or 0 after the line. */
+static inline int bench_arg_backend(const char *prog, const char *v, int *cpu, int *gpu) {
+    if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "all")) {
+        fprintf(stderr, "%s: --backend: '%s' is not cpu, gpu or all\n", prog, v);
+        return 0;
+    }
+    *cpu = strcmp(v, "gpu") != 0;
+    *gpu = strcmp(v, "cpu") != 0;
+    return 1;
+}
+
+/* The line for getopt_long's refusals (called with opterr = 0 and an optstring that starts
+ * with ':'): c == ':' is a missing value for the option whose val is optopt, anything else an
+ * unknown option, arg being the word it came in (argv[optind - 1]). */
+static inline void bench_arg_refusal(const char *prog, int c, const struct option *opts, const char *arg) {
+    if (c == ':') {
+        for (const struct option *o = opts; o->name; ++o)
+            if (o->val == optopt) {
+                fprintf(stderr, "%s: --%s needs a value\n", prog, o->name);
+                return;
+            }
+        fprintf(stderr, "%s: %s needs a value\n", prog, arg);
+    } else if (strncmp(arg, "--", 2) != 0 && optopt > 0 && optopt < 128 && isgraph(optopt)) {
+        fprintf(stderr, "%s: unknown option '-%c'\n", prog, optopt);
+    } else if (strchr(arg, '=') && strncmp(arg, "--", 2) == 0) {
+        fprintf(stderr, "%s: unknown option, or one that takes no value: '%s'\n", prog, arg);
+    } else {
+        fprintf(stderr, "%s: unknown option '%s'\n", prog, arg);
+    }
 }
 
 /* splitmix64: a small deterministic generator, so a seed repeats a problem everywhere. */
@@ -73,49 +186,23 @@ static inline double bench_uniform(uint64_t *state) {
     return ((double)(bench_rand(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-/* Rounds x to dtype and stores it at element i. */
+/* Rounds x to dtype (through float32 for the 16-bit types, as the library's conversions in
+ * src/common/dtype.h do) and stores it at element i. */
 static inline void bench_store(void *base, size_t i, tdt_dtype_t d, double x) {
-    float f = (float)x;
-    uint32_t bits;
     switch (d) {
     case TDT_DTYPE_FLOAT64: ((double *)base)[i] = x; return;
-    case TDT_DTYPE_FLOAT32: ((float *)base)[i] = f; return;
-    case TDT_DTYPE_BFLOAT16:
-        memcpy(&bits, &f, 4);
-        bits += 0x7fffu + ((bits >> 16) & 1u);
-        ((uint16_t *)base)[i] = (uint16_t)(bits >> 16);
-        return;
-    case TDT_DTYPE_FLOAT16: {
-        /* via the normal range only: the generated logits are small and finite */
-        memcpy(&bits, &f, 4);
-        uint32_t sign = (bits >> 16) & 0x8000u, a = bits & 0x7fffffffu;
-        if (a < 0x38800000u) { ((uint16_t *)base)[i] = (uint16_t)sign; return; }
-        uint32_t r = a - (112u << 23);
-        r += 0xfffu + ((r >> 13) & 1u);
-        ((uint16_t *)base)[i] = (uint16_t)(sign | (r >> 13));
-        return;
-    }
+    case TDT_DTYPE_FLOAT32: ((float *)base)[i] = (float)x; return;
+    case TDT_DTYPE_BFLOAT16: ((uint16_t *)base)[i] = tdt_float_to_bf16((float)x); return;
+    case TDT_DTYPE_FLOAT16: ((uint16_t *)base)[i] = tdt_float_to_fp16((float)x); return;
     }
 }
 
 static inline double bench_load(const void *base, size_t i, tdt_dtype_t d) {
-    uint32_t bits;
-    float f;
     switch (d) {
     case TDT_DTYPE_FLOAT64: return ((const double *)base)[i];
     case TDT_DTYPE_FLOAT32: return ((const float *)base)[i];
-    case TDT_DTYPE_BFLOAT16:
-        bits = (uint32_t)((const uint16_t *)base)[i] << 16;
-        memcpy(&f, &bits, 4);
-        return f;
-    case TDT_DTYPE_FLOAT16: {
-        uint16_t h = ((const uint16_t *)base)[i];
-        uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, s = (uint32_t)(h & 0x8000u) << 16;
-        if (e == 0) return (s ? -1.0 : 1.0) * m * 5.9604644775390625e-8;
-        bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112u) << 23) | (m << 13));
-        memcpy(&f, &bits, 4);
-        return f;
-    }
+    case TDT_DTYPE_BFLOAT16: return tdt_bf16_to_float(((const uint16_t *)base)[i]);
+    case TDT_DTYPE_FLOAT16: return tdt_fp16_to_float(((const uint16_t *)base)[i]);
     }
     return 0.0;
 }

@@ -1,6 +1,7 @@
 /*
- * tdt_bench - times the loss on the named shapes of shared/TARGETS.md (or any shape), on the CPU
- * and the GPU, forward only and forward+backward, per dtype; against the memory-traffic floor.
+ * tdt_bench - times the loss on the named shapes below (the ones docs/performance.md reports) or
+ * any shape, on the CPU and the GPU, forward only and forward+backward, per dtype; against the
+ * memory-traffic floor.
  *
  * Every result is checked before it is timed: CPU results against the CPU backend in float64 on
  * the same (rounded) logits, GPU results against the CPU backend in the same dtype. A wrong
@@ -14,8 +15,7 @@
  *   tdt_bench --shapes base,long --backend gpu --dtypes f32,bf16
  *   tdt_bench --shape 4,200,40,8193 --ragged   any shape (B,T,U,V)
  */
-#include <pthread.h>
-#include <unistd.h>
+#include <omp.h>
 
 #include "common.h"
 
@@ -67,84 +67,41 @@ static double median(double *x, int n) {
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-/* ---- host work spread over the machine's cores (the `huge` shape has 2.5e9 elements) -------- */
+/* ---- host work spread over the machine's cores (the `huge` shape has 2.5e9 elements) --------
+ * OpenMP loops with their own num_threads clause: the process's OpenMP settings stay as they are
+ * for the library's calls. Small work runs on one thread. */
 
-typedef struct par_job {
-    void (*fn)(void *ctx, size_t lo, size_t hi, int part);
-    void *ctx;
-    size_t lo, hi;
-    int part;
-} par_job_t;
-
-static void *par_main(void *arg) {
-    par_job_t *j = (par_job_t *)arg;
-    j->fn(j->ctx, j->lo, j->hi, j->part);
-    return NULL;
+static int host_threads(size_t n) {
+    return n < ((size_t)1 << 20) ? 1 : omp_get_num_procs();
 }
 
-#define PAR_MAX 64
-
-/* Calls fn(ctx, lo, hi, part) over [0, n) split into at most PAR_MAX parts; returns the parts. */
-static int par_for(size_t n, void (*fn)(void *, size_t, size_t, int), void *ctx) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int parts = cores < 1 ? 1 : cores > PAR_MAX ? PAR_MAX : (int)cores;
-    if (n < ((size_t)1 << 20)) parts = 1;
-    par_job_t jobs[PAR_MAX];
-    pthread_t th[PAR_MAX];
-    for (int i = 0; i < parts; ++i) {
-        jobs[i].fn = fn;
-        jobs[i].ctx = ctx;
-        jobs[i].lo = n / (size_t)parts * (size_t)i;
-        jobs[i].hi = i + 1 == parts ? n : n / (size_t)parts * (size_t)(i + 1);
-        jobs[i].part = i;
-    }
-    for (int i = 1; i < parts; ++i)
-        if (pthread_create(&th[i], NULL, par_main, &jobs[i]) != 0) par_main(&jobs[i]), th[i] = 0;
-    par_main(&jobs[0]);
-    for (int i = 1; i < parts; ++i)
-        if (th[i]) pthread_join(th[i], NULL);
-    return parts;
-}
-
-/* bench_make (common.h), the same numbers, with the logits drawn in parallel. */
-typedef struct gen_ctx {
-    bench_problem_t *p;
-    uint64_t seed;
-    size_t n;
-} gen_ctx_t;
-
-static void gen_part(void *arg, size_t lo, size_t hi, int part) {
-    const gen_ctx_t *g = (const gen_ctx_t *)arg;
-    (void)part;
-    bench_fill_pairs(g->p, g->seed, g->n, lo, hi);
-}
-
+/* bench_make (common.h), the same numbers, with the logits drawn in parallel: pair i of the
+ * normals is a function of (seed, i) alone, so any split draws the same problem. */
 static int bench_make_fast(bench_problem_t *p, uint64_t seed, int ragged) {
     size_t n;
     if (!bench_alloc(p, &n)) return 0;
-    gen_ctx_t g = {p, seed, n};
-    par_for((n + 1) / 2, gen_part, &g);
+    const long long pairs = (long long)((n + 1) / 2), chunk = 1 << 16;
+#pragma omp parallel for num_threads(host_threads((size_t)pairs)) schedule(static)
+    for (long long lo = 0; lo < pairs; lo += chunk)
+        bench_fill_pairs(p, seed, n, (size_t)lo, (size_t)(lo + chunk < pairs ? lo + chunk : pairs));
     bench_fill_labels(p, seed, n, ragged);
     return 1;
 }
 
-/* The gradient comparison of check(), in parallel: the worst |x - y| / (rel |y| + 1e-6). */
-typedef struct cmp_ctx {
-    const void *grad, *ref;
-    tdt_dtype_t dtype, ref_dtype;
-    double rel;
-    double worst[PAR_MAX];
-} cmp_ctx_t;
-
-static void cmp_part(void *arg, size_t lo, size_t hi, int part) {
-    cmp_ctx_t *c = (cmp_ctx_t *)arg;
+/* The gradient comparison of check(), in parallel: the worst |x - y| / (rel |y| + 1e-6), a NaN
+ * difference counting as the worst. */
+static double worst_grad_error(const void *grad, tdt_dtype_t dtype, const void *ref, tdt_dtype_t ref_dtype,
+                               double rel, size_t n) {
     double worst = 0.0;
-    for (size_t i = lo; i < hi; ++i) {
-        double x = bench_load(c->grad, i, c->dtype), y = bench_load(c->ref, i, c->ref_dtype);
-        double d = fabs(x - y) / (c->rel * fabs(y) + 1e-6);
-        if (!(d <= worst)) worst = d; /* NaN-safe: a NaN difference sticks */
+    int nan_seen = 0;
+#pragma omp parallel for num_threads(host_threads(n)) schedule(static) reduction(max : worst) reduction(| : nan_seen)
+    for (long long i = 0; i < (long long)n; ++i) {
+        double x = bench_load(grad, (size_t)i, dtype), y = bench_load(ref, (size_t)i, ref_dtype);
+        double d = fabs(x - y) / (rel * fabs(y) + 1e-6);
+        if (d != d) nan_seen = 1;
+        else if (d > worst) worst = d;
     }
-    c->worst[part] = worst;
+    return nan_seen ? NAN : worst;
 }
 
 /* Compares costs and gradients with a tolerance for the dtype; prints the verdict. */
@@ -159,13 +116,7 @@ static int check(const bench_problem_t *p, const void *costs, const void *grad, 
         double d = x == y ? 0.0 : fabs(x - y) / fabs(y);
         if (!(d <= worst_cost)) worst_cost = d; /* NaN-safe */
     }
-    if (grad) {
-        cmp_ctx_t c;
-        c.grad = grad; c.ref = ref_grad; c.dtype = p->dtype; c.ref_dtype = ref_dtype; c.rel = rel;
-        int parts = par_for(bench_joint_elems(p), cmp_part, &c);
-        for (int i = 0; i < parts; ++i)
-            if (!(c.worst[i] <= worst_grad)) worst_grad = c.worst[i];
-    }
+    if (grad) worst_grad = worst_grad_error(grad, p->dtype, ref_grad, ref_dtype, rel, bench_joint_elems(p));
     int ok = worst_cost <= cost_tol && worst_grad <= 1.0;
     snprintf(verdict, len, "%s (cost rel %.1e, grad err/tol %.2f)", ok ? "ok" : "FAILED", worst_cost, worst_grad);
     return ok;
@@ -409,10 +360,17 @@ static void usage(FILE *f) {
             "                 [--dtypes LIST] [--durations LIST] [--iters N] [--threads N] [--stream]\n"
             "                 [--schedule auto|serial|overlap|split|fused|trail]\n"
             "                 [--vary NAME=V1,V2,... [--rounds N]]\n"
-            "  --shapes LIST   named shapes of shared/TARGETS.md: base, parakeet, large, long, ragged,\n"
-            "                  huge (default: all; on the CPU large and huge are skipped unless named)\n"
+            "  --shapes LIST   named shapes (B,T,U,V): base 8,100,20,1025, parakeet 4,200,40,8193,\n"
+            "                  large 16,400,100,1025, long 1,1500,400,1025, ragged 32,150,60,257 with\n"
+            "                  ragged lengths, huge 8,375,100,8193 (bf16 only) (default: all; on the\n"
+            "                  CPU large and huge are skipped unless named)\n"
+            "  --shape B,T,U,V any shape; --ragged draws T_b in [T/2, T] and U_b in [U/2, U]\n"
+            "  --backend B     cpu | gpu | all (default all: every backend present)\n"
             "  --dtypes LIST   f32, f64, f16, bf16 (default f32,bf16)\n"
-            "  --iters N       timed repetitions after warm-up; the median is printed (default 20)\n"
+            "  --durations L   comma-separated TDT durations (default 0,1,2,3,4)\n"
+            "  --iters N       timed repetitions after warm-up, 1 to 1000 (CPU: at most 64 are\n"
+            "                  timed); the median is printed (default 20)\n"
+            "  --threads N     CPU: tdt_options_t.num_threads (default 0: OpenMP's default)\n"
             "  --stream        GPU: run on a stream of its own (cudaStreamNonBlocking) instead of the\n"
             "                  legacy default stream, the one PyTorch's default stream is\n"
             "  --schedule S    GPU: tdt_options_t.gpu_schedule (default auto; the same costs in\n"
@@ -422,7 +380,146 @@ static void usage(FILE *f) {
             "                  names above), state (0 or 1: tdt_options_t.state_in_grads, in the\n"
             "                  fwd+bwd rows), or an environment variable a TDT_SWEEP_TUNING build of\n"
             "                  the library reads per call (up to 8 values); --rounds N times over\n"
-            "                  (default 1), interleaved, so the values see the same machine\n");
+            "                  (default 1), interleaved, so the values see the same machine\n"
+            "  --help          this text\n"
+            "Exit status 0 when every result passes its check, 1 when one fails, 2 on a usage or\n"
+            "library error.\n");
+}
+
+enum {
+    OPT_SHAPES = 256, OPT_SHAPE, OPT_RAGGED, OPT_BACKEND, OPT_DTYPES, OPT_DURATIONS, OPT_ITERS,
+    OPT_THREADS, OPT_STREAM, OPT_SCHEDULE, OPT_VARY, OPT_ROUNDS
+};
+
+static const struct option bench_long_options[] = {
+    {"shapes", required_argument, NULL, OPT_SHAPES},       {"shape", required_argument, NULL, OPT_SHAPE},
+    {"ragged", no_argument, NULL, OPT_RAGGED},             {"backend", required_argument, NULL, OPT_BACKEND},
+    {"dtypes", required_argument, NULL, OPT_DTYPES},       {"durations", required_argument, NULL, OPT_DURATIONS},
+    {"iters", required_argument, NULL, OPT_ITERS},         {"threads", required_argument, NULL, OPT_THREADS},
+    {"stream", no_argument, NULL, OPT_STREAM},             {"schedule", required_argument, NULL, OPT_SCHEDULE},
+    {"vary", required_argument, NULL, OPT_VARY},           {"rounds", required_argument, NULL, OPT_ROUNDS},
+    {"help", no_argument, NULL, 'h'},                      {NULL, 0, NULL, 0},
+};
+
+/* Splits a comma-separated list into at most max tokens of fewer than len characters each;
+ * returns the count, or -1 (an empty token, too many, or too long). */
+static int split_list(const char *v, char (*out)[32], int max, size_t len) {
+    int n = 0;
+    const char *s = v;
+    for (;;) {
+        const char *end = strchr(s, ',');
+        size_t k = end ? (size_t)(end - s) : strlen(s);
+        if (k == 0 || k >= len || n == max) return -1;
+        memcpy(out[n], s, k);
+        out[n++][k] = '\0';
+        if (!end) return n;
+        s = end + 1;
+    }
+}
+
+/* 1: parsed; 0: refused (one line on stderr already); -1: --help. */
+static int parse_args(int argc, char **argv, bench_args_t *a, int *named_any) {
+    static const char *const P = "tdt_bench";
+    char toks[NUM_SHAPES > 8 ? NUM_SHAPES : 8][32];
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", bench_long_options, NULL)) != -1) {
+        const char *v = optarg;
+        int ok = 1, n;
+        switch (c) {
+        case 'h': return -1;
+        case OPT_RAGGED: a->custom.ragged = 1; break;
+        case OPT_STREAM: a->own_stream = 1; break;
+        case OPT_SHAPES:
+            n = split_list(v, toks, NUM_SHAPES, sizeof toks[0]);
+            if (n < 0) {
+                fprintf(stderr, "%s: --shapes: '%s' is not a list of shape names\n", P, v);
+                return 0;
+            }
+            for (int k = 0; k < n; ++k) {
+                int found = 0;
+                for (int s = 0; s < NUM_SHAPES; ++s)
+                    if (!strcmp(toks[k], named_shapes[s].name)) { a->shape_on[s] = 2; found = 1; }
+                if (!found) {
+                    fprintf(stderr, "%s: --shapes: unknown shape '%s' in '%s'\n", P, toks[k], v);
+                    return 0;
+                }
+            }
+            *named_any = 1;
+            break;
+        case OPT_SHAPE: {
+            static const char *const what[4] = {"B", "T", "U", "V"};
+            static const long long lo[4] = {1, 1, 0, 2};
+            long long x[4];
+            if (split_list(v, toks, 4, sizeof toks[0]) != 4) {
+                fprintf(stderr, "%s: --shape: '%s' is not B,T,U,V\n", P, v);
+                return 0;
+            }
+            for (int k = 0; k < 4; ++k) {
+                char flag[16];
+                snprintf(flag, sizeof flag, "--shape %s", what[k]);
+                if (!bench_arg_int(P, flag, toks[k], lo[k], INT32_MAX, &x[k])) return 0;
+            }
+            a->custom.name = "custom";
+            a->custom.B = x[0]; a->custom.T = x[1]; a->custom.U = x[2]; a->custom.V = x[3];
+            a->have_custom = 1;
+            break;
+        }
+        case OPT_SCHEDULE: {
+            int found = -1;
+            for (int k = 0; k < (int)(sizeof schedule_names / sizeof *schedule_names); ++k)
+                if (!strcmp(v, schedule_names[k])) found = k;
+            if (found < 0) {
+                fprintf(stderr, "%s: --schedule: '%s' is not auto, serial, overlap, split, fused or trail\n", P, v);
+                return 0;
+            }
+            a->schedule = (tdt_gpu_schedule_t)found;
+            break;
+        }
+        case OPT_BACKEND: ok = bench_arg_backend(P, v, &a->cpu, &a->gpu); break;
+        case OPT_DTYPES:
+            n = split_list(v, toks, 4, sizeof toks[0]);
+            if (n < 0) {
+                fprintf(stderr, "%s: --dtypes: '%s' is not a list of at most 4 dtypes\n", P, v);
+                return 0;
+            }
+            a->num_dtypes = n;
+            for (int k = 0; k < n; ++k)
+                if (!bench_parse_dtype(toks[k], &a->dtypes[k])) {
+                    fprintf(stderr, "%s: --dtypes: '%s' in '%s' is not f32, f64, f16 or bf16\n", P, toks[k], v);
+                    return 0;
+                }
+            break;
+        case OPT_DURATIONS: ok = bench_arg_durations(P, v, a->durations, &a->D); break;
+        case OPT_ITERS: ok = bench_arg_int32(P, "--iters", v, 1, 1000, &a->iters); break;
+        case OPT_THREADS: ok = bench_arg_int32(P, "--threads", v, 0, 4096, &a->threads); break;
+        case OPT_ROUNDS: ok = bench_arg_int32(P, "--rounds", v, 1, 1000, &a->rounds); break;
+        case OPT_VARY: {
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || (size_t)(eq - v) >= sizeof a->vary_name) {
+                fprintf(stderr, "%s: --vary: '%s': --vary wants NAME=V1,V2,...\n", P, v);
+                return 0;
+            }
+            memcpy(a->vary_name, v, (size_t)(eq - v));
+            a->vary_name[eq - v] = '\0';
+            a->num_vary = split_list(eq + 1, a->vary_values, 8, sizeof a->vary_values[0]);
+            if (a->num_vary < 1) {
+                fprintf(stderr, "%s: --vary: '%s': wants 1 to 8 comma-separated values of at most %d characters\n",
+                        P, v, (int)sizeof a->vary_values[0] - 1);
+                return 0;
+            }
+            break;
+        }
+        default: bench_arg_refusal(P, c, bench_long_options, argv[optind - 1]); return 0;
+        }
+        if (!ok) return 0;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", P, argv[optind]);
+        return 0;
+    }
+    return 1;
 }
 
 int main(int argc, char **argv) {
@@ -435,70 +532,9 @@ int main(int argc, char **argv) {
     a.dtypes[0] = TDT_DTYPE_FLOAT32; a.dtypes[1] = TDT_DTYPE_BFLOAT16; a.num_dtypes = 2;
     a.D = 5;
     for (int k = 0; k < 5; ++k) a.durations[k] = k;
-    for (int i = 1; i < argc; ++i) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(o, "--help")) { usage(stdout); return 0; }
-        if (!strcmp(o, "--ragged")) { a.custom.ragged = 1; continue; }
-        if (!strcmp(o, "--stream")) { a.own_stream = 1; continue; }
-        ++i;
-        if (!strcmp(o, "--shapes")) {
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                int found = 0;
-                for (int s = 0; s < NUM_SHAPES; ++s)
-                    if (!strcmp(tok, named_shapes[s].name)) { a.shape_on[s] = 2; found = 1; }
-                if (!found) { fprintf(stderr, "tdt_bench: unknown shape %s\n", tok); return 2; }
-                named_any = 1;
-            }
-        } else if (!strcmp(o, "--shape")) {
-            long long B, T, U, V;
-            if (sscanf(v, "%lld,%lld,%lld,%lld", &B, &T, &U, &V) != 4 || B < 1 || T < 1 || U < 0 || V < 2) {
-                fprintf(stderr, "tdt_bench: --shape wants B,T,U,V\n");
-                return 2;
-            }
-            a.custom.name = "custom"; a.custom.B = B; a.custom.T = T; a.custom.U = U; a.custom.V = V;
-            a.have_custom = 1;
-        } else if (!strcmp(o, "--schedule")) {
-            int found = -1;
-            for (int k = 0; k < (int)(sizeof schedule_names / sizeof *schedule_names); ++k)
-                if (!strcmp(v, schedule_names[k])) found = k;
-            if (found < 0) {
-                fprintf(stderr, "tdt_bench: --schedule wants auto, serial, overlap, split, fused or trail, got %s\n", v);
-                return 2;
-            }
-            a.schedule = (tdt_gpu_schedule_t)found;
-        } else if (!strcmp(o, "--backend")) {
-            a.cpu = strcmp(v, "gpu") != 0;
-            a.gpu = strcmp(v, "cpu") != 0;
-        } else if (!strcmp(o, "--dtypes")) {
-            char buf[64];
-            snprintf(buf, sizeof buf, "%s", v);
-            a.num_dtypes = 0;
-            for (char *tok = strtok(buf, ","); tok && a.num_dtypes < 4; tok = strtok(NULL, ","))
-                if (!bench_parse_dtype(tok, &a.dtypes[a.num_dtypes++])) { fprintf(stderr, "tdt_bench: bad dtype %s\n", tok); return 2; }
-        } else if (!strcmp(o, "--durations")) {
-            a.D = bench_parse_durations(v, a.durations);
-            if (a.D < 1) { fprintf(stderr, "tdt_bench: bad --durations %s\n", v); return 2; }
-        } else if (!strcmp(o, "--iters")) a.iters = atoi(v) > 0 ? atoi(v) : 1;
-        else if (!strcmp(o, "--threads")) a.threads = atoi(v);
-        else if (!strcmp(o, "--rounds")) a.rounds = atoi(v) > 0 ? atoi(v) : 1;
-        else if (!strcmp(o, "--vary")) {
-            const char *eq = strchr(v, '=');
-            if (!eq || eq == v || (size_t)(eq - v) >= sizeof a.vary_name) {
-                fprintf(stderr, "tdt_bench: --vary wants NAME=V1,V2,...\n");
-                return 2;
-            }
-            memcpy(a.vary_name, v, (size_t)(eq - v));
-            a.vary_name[eq - v] = '\0';
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", eq + 1);
-            a.num_vary = 0;
-            for (char *tok = strtok(buf, ","); tok && a.num_vary < 8; tok = strtok(NULL, ","))
-                snprintf(a.vary_values[a.num_vary++], sizeof a.vary_values[0], "%s", tok);
-            if (a.num_vary == 0) { fprintf(stderr, "tdt_bench: --vary wants at least one value\n"); return 2; }
-        } else { usage(stderr); return 2; }
-    }
+    int parsed = parse_args(argc, argv, &a, &named_any);
+    if (parsed < 0) { usage(stdout); return 0; }
+    if (!parsed) { usage(stderr); return 2; }
     if (!named_any && !a.have_custom)
         for (int s = 0; s < NUM_SHAPES; ++s) a.shape_on[s] = 1;
 

@@ -15,11 +15,11 @@
 #endif
 
 typedef struct demo_args {
-    int64_t B, T, U, V;
+    long long B, T, U, V;
     int D, durations[TDT_MAX_DURATIONS];
     tdt_dtype_t dtype;
     int threads, iters, ragged, rnnt;
-    const char *backend; /* cpu, gpu, all */
+    int want_cpu, want_gpu; /* --backend: cpu, gpu or all (both) */
     double sigma, fastemit;
     uint64_t seed;
 } demo_args_t;
@@ -46,48 +46,69 @@ static void usage(FILE *f) {
             "  --help            this text\n");
 }
 
+enum {
+    OPT_BATCH = 256, OPT_FRAMES, OPT_LABELS, OPT_VOCAB, OPT_DURATIONS, OPT_RNNT, OPT_DTYPE,
+    OPT_THREADS, OPT_BACKEND, OPT_RAGGED, OPT_SIGMA, OPT_FASTEMIT, OPT_ITERS, OPT_SEED
+};
+
+static const struct option demo_options[] = {
+    {"batch", required_argument, NULL, OPT_BATCH},     {"frames", required_argument, NULL, OPT_FRAMES},
+    {"labels", required_argument, NULL, OPT_LABELS},   {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"durations", required_argument, NULL, OPT_DURATIONS}, {"rnnt", no_argument, NULL, OPT_RNNT},
+    {"dtype", required_argument, NULL, OPT_DTYPE},     {"threads", required_argument, NULL, OPT_THREADS},
+    {"backend", required_argument, NULL, OPT_BACKEND}, {"ragged", no_argument, NULL, OPT_RAGGED},
+    {"sigma", required_argument, NULL, OPT_SIGMA},     {"fastemit", required_argument, NULL, OPT_FASTEMIT},
+    {"iters", required_argument, NULL, OPT_ITERS},     {"seed", required_argument, NULL, OPT_SEED},
+    {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
+};
+
+/* 1: parsed; 0: refused (one line on stderr already); -1: --help. */
 static int parse_args(int argc, char **argv, demo_args_t *a) {
+    static const char *const P = "tdt_demo";
     a->B = 4; a->T = 150; a->U = 30; a->V = 8193;
     a->D = 5;
     for (int k = 0; k < 5; ++k) a->durations[k] = k;
     a->dtype = TDT_DTYPE_FLOAT32;
     a->threads = 0; a->iters = 3; a->ragged = 0; a->rnnt = 0;
-    a->backend = "all";
+    a->want_cpu = a->want_gpu = 1;
     a->sigma = 0.0; a->fastemit = 0.0;
     a->seed = 1;
-    for (int i = 1; i < argc; ++i) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) { usage(stdout); exit(0); }
-        else if (!strcmp(o, "--rnnt")) a->rnnt = 1;
-        else if (!strcmp(o, "--ragged")) a->ragged = 1;
-        else if (!v) { fprintf(stderr, "tdt_demo: %s needs a value\n", o); return 0; }
-        else {
-            ++i;
-            if (!strcmp(o, "--batch")) a->B = atoll(v);
-            else if (!strcmp(o, "--frames")) a->T = atoll(v);
-            else if (!strcmp(o, "--labels")) a->U = atoll(v);
-            else if (!strcmp(o, "--vocab")) a->V = atoll(v);
-            else if (!strcmp(o, "--threads")) a->threads = atoi(v);
-            else if (!strcmp(o, "--iters")) a->iters = atoi(v);
-            else if (!strcmp(o, "--seed")) a->seed = strtoull(v, NULL, 10);
-            else if (!strcmp(o, "--sigma")) a->sigma = atof(v);
-            else if (!strcmp(o, "--fastemit")) a->fastemit = atof(v);
-            else if (!strcmp(o, "--backend")) a->backend = v;
-            else if (!strcmp(o, "--dtype")) {
-                if (!bench_parse_dtype(v, &a->dtype)) { fprintf(stderr, "tdt_demo: --dtype %s: use f32, f64, f16 or bf16\n", v); return 0; }
-            } else if (!strcmp(o, "--durations")) {
-                a->D = bench_parse_durations(v, a->durations);
-                if (a->D < 1) { fprintf(stderr, "tdt_demo: --durations %s: expected e.g. 0,1,2,3,4 (at most %d)\n", v, TDT_MAX_DURATIONS); return 0; }
-            } else { fprintf(stderr, "tdt_demo: unknown option %s (try --help)\n", o); return 0; }
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", demo_options, NULL)) != -1) {
+        const char *v = optarg;
+        int ok = 1;
+        switch (c) {
+        case 'h': return -1;
+        case OPT_RNNT: a->rnnt = 1; break;
+        case OPT_RAGGED: a->ragged = 1; break;
+        /* sizes up to int32: the labels and lengths are int32 */
+        case OPT_BATCH: ok = bench_arg_int(P, "--batch", v, 1, INT32_MAX, &a->B); break;
+        case OPT_FRAMES: ok = bench_arg_int(P, "--frames", v, 1, INT32_MAX, &a->T); break;
+        case OPT_LABELS: ok = bench_arg_int(P, "--labels", v, 0, INT32_MAX, &a->U); break;
+        case OPT_VOCAB: ok = bench_arg_int(P, "--vocab", v, 2, INT32_MAX, &a->V); break;
+        case OPT_THREADS: ok = bench_arg_int32(P, "--threads", v, 0, 4096, &a->threads); break;
+        case OPT_ITERS: ok = bench_arg_int32(P, "--iters", v, 1, 1000000, &a->iters); break;
+        case OPT_SEED: ok = bench_arg_u64(P, "--seed", v, &a->seed); break;
+        case OPT_SIGMA: ok = bench_arg_double(P, "--sigma", v, 0.0, HUGE_VAL, &a->sigma); break;
+        case OPT_FASTEMIT: ok = bench_arg_double(P, "--fastemit", v, 0.0, HUGE_VAL, &a->fastemit); break;
+        case OPT_BACKEND:
+            ok = bench_arg_backend(P, v, &a->want_cpu, &a->want_gpu);
+            break;
+        case OPT_DTYPE:
+            if (!bench_parse_dtype(v, &a->dtype)) {
+                fprintf(stderr, "%s: --dtype: '%s' is not f32, f64, f16 or bf16\n", P, v);
+                ok = 0;
+            }
+            break;
+        case OPT_DURATIONS: ok = bench_arg_durations(P, v, a->durations, &a->D); break;
+        default: bench_arg_refusal(P, c, demo_options, argv[optind - 1]); ok = 0; break;
         }
+        if (!ok) return 0;
     }
-    if (a->B < 1 || a->T < 1 || a->U < 0 || a->V < 2 || a->iters < 1) {
-        fprintf(stderr, "tdt_demo: need batch >= 1, frames >= 1, labels >= 0, vocab >= 2, iters >= 1\n");
-        return 0;
-    }
-    if (strcmp(a->backend, "cpu") && strcmp(a->backend, "gpu") && strcmp(a->backend, "all")) {
-        fprintf(stderr, "tdt_demo: --backend %s: use cpu, gpu or all\n", a->backend);
+    if (optind < argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", P, argv[optind]);
         return 0;
     }
     return 1;
@@ -263,7 +284,9 @@ static double host_copy_gbs(void *dst, const void *src, size_t bytes) {
 
 int main(int argc, char **argv) {
     demo_args_t a;
-    if (!parse_args(argc, argv, &a)) { usage(stderr); return 2; }
+    int parsed = parse_args(argc, argv, &a);
+    if (parsed < 0) { usage(stdout); return 0; }
+    if (!parsed) { usage(stderr); return 2; }
     bench_problem_t p;
     memset(&p, 0, sizeof p);
     p.B = a.B; p.T = a.T; p.U = a.U; p.V = a.V; p.D = a.rnnt ? 0 : a.D; p.rnnt = a.rnnt;
@@ -271,7 +294,7 @@ int main(int argc, char **argv) {
     memcpy(p.durations, a.durations, sizeof p.durations);
     int gpus = 0;
     if (tdt_gpu_device_count(&gpus) != TDT_STATUS_SUCCESS) gpus = 0;
-    int want_cpu = strcmp(a.backend, "gpu") != 0, want_gpu = strcmp(a.backend, "cpu") != 0;
+    int want_cpu = a.want_cpu, want_gpu = a.want_gpu;
     printf("warp-tdt %s (header %d.%d.%d), CUDA backend %s, %d GPU(s)\n", tdt_version_string(),
            TDT_VERSION_MAJOR, TDT_VERSION_MINOR, TDT_VERSION_PATCH,
            tdt_backend_built(TDT_LOCATION_GPU) ? "built" : "not built", gpus);

@@ -17,55 +17,7 @@
 
 namespace tdt_test {
 
-// ---- 16-bit floats ---------------------------------------------------------------------------
-
-uint16_t float_to_half(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
-    if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-    if (ax < 0x38800000u) {  // below 2^-14: a subnormal half (or zero)
-        float a;
-        std::memcpy(&a, &ax, 4);
-        const uint32_t m = static_cast<uint32_t>(std::nearbyint(a * 16777216.0f));  // a / 2^-24
-        return static_cast<uint16_t>(sign | m);
-    }
-    uint32_t h = (((ax >> 23) - 127u + 15u) << 10) | ((ax & 0x7fffffu) >> 13);
-    const uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // round to nearest even
-    return static_cast<uint16_t>(sign | h);
-}
-
-float half_to_float(uint16_t h) {
-    const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    float f;
-    if (e == 0) {
-        f = std::ldexp(static_cast<float>(m), -24);
-        return sign ? -f : f;
-    }
-    const uint32_t bits = e == 31 ? (sign | 0x7f800000u | (m << 13))
-                                  : (sign | ((e - 15u + 127u) << 23) | (m << 13));
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t float_to_bfloat16(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return static_cast<uint16_t>(x >> 16);
-}
-
-float bfloat16_to_float(uint16_t h) {
-    const uint32_t x = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &x, 4);
-    return f;
-}
+// ---- dtypes ------------------------------------------------------------------------------------
 
 size_t dtype_size(tdt_dtype_t dtype) {
     switch (dtype) {

@@ -15,15 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"  // src/
 #include "tdt.h"
 
 namespace tdt_test {
 
-// ---- 16-bit float conversions (round to nearest even), independent of the library ---------
-uint16_t float_to_half(float f);
-float half_to_float(uint16_t h);
-uint16_t float_to_bfloat16(float f);
-float bfloat16_to_float(uint16_t h);
+// ---- 16-bit float conversions: the library's own (src/common/dtype.h; round to nearest even),
+// checked on every pattern against an independent implementation in test_dtype.cc ---------
+inline uint16_t float_to_half(float f) { return tdt_float_to_fp16(f); }
+inline float half_to_float(uint16_t h) { return tdt_fp16_to_float(h); }
+inline uint16_t float_to_bfloat16(float f) { return tdt_float_to_bf16(f); }
+inline float bfloat16_to_float(uint16_t h) { return tdt_bf16_to_float(h); }
 size_t dtype_size(tdt_dtype_t dtype);
 const char *dtype_name(tdt_dtype_t dtype);
 // x rounded to the nearest value representable in dtype.

@@ -817,11 +817,11 @@ def _wait_for_flag(flag, device):
     the host reads it as it lands; by the time a call has enqueued its loss it usually has). No
     event: its record and wait took ~20 us of host time a call on an H200's host. First plain
     reads for up to _SPIN_SECONDS (the clock read every 64): a stream query or a sleep(0) among
-    them cost an eager parakeet bfloat16 step on the H200 ~13 us of GPU time (0.544
-    against 0.531 ms in one process), and where a step waits on its kernels, up to parakeet,
-    the wait is shorter. The reads hold the GIL, so other Python threads wait at most that long. Then a stream that ran dry
-    without the write (it failed, or the kernel never ran) ends the wait: its error is raised by
-    the synchronisation, or a RuntimeError if it has none."""
+    them cost an eager parakeet bfloat16 step on the H200 ~13 us of GPU time (benchmark/
+    host_step.py times such steps), and where a step waits on its kernels, up to parakeet, the
+    wait is shorter. The reads hold the GIL, so other Python threads wait at most that long.
+    Then a stream that ran dry without the write (it failed, or the kernel never ran) ends the
+    wait: its error is raised by the synchronisation, or a RuntimeError if it has none."""
     polls = 0
     start = None
     while flag.value == _FLAG_PENDING:

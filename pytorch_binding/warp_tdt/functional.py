@@ -10,6 +10,7 @@ gradient, folded into the one pass that writes each gradient element.
 
 import operator
 import sys
+import warnings
 
 import torch
 
@@ -59,10 +60,17 @@ def _call_mode(ref, compiling):
 # ---- argument checks ---------------------------------------------------------------------------
 
 
+def _short_repr(value, limit=80):
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit - 4] + " ..."
+
+
 def _check_reduction(reduction, allowed):
     if reduction not in allowed:
-        raise ValueError('Invalid reduction mode "%s". Expected one of %s.'
-                         % (reduction, ", ".join(repr(r) for r in allowed)))
+        raise ValueError('Invalid reduction mode %s. Expected one of %s.'
+                         % ('"%s"' % reduction if isinstance(reduction, str) else
+                            "%r (%s)" % (reduction, type(reduction).__name__),
+                            ", ".join(repr(r) for r in allowed)))
 
 
 def _check_logits(x, name):
@@ -93,6 +101,8 @@ def _check_number(value, name, minimum=0.0, maximum=None, allow_negative=False):
         v = float(value)
     else:
         try:
+            if isinstance(value, (str, bytes)):  # float("0.1") would take it
+                raise TypeError
             v = float(value)
         except (TypeError, ValueError):
             raise TypeError("%s must be a number, got %r" % (name, value)) from None
@@ -123,23 +133,33 @@ def _as_durations(durations, compiling):
     return _check_durations(durations)
 
 
+_DURATIONS_WANTED = "a sequence of distinct non-negative ints, e.g. [0, 1, 2, 3, 4]"
+
+
 def _check_durations(durations):
     if isinstance(durations, torch.Tensor):
         if durations.dtype.is_floating_point or durations.dim() != 1:
             raise ValueError("durations must be a 1-D integer tensor or a list of ints, got %s of "
                              "shape %s" % (durations.dtype, tuple(durations.shape)))
         durations = durations.tolist()
+    if isinstance(durations, (str, bytes)) or not hasattr(durations, "__iter__"):
+        raise TypeError("durations must be %s, got %r (%s)"
+                        % (_DURATIONS_WANTED, durations, type(durations).__name__))
     ds = []
     for d in durations:
         if isinstance(d, int):  # the common case, and free of try/except for torch.compile
             ds.append(d)
             continue
         try:
+            if isinstance(d, (str, bytes)):
+                raise TypeError
             i = int(d)
         except (TypeError, ValueError):
-            raise TypeError("durations must be a list of ints, got %r" % (durations,)) from None
+            raise TypeError("durations must be %s, got %r holding %r (%s)"
+                            % (_DURATIONS_WANTED, durations, d, type(d).__name__)) from None
         if i != d:
-            raise ValueError("durations = %r must hold integers" % (list(durations),))
+            raise ValueError("durations = %r must hold integers: %s"
+                             % (list(durations), _DURATIONS_WANTED))
         ds.append(i)
     if not 1 <= len(ds) <= _MAX_DURATIONS:
         raise ValueError("durations = %r must hold 1 to %d values" % (ds, _MAX_DURATIONS))
@@ -156,17 +176,31 @@ def _check_durations(durations):
     return tuple(ds)
 
 
+_INT_SHAPES = {1: "(batch,)", 2: "(batch, U)"}
+
+
 def _int_tensor(x, name, device, dim):
     if not isinstance(x, torch.Tensor):
+        given = x
+        if isinstance(x, (str, bytes)) or x is None:
+            raise TypeError("%s must be an integer tensor of shape %s, got %r (%s)"
+                            % (name, _INT_SHAPES[dim], x, type(x).__name__))
         try:
-            x = torch.tensor(x, dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError):
-            raise TypeError("%s must be an integer tensor, got %r" % (name, type(x).__name__)) from None
+            x = torch.as_tensor(x)  # the given values' own type: a float is refused below
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError("%s must be an integer tensor of shape %s (or a rectangular nested "
+                            "list of ints), got %s %s: %s"
+                            % (name, _INT_SHAPES[dim], type(given).__name__,
+                               _short_repr(given), e)) from None
+        if x.numel() == 0 and x.dtype.is_floating_point:  # [] reads as float32
+            x = x.to(torch.int64)
     dtype = x.dtype
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
         raise ValueError("%s must be an integer tensor, got dtype %s" % (name, dtype))
     if x.dim() != dim:
-        raise ValueError("%s must be %d-D, got shape %s" % (name, dim, tuple(x.shape)))
+        raise ValueError("%s must be %d-D, got shape %s%s; expected %s"
+                         % (name, dim, tuple(x.shape),
+                            " (the value %s)" % x.item() if x.dim() == 0 else "", _INT_SHAPES[dim]))
     if x.device != device:
         if x.device.type != "cpu":
             raise ValueError("%s is on %s but the logits are on %s; move them to one device"
@@ -291,7 +325,7 @@ def _indices(targets, logit_lengths, target_lengths, batch, max_labels, device, 
             and _packable(x, fl, ll, device) and _core.pack_available()):
         # on the device: the library's one kernel converts, pads and (with check) judges them,
         # where torch's concatenation, cast and the check's copy cost ~200 us of host time a
-        # call on an H200's host (docs/performance.md, "The binding's host time"); from library 0.5.0 the forward call
+        # call on an H200's host (benchmark/host_step.py); from library 0.5.0 the forward call
         # does it in its first kernel, into its workspace's allocation (options.pack)
         if _core.fold_pack_available():
             req, flag = _core.pack_request(pack[0], max_labels, pack[1], pack[2], x, fl, ll,
@@ -383,7 +417,7 @@ def _joint_of(token, duration):
     if token.dtype != duration.dtype or token.requires_grad != grad \
             or duration.requires_grad != grad:
         return None
-    # (each shape, stride and offset asked once: an eager step's host time)
+    # (each shape, stride and offset asked once: each ask is host time in an eager step)
     B, T, rows, V = token.shape
     dshape = duration.shape
     D = dshape[-1]
@@ -404,6 +438,36 @@ def _joint_of(token, duration):
             and (rows <= 1 or ts[2] == C):
         return base.view(shape)
     return None
+
+
+# ---- a sample without labels under reduction="mean" -------------------------------------------
+
+_warned_empty_target = False  # the warning below is given once a process
+
+
+def _warn_if_empty_target(target_lengths):
+    """Warns, once, when reduction="mean" meets a sample with U_b = 0 (its loss_b / U_b is inf,
+    so the loss is inf and the gradient non-finite, as in transformers and NeMo). Only where the
+    lengths can be read without a device-to-host copy: given on the CPU (a tensor or a list), not
+    on CUDA, where that read would wait for the GPU."""
+    global _warned_empty_target
+    if isinstance(target_lengths, torch.Tensor):
+        if target_lengths.device.type != "cpu":
+            return
+        lengths = target_lengths
+    else:
+        lengths = torch.as_tensor(target_lengths)  # checked already by _indices()
+    zero = (lengths == 0).nonzero()
+    if zero.numel() == 0:
+        return
+    _warned_empty_target = True
+    warnings.warn(
+        "warp_tdt.tdt_loss: target_lengths[%d] = 0 under reduction='mean', which divides each "
+        "sample's loss by its target length: the loss is inf and the gradient non-finite (as in "
+        "transformers and NeMo). Use reduction='sum', 'mean_batch' (the mean of the per-sample "
+        "losses) or 'mean_volume' (their sum over the sum of the target lengths), or leave "
+        "samples without labels out of the batch. (This warning is shown once.)"
+        % int(zero[0, 0]), UserWarning, stacklevel=4)
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -543,6 +607,8 @@ def _tdt(token_logits, duration_logits, targets, logit_lengths, target_lengths, 
         _check_in_place(tok, "token_logits", in_place)
         _check_in_place(dur, "duration_logits", in_place)
         loss = _loss(spec, tok, dur, idx, omega, in_place, validate, names, reduction, mode)
+    if reduction == "mean" and not _warned_empty_target and not mode[0]:
+        _warn_if_empty_target(target_lengths)
     return loss
 
 
@@ -568,8 +634,11 @@ def tdt_loss(token_logits, duration_logits, targets, logit_lengths, target_lengt
             one per duration logit, at least one positive.
         sigma: logit under-normalisation, subtracted from every token log-prob.
         reduction: ``"mean"`` (mean over the batch of ``loss_b / U_b``, the NeMo / transformers
-            meaning; a sample with ``U_b == 0`` makes it inf, as there), ``"sum"``, ``"none"``,
-            ``"mean_batch"`` (mean of ``loss_b``) or ``"mean_volume"`` (``sum(loss_b) / sum(U_b)``).
+            meaning), ``"sum"``, ``"none"``, ``"mean_batch"`` (mean of ``loss_b``) or
+            ``"mean_volume"`` (``sum(loss_b) / sum(U_b)``). Under ``"mean"`` one sample with
+            ``U_b == 0`` (no labels) makes the loss ``inf`` and the gradient non-finite, as in
+            transformers and NeMo (a warning says so, once, where ``target_lengths`` is on the
+            CPU); ``"sum"``, ``"mean_batch"`` and ``"mean_volume"`` take such samples.
         fastemit_lambda: FastEmit regularisation (label-arc occupancies scaled by ``1 + lambda``
             in the token gradient; reported loss ``(1 + lambda) * -log p``).
         clamp: ``> 0`` clips each token-gradient element to ``[-clamp, clamp]`` (before the
@@ -621,7 +690,9 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=-1, clamp=-1
         logit_lengths, target_lengths: ``(batch,)``.
         blank: blank index; negative counts from the end (``-1``: the last token).
         clamp: ``> 0`` clips each gradient element to ``[-clamp, clamp]``; ``<= 0`` is off.
-        reduction: ``"mean"`` (mean over the batch), ``"sum"`` or ``"none"``.
+        reduction: ``"mean"`` (mean over the batch of ``loss_b``, torchaudio's meaning: not divided
+            by the target lengths, so a sample with no labels is fine here, unlike tdt_loss()'s
+            ``"mean"``), ``"sum"`` or ``"none"``.
         fastemit_lambda, in_place, validate: as in tdt_loss().
 
     Returns:

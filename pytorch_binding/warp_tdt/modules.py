@@ -17,6 +17,11 @@ class TDTLoss(nn.Module):
         loss_fn = TDTLoss(fastemit_lambda=0.001)
         loss = loss_fn(token_logits, duration_logits, targets, logit_lengths, target_lengths,
                        blank_token_id, durations, sigma=0.05)
+
+    reduction="mean" (the default, as in transformers) divides each sample's loss by its target
+    length: a sample with no labels (``target_lengths[b] == 0``) makes the loss ``inf`` and the
+    gradient non-finite; reduction="sum", "mean_batch" or "mean_volume" take such samples (see
+    :func:`warp_tdt.tdt_loss`).
     """
 
     has_backward = True

@@ -1,9 +1,18 @@
 /*
  * dtype.h - float16 / bfloat16 <-> float32 conversions on bit patterns, host and device.
  *
+ * The one copy of these conversions: the library's backends, the benchmarks (benchmark/common.h)
+ * and the tests (tests/test_util.h) all include it; it compiles as C and as C++. Only the
+ * fuzzer keeps an independent implementation (fuzz/halfconv.h), so that a rounding bug here
+ * shows up there as a disagreement. tests/test_dtype.cc checks every 16-bit pattern widening
+ * and every rounding boundary narrowing against a third implementation written in the test.
+ *
  * Plain integer code so the C backend needs no compiler extension (_Float16, __bf16) and both
  * backends convert identically. Narrowing rounds to nearest, ties to even, like PyTorch's
- * .half() and .bfloat16(); NaN stays NaN and overflow gives inf.
+ * .half() and .bfloat16(), with gradual underflow to float16's subnormals; overflow gives inf.
+ * NaN stays NaN: float16 gives the quiet NaN 0x7e00 with the input's sign (payload dropped),
+ * bfloat16 keeps the sign and the payload's top bits and sets the quiet bit. Widening is exact
+ * and keeps a NaN's payload.
  */
 #ifndef TDT_COMMON_DTYPE_H
 #define TDT_COMMON_DTYPE_H

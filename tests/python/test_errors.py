@@ -72,6 +72,145 @@ def test_bad_tdt_arguments(changes, match):
     _raises(exc, match, **changes)
 
 
+_WANTED = r"a sequence of distinct non-negative ints, e\.g\. \[0, 1, 2, 3, 4\]"
+
+
+@pytest.mark.parametrize("changes,exc,match", [
+    # what a first user writes, and the error that tells them what is expected
+    (dict(durations=5), TypeError, r"durations must be " + _WANTED + r", got 5 \(int\)"),
+    (dict(durations=None), TypeError, r"durations must be .*, got None \(NoneType\)"),
+    (dict(durations="012"), TypeError, r"durations must be .*, got '012' \(str\)"),
+    (dict(durations=[0, "1", 2]), TypeError, r"got \[0, '1', 2\] holding '1' \(str\)"),
+    (dict(durations=[0, None, 2]), TypeError, r"holding None \(NoneType\)"),
+    (dict(durations=[0, 1.5, 2]), ValueError, r"durations = \[0, 1\.5, 2\] must hold integers: " + _WANTED),
+    (dict(targets=[[1, 2, 3], [0, 4]]), TypeError,
+     r"targets must be an integer tensor of shape \(batch, U\) \(or a rectangular nested list of "
+     r"ints\), got list \[\[1, 2, 3\], \[0, 4\]\]"),
+    (dict(targets="abc"), TypeError, r"targets must be an integer tensor of shape \(batch, U\), got 'abc'"),
+    (dict(targets=None), TypeError, r"targets must be an integer tensor .*got None"),
+    # a float list is refused as a float tensor is, never truncated to ints
+    (dict(targets=[[1.5, 2, 3], [0, 4, 4]]), ValueError, r"targets must be an integer tensor, got dtype torch\.float"),
+    (dict(logit_lengths=5), ValueError, r"logit_lengths must be 1-D, got shape \(\) \(the value 5\); expected \(batch,\)"),
+    (dict(logit_lengths=torch.tensor([5.0, 4.0])), ValueError,
+     r"logit_lengths must be an integer tensor, got dtype torch\.float32"),
+    (dict(target_lengths=torch.tensor([True, False])), ValueError,
+     r"target_lengths must be an integer tensor, got dtype torch\.bool"),
+    (dict(target_lengths=torch.tensor([[3, 2]])), ValueError,
+     r"target_lengths must be 1-D, got shape \(1, 2\); expected \(batch,\)"),
+    (dict(blank_token_id=6), ValueError, r"blank_token_id = 6 is outside \[0, 6\) \(token_logits\.shape\[-1\] = 6"),
+    (dict(blank_token_id=2.5), TypeError, r"blank_token_id must be an int, got 2\.5"),
+    (dict(blank_token_id=None), TypeError, r"blank_token_id must be an int, got None"),
+    (dict(reduction="meen"), ValueError, r'Invalid reduction mode "meen"\. Expected one of '
+                                         r"'mean_volume', 'mean_batch', 'mean', 'sum', 'none'"),
+    (dict(reduction=None), ValueError, r"Invalid reduction mode None \(NoneType\)\. Expected one of"),
+    (dict(sigma=-1), ValueError, r"sigma = -1 is invalid: it must be finite and >= 0"),
+    (dict(sigma="0.1"), TypeError, r"sigma must be a number, got '0\.1'"),
+    (dict(sigma=None), TypeError, r"sigma must be a number, got None"),
+    (dict(token_logits=None), TypeError, r"token_logits must be a torch\.Tensor, got NoneType"),
+])
+def test_a_new_users_mistakes_are_named(changes, exc, match):
+    _raises(exc, match, **changes)
+
+
+def test_plain_lists_and_numpy_arrays_are_taken():
+    np = pytest.importorskip("numpy")
+    kw = _args()
+    want = warp_tdt.tdt_loss(**kw, reduction="none")
+    for conv in (lambda t: t.tolist(), lambda t: np.asarray(t.tolist())):
+        got = warp_tdt.tdt_loss(**dict(kw, targets=conv(kw["targets"]),
+                                       logit_lengths=conv(kw["logit_lengths"]),
+                                       target_lengths=conv(kw["target_lengths"]),
+                                       durations=conv(torch.tensor(kw["durations"]))),
+                                reduction="none")
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_lengths_on_another_device_are_named():
+    kw = _args()
+    kw["target_lengths"] = kw["target_lengths"].cuda()
+    with pytest.raises(ValueError, match=r"target_lengths is on cuda:0 but the logits are on cpu"):
+        warp_tdt.tdt_loss(**kw)
+
+
+def _empty_target_args():
+    kw = _args()
+    kw["target_lengths"] = torch.tensor([3, 0])
+    kw["token_logits"].requires_grad_(True)
+    return kw
+
+
+def test_mean_over_an_empty_target_warns_once(monkeypatch):
+    """reduction="mean" divides loss_b by U_b: a sample with U_b = 0 makes the loss inf and the
+    gradient non-finite (transformers' semantics, kept), and a warning says so, once, naming the
+    sample and the reductions that take it."""
+    from warp_tdt import functional
+    monkeypatch.setattr(functional, "_warned_empty_target", False)
+    kw = _empty_target_args()
+    with pytest.warns(UserWarning) as record:
+        loss = warp_tdt.tdt_loss(**kw)
+    assert len(record) == 1, [str(r.message) for r in record]
+    msg = str(record[0].message)
+    assert "target_lengths[1] = 0 under reduction='mean'" in msg, msg
+    for name in ("'sum'", "'mean_batch'", "'mean_volume'"):
+        assert name in msg, msg
+    assert record[0].filename == __file__, "the warning points at the caller's line"
+    assert loss.item() == float("inf")
+    loss.backward()
+    assert not torch.isfinite(kw["token_logits"].grad[1]).all()
+    # once a process: the next such call (and the module form) is silent
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warp_tdt.tdt_loss(**_empty_target_args())
+        warp_tdt.TDTLoss()(*[_empty_target_args()[k] for k in (
+            "token_logits", "duration_logits", "targets", "logit_lengths", "target_lengths",
+            "blank_token_id", "durations")])
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean_batch", "mean_volume", "none"])
+def test_other_reductions_take_an_empty_target_silently(monkeypatch, reduction):
+    import warnings
+    from warp_tdt import functional
+    monkeypatch.setattr(functional, "_warned_empty_target", False)
+    kw = _empty_target_args()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = warp_tdt.tdt_loss(**kw, reduction=reduction)
+        loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(kw["token_logits"].grad).all()
+
+
+def test_mean_warning_waits_for_the_errors(monkeypatch):
+    # a call that raises gives its error, not the warning; a list of lengths is read as well
+    import warnings
+    from warp_tdt import functional
+    monkeypatch.setattr(functional, "_warned_empty_target", False)
+    kw = _empty_target_args()
+    kw["targets"] = torch.tensor([[1, 7, 3], [0, 4, 4]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"targets\[0\]\[1\] = 7 is outside"):
+            warp_tdt.tdt_loss(**kw)
+    assert functional._warned_empty_target is False
+    kw = _empty_target_args()
+    kw["target_lengths"] = [3, 0]
+    with pytest.warns(UserWarning, match=r"target_lengths\[1\] = 0"):
+        warp_tdt.tdt_loss(**kw)
+
+
+def test_rnnt_mean_takes_an_empty_target():
+    # torchaudio's "mean" is over the batch, not per label: U_b = 0 is an ordinary sample there
+    import warnings
+    x = torch.randn(2, 5, 4, 6, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = warp_tdt.rnnt_loss(x, torch.tensor([[1, 2, 3], [0, 4, 4]]), torch.tensor([5, 4]),
+                                  torch.tensor([3, 0]))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+
+
 @pytest.mark.parametrize("changes,match", [
     (dict(logit_lengths=torch.tensor([5, 9])), r"logit_lengths\[1\] = 9 is outside \[0, 5\]"),
     (dict(target_lengths=torch.tensor([3, -2])), r"target_lengths\[1\] = -2 is outside \[0, 3\]"),

@@ -98,22 +98,85 @@ def test_module(device):
         warp_tdt.rnnt_loss(x, targets, fl, ll, reduction="sum").item(), rel=1e-12)
 
 
-def test_matches_torchaudio_where_available(device):
+def _torchaudio_rnnt():
+    """torchaudio.functional.rnnt_loss, or a skip that says why it is missing (Debian's
+    python3-torchaudio 0.13 has it; torchaudio 2.9 removed it)."""
     torchaudio = pytest.importorskip("torchaudio")
     F = getattr(torchaudio, "functional", None)
     if F is None or not hasattr(F, "rnnt_loss"):
-        pytest.skip("this torchaudio has no rnnt_loss")
-    x, targets, fl, ll, blank = _case(seed=46)
+        pytest.skip("torchaudio %s has no rnnt_loss" % getattr(torchaudio, "__version__", "?"))
+    return torchaudio
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("blank,clamp", [(-1, -1), (0, -1), (2, -1), (-1, 0.05)],
+                         ids=["blank-1", "blank0", "blank2", "clamp"])
+def test_matches_torchaudio_where_available(device, reduction, blank, clamp):
+    """The drop-in claim itself: the same call on torchaudio's rnnt_loss and on ours gives the
+    same loss and the same gradient (ragged lengths, padding that must not be read)."""
+    F = _torchaudio_rnnt().functional
+    x, targets, fl, ll, _ = _case(seed=46, B=4, T=7, U=4, V=7, blank=blank % 7)
+    targets = targets.clamp(min=0)  # torchaudio reads no padding either, but wants it in range
     x = x.float().to(device)
     a = x.clone().requires_grad_(True)
     b = x.clone().requires_grad_(True)
     args = (targets.int().to(device), fl.int().to(device), ll.int().to(device))
     try:
-        theirs = F.rnnt_loss(b, *args, blank=-1, reduction="none", clamp=-1)
+        theirs = F.rnnt_loss(b, *args, blank=blank, reduction=reduction, clamp=clamp)
     except (RuntimeError, NotImplementedError) as e:  # e.g. a build without the extension
         pytest.skip("torchaudio.functional.rnnt_loss unusable here: %s" % e)
-    ours = warp_tdt.rnnt_loss(a, *args, blank=-1, reduction="none")
+    ours = warp_tdt.rnnt_loss(a, *args, blank=blank, reduction=reduction, clamp=clamp)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-5)
+    w = torch.linspace(0.5, 1.5, 4, device=device) if reduction == "none" else 1.0
+    (ours * w).sum().backward()
+    (theirs * w).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_module_matches_torchaudio_where_available(device):
+    torchaudio = _torchaudio_rnnt()
+    T = getattr(torchaudio, "transforms", None)
+    if T is None or not hasattr(T, "RNNTLoss"):
+        pytest.skip("this torchaudio has no transforms.RNNTLoss")
+    x, targets, fl, ll, _ = _case(seed=47, B=3, T=6, U=3, V=6)
+    targets = targets.clamp(min=0)
+    x = x.float().to(device)
+    args = (targets.int().to(device), fl.int().to(device), ll.int().to(device))
+    grads = []
+    for Loss in (T.RNNTLoss, warp_tdt.RNNTLoss):
+        z = x.clone().requires_grad_(True)
+        loss = Loss(reduction="sum")(z, *args)  # blank -1: the last token, as _case draws it
+        loss.backward()
+        grads.append((loss.detach(), z.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(grads[1][1], grads[0][1], atol=1e-5, rtol=1e-4)
+
+
+def test_log_prob_inputs_match_torchaudio_where_available(device):
+    """fused_log_softmax=False on log-probabilities: the loss of torchaudio's fused call on the
+    logits (log_softmax leaves log-probabilities as they are), and, passed back through the
+    log_softmax, its gradient; where this torchaudio takes fused_log_softmax (0.10 to 0.12, and
+    2.x) its own unfused loss as well. Its unfused gradient is not compared: it is not the
+    derivative with respect to the log-probabilities (see rnnt_loss's docstring)."""
+    F = _torchaudio_rnnt().functional
+    x, targets, fl, ll, _ = _case(seed=48, B=3, T=6, U=3, V=6)
+    targets = targets.clamp(min=0)
+    x = x.float().to(device)
+    args = (targets.int().to(device), fl.int().to(device), ll.int().to(device))
+    b = x.clone().requires_grad_(True)
+    try:
+        theirs = F.rnnt_loss(b, *args, reduction="none")
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip("torchaudio.functional.rnnt_loss unusable here: %s" % e)
+    a = x.clone().requires_grad_(True)
+    ours = warp_tdt.rnnt_loss(a.log_softmax(-1), *args, reduction="none", fused_log_softmax=False)
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-5)
     ours.sum().backward()
     theirs.sum().backward()
     torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    if "fused_log_softmax" in inspect.signature(F.rnnt_loss).parameters:
+        unfused = F.rnnt_loss(x.log_softmax(-1), *args, reduction="none", fused_log_softmax=False)
+        torch.testing.assert_close(ours.detach(), unfused, atol=1e-4, rtol=1e-5)
+
+

@@ -1,8 +1,9 @@
 /*
  * robustness_util.h - one small problem type, one call helper and one reference helper for the
- * robustness tests (CPU). Self-contained on purpose: it uses the public
- * C API only, the fuzzer's independent naive reference (fuzz/naive_ref.c) and its independent
- * half / bfloat16 conversions (fuzz/halfconv.h), nothing from src/ or tests/test_util.
+ * robustness tests (CPU). Self-contained on purpose: it uses the public C API only, the
+ * fuzzer's independent naive reference (fuzz/naive_ref.c) and its independent half / bfloat16
+ * conversions (fuzz/halfconv.h), nothing from src/ or tests/test_util, so that a conversion
+ * bug in the library's src/common/dtype.h shows up here as a disagreement.
  *
  * Layout of a Case: dense, row-major float64 token logits (B, T, U + 1, V) and duration logits
  * (B, T, U + 1, D); labels (B, U); lengths (B). run() stores them in the requested dtype,
