@@ -23,11 +23,12 @@
  *
  * The build compiles this file once for each vector path of the target (paths.h: on x86-64 the
  * baseline, AVX2 and AVX-512), and dispatch.c picks one for the process from the CPU's
- * features. Every path gives the same bits: no FMA contraction (-ffp-contract=off, and no FMA
- * spelled: lattice.h's tdt_exp_le0 takes fma() only where __FMA__ is defined, which no path
- * defines), no reduction whose order depends on the vector width (kernels.h), and vectorisation
- * across independent nodes and elements otherwise, which IEEE arithmetic without -ffast-math
- * leaves exact.
+ * features. The paths with FMA (avx2, avx512, avx512bf16) give the same bits as each other:
+ * FMAs only where the source spells them (-ffp-contract=off; kernels.h's float exp, lattice.h's
+ * tdt_exp_le0, each the same on every such path), no reduction whose order depends on the
+ * vector width (kernels.h), and vectorisation across independent nodes and elements otherwise,
+ * which IEEE arithmetic without -ffast-math leaves exact. The baseline differs from them only
+ * in those exps' rounding (a multiply and an add for each FMA): within a few ulp.
  */
 #include <omp.h>
 #include <string.h>

@@ -2,21 +2,28 @@
  * kernels.h - the CPU backend's V-wide row kernels: a vectorisable float exp, a row's scan and
  * log-sum-exp, a row's token gradient, float16 / bfloat16 widening and narrowing.
  *
- * Included by the backend's per-path sources (cpu.c; see dispatch.c), which the build compiles
+ * Included by the backend's per-path sources (cpu.c; see paths.h), which the build compiles
  * once for each vector path (TDT_CPU_PATH: baseline x86-64, AVX2, AVX-512, ...): the same C gives
- * each path's code, and every function here gives the same bits on every path, for any input:
+ * each path's code. Every function here gives the same bits on every path that has FMA (on
+ * x86-64 avx2, avx512 and avx512bf16), for any input, and the same bits on every path without
+ * (baseline), for any input:
  *
- *   - no multiply-add is contracted into an FMA (the build passes -ffp-contract=off to every
- *     per-path source, and this file spells none): an FMA rounds once where a multiply and an
- *     add round twice, so a path with FMAs would differ from one without in the exp's last bit;
+ *   - the multiply-adds of the exp are FMAs where the path has them (TDT_FMAF), a multiply and
+ *     an add where it has not, and no others are fused (the build passes -ffp-contract=off to
+ *     every per-path source): an FMA rounds once where a multiply and an add round twice, so the
+ *     baseline's exps differ from the others' in the last bit or two (within the 2 ulp bound of
+ *     cpu_expf either way). Leaving the FMAs out of every path, for the same bits everywhere,
+ *     made a base forward+backward at one thread 7-18 % slower on the AVX paths (an AMD Zen 5:
+ *     tdt_bench's base shape, float32, bfloat16 and float16);
  *   - a row's sum is TDT_ROW_LANES partial sums, element v of a group of TDT_ROW_LANES into sum
- *     v mod TDT_ROW_LANES (bfloat16: see cpu_row_sum_bf16), folded in one fixed tree: a 4-,
+ *     v mod TDT_ROW_LANES (bfloat16: see cpu_row_bf16_word), folded in one fixed tree: a 4-,
  *     8- or 16-lane vector unit computes the same partial sums, one, two or four vectors of them.
  *     Maxima and NaN flags are exact in any order;
  *   - the instructions a path has for a conversion (F16C's VCVTPH2PS / VCVTPS2PH, AVX512-BF16's
  *     VCVTNE2PS2BF16) are used only where they give common/dtype.h's bits (NaN and the
  *     subnormals that VCVTNE2PS2BF16 flushes take the portable code).
- * (tests/test_isa.cc compares every path's costs and gradients bit for bit.)
+ * (tests/test_isa.cc compares every path's costs and gradients: bit for bit, and the baseline's
+ * with the others' within a few ulp.)
  *
  * Float32, float16 and bfloat16 rows are reduced in float32 (float16 rows widened a chunk at a
  * time into an L1 buffer first); float64 rows stay in cpu.c, in float64 with libm's exp.
@@ -44,6 +51,14 @@
 
 /* ---- a vectorisable float exp --------------------------------------------------------------- */
 
+/* a * b + c: one FMA where the path has them (an instruction: the compilers expand fmaf there),
+ * else a multiply and an add (a software fmaf would be a call a element). */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define TDT_FMAF(a, b, c) __builtin_fmaf(a, b, c)
+#else
+#define TDT_FMAF(a, b, c) ((a) * (b) + (c))
+#endif
+
 /* e^r for xc = n ln2 + r (Cody-Waite: ln2 in two parts, |r| <= ln2 / 2), and *n23 = n << 23
  * (as an unsigned 32-bit value: 2^n is the float with bits n23 + (127 << 23)). n is rint(xc
  * log2 e) by the magic-number addition t = xc log2 e + 1.5 * 2^23, whose low mantissa bits are
@@ -53,18 +68,19 @@
  * coefficients for the relative error over |r| <= ln2 / 2 (0.06 x 2^-24 as float32 constants),
  * evaluated as (1 + r) + r^2 ((c0 + c1 r) + r^2 (c2 + c3 r + r^2 c4)): Estrin's order, whose
  * dependent chain is shorter than Horner's (the row loops are bound by the exp's arithmetic:
- * measured on an AMD Zen 3, where Cephes' degree-7 Horner polynomial was slower). Multiplies
- * and adds, never fused (see the top of this file). */
+ * measured on an AMD Zen 3, where Cephes' degree-7 Horner polynomial was slower). n ln2's high
+ * part is exact (|n| <= 127 for |xc| <= 88, 0.693359375 has 9 bits), so r's first step rounds
+ * once either way. */
 static inline float cpu_exp_poly(float xc, uint32_t *n23) {
     const float magic = 12582912.0f;
-    const float t = xc * 1.44269504088896341f + magic;
+    const float t = TDT_FMAF(xc, 1.44269504088896341f, magic);
     const float n = t - magic;
-    const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    const float r = TDT_FMAF(n, 2.12194440e-4f, TDT_FMAF(n, -0.693359375f, xc));
     const float r2 = r * r;
-    const float a = 4.9999994e-1f + 1.6666521e-1f * r;
-    const float b = 4.166839e-2f + 8.368745e-3f * r;
+    const float a = TDT_FMAF(1.6666521e-1f, r, 4.9999994e-1f);
+    const float b = TDT_FMAF(8.368745e-3f, r, 4.166839e-2f);
     *n23 = tdt_float_to_bits(t) << 23;
-    return (r + 1.0f) + r2 * (a + r2 * (b + r2 * 1.3814539e-3f));
+    return TDT_FMAF(r2, TDT_FMAF(r2, TDT_FMAF(r2, 1.3814539e-3f, b), a), r + 1.0f);
 }
 
 /* exp(x) for x <= 88 (88 beyond), within 2 ulp (2.00 x 2^-24 relative, measured over every
@@ -347,8 +363,7 @@ static inline void cpu_narrow_f16(uint16_t *g, const float *x, int64_t n) {
 /* AVX512-BF16's VCVTNE2PS2BF16 (32 elements an instruction, where tdt_float_to_bf16 takes about
  * nine vector operations a vector) agrees with tdt_float_to_bf16 on every float but the
  * subnormals, which it flushes to zero (compared over all 2^32 inputs on an AMD Zen 5): a block
- * holding one takes tdt_float_to_bf16 (tests: Edge.Bfloat16GradientSubnormalsKept). NaN is no
- * exception: both give the quiet NaN with the input's sign and high payload bits. */
+ * holding one takes tdt_float_to_bf16 (tests: Edge.Bfloat16GradientSubnormalsKept). */
 static inline void cpu_narrow_bf16(uint16_t *g, const float *x, int64_t n) {
     int64_t i = 0;
 #if defined(__AVX512BF16__)
@@ -443,7 +458,7 @@ TDT_DEFINE_ROW_GRAD(bf16_direct, uint16_t, uint16_t, tdt_bf16_to_float, tdt_floa
 
 /* float16 rows through float32 chunks (cpu_widen_f16, cpu_narrow_f16); bfloat16 rows the same
  * where the path narrows with VCVTNE2PS2BF16 (base bfloat16 forward+backward at one thread
- * 24.7-24.9 -> 23.9-24.2 ms on an AMD Zen 5), else element by element. */
+ * 24.7-24.9 -> 23.9-24.2 ms on a 2-core AMD EPYC VM with AVX512-BF16), else element by element. */
 static inline void cpu_row_grad_f16(const uint16_t *z, uint16_t *g, int64_t V, float lse,
                                     float occ, float clamp, float scale) {
     float x[TDT_ROW_CHUNK];

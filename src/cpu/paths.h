@@ -8,14 +8,14 @@
  * variable TDT_CPU_ISA) and forwards tdt_cpu_run and tdt_cpu_scale to it.
  *
  *   x86-64:   baseline    x86-64 (SSE2)
- *             avx2        AVX2 and F16C (Haswell, Zen 1 and later)
- *             avx512      AVX-512 F, BW, DQ and VL, with AVX2 and F16C (Skylake-SP, Ice Lake)
+ *             avx2        AVX2, FMA and F16C (Haswell, Zen 1 and later)
+ *             avx512      AVX-512 F, BW, DQ and VL, with AVX2, FMA and F16C (Skylake-SP, Ice Lake)
  *             avx512bf16  the same and AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4, Zen 5)
  *   aarch64:  neon        ARMv8-A (Advanced SIMD is part of it)
  *   others:   baseline    the target's default
  *   TDT_NATIVE_ARCH=ON: native (-march=native, this path alone)
  *
- * No path uses FMA instructions (every path gives the same bits: kernels.h, cpu.c).
+ * The paths with FMA give the same bits as each other, and so do the paths without: kernels.h.
  */
 #ifndef TDT_CPU_PATHS_H
 #define TDT_CPU_PATHS_H
