@@ -12,9 +12,10 @@
  *     an add where it has not, and no others are fused (the build passes -ffp-contract=off to
  *     every per-path source): an FMA rounds once where a multiply and an add round twice, so the
  *     baseline's exps differ from the others' in the last bit or two (within the 2 ulp bound of
- *     cpu_expf either way). Leaving the FMAs out of every path, for the same bits everywhere,
- *     made a base forward+backward at one thread 7-18 % slower on the AVX paths (an AMD Zen 5:
- *     tdt_bench's base shape, float32, bfloat16 and float16);
+ *     cpu_expf either way, measured over every float in [-87, 88]). Leaving the FMAs out of
+ *     every path, for the same bits everywhere, made a forward+backward 7-18 % slower on the
+ *     AVX paths (B 8, T 100, U 20, V 1025, float32, bfloat16 and float16, one thread, an AMD
+ *     Zen 5);
  *   - a row's sum is TDT_ROW_LANES partial sums, element v of a group of TDT_ROW_LANES into sum
  *     v mod TDT_ROW_LANES (bfloat16: see cpu_row_bf16_word), folded in one fixed tree: a 4-,
  *     8- or 16-lane vector unit computes the same partial sums, one, two or four vectors of them.
@@ -52,7 +53,7 @@
 /* ---- a vectorisable float exp --------------------------------------------------------------- */
 
 /* a * b + c: one FMA where the path has them (an instruction: the compilers expand fmaf there),
- * else a multiply and an add (a software fmaf would be a call a element). */
+ * else a multiply and an add (a software fmaf would be a call an element). */
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define TDT_FMAF(a, b, c) __builtin_fmaf(a, b, c)
 #else
