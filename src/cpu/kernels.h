@@ -16,10 +16,10 @@
  *     every path, for the same bits everywhere, made a forward+backward 7-18 % slower on the
  *     AVX paths (B 8, T 100, U 20, V 1025, float32, bfloat16 and float16, one thread, an AMD
  *     Zen 5);
- *   - a row's sum is TDT_ROW_LANES partial sums, element v of a group of TDT_ROW_LANES into sum
- *     v mod TDT_ROW_LANES (bfloat16: see cpu_row_bf16_word), folded in one fixed tree: a 4-,
- *     8- or 16-lane vector unit computes the same partial sums, one, two or four vectors of them.
- *     Maxima and NaN flags are exact in any order;
+ *   - a row's sum is a fixed number of partial sums (float32 and float16 rows 16: element v of
+ *     a group of 16 into sum v mod 16; bfloat16 rows 32: see cpu_bf16_word), folded in one fixed
+ *     tree: a 4-, 8- or 16-lane vector unit computes the same partial sums, in four, two or one
+ *     vectors. Maxima and NaN flags are exact in any order;
  *   - the instructions a path has for a conversion (F16C's VCVTPH2PS / VCVTPS2PH, AVX512-BF16's
  *     VCVTNE2PS2BF16) are used only where they give common/dtype.h's bits (NaN and the
  *     subnormals that VCVTNE2PS2BF16 flushes take the portable code).
@@ -123,9 +123,12 @@ typedef struct cpu_row_scan {
     int bad;
 } cpu_row_scan_t;
 
-/* Partial sums of a row's sum of exps (see the top of this file): two 512-bit vectors, so that
- * every path has independent additions in flight while the exps are computed. */
+/* Partial sums of a row's sum of exps (see the top of this file). */
 enum { TDT_ROW_LANES = 32 };
+
+/* float32 rows use the first TDT_F32_LANES lanes (the others stay 0 and -inf, which the fold
+ * leaves exact): one 512-bit vector. bfloat16 rows use all TDT_ROW_LANES (cpu_bf16_word). */
+enum { TDT_F32_LANES = 16 };
 
 /* A row's running partial sums, and the scan of the row after it, lane by lane. */
 typedef struct cpu_row_acc {
@@ -187,22 +190,28 @@ static TDT_NOINLINE cpu_row_scan_t cpu_row_scan_f32(const float *z, int64_t V) {
     return r;
 }
 
-/* Adds exp(z_v - m) for v < n into the partial sums of a (z_v into lane v mod TDT_ROW_LANES: a
- * row taken in chunks whose lengths are multiples of TDT_ROW_LANES sums to the same bits as in
- * one call), and with zn (the next row) its scan into a's lanes, from the same loop, so that
- * the next row's loads from memory overlap this row's exps: alone, the scan of a row fresh from
- * memory stalled on them. Out of line: GCC 12, inlining a loop like it into the node pass, left
+/* sum_v exp(z_v - m) over v < n (z_v into lane v mod TDT_F32_LANES), and with zn (the next
+ * row, else NULL) its scan into *scn, from the same loop, so that the next row's loads from
+ * memory overlap this row's exps: alone, the scan of a row fresh from memory stalled on them.
+ * With carry, a chunk of a row: the partial sums (and scan lanes) start from *carry and go back
+ * there, unfolded (0 returned; a row taken in chunks whose lengths are multiples of
+ * TDT_F32_LANES sums to the same bits as in one call). cpu_row_sum_bf16: the same for a whole
+ * bfloat16 row. Out of line: GCC 12, inlining a loop like it into the node pass, left
  * it scalar (a quarter of that pass at base bfloat16, the forward 6.8 -> 5.6 ms at one thread
  * on an AMD Zen 5 once out of line). */
-static TDT_NOINLINE void cpu_row_sum_f32(const float *z, const float *zn, int64_t n,
-                                                float m, cpu_row_acc_t *acc) {
-    const int64_t G = n / TDT_ROW_LANES, tail = G * TDT_ROW_LANES;
-    cpu_row_acc_t l = *acc, *a = &l; /* a local copy: GCC keeps its lanes in registers */
+static TDT_NOINLINE float cpu_row_sum_f32(const float *z, const float *zn, int64_t n, float m,
+                                          cpu_row_acc_t *carry, cpu_row_scan_t *scn) {
+    const int64_t G = n / TDT_F32_LANES, tail = G * TDT_F32_LANES;
+    cpu_row_acc_t l, *a = &l; /* local: GCC keeps its lanes in registers */
+    if (carry)
+        l = *carry;
+    else
+        cpu_row_acc_init(a);
     if (zn) {
         for (int64_t i = 0; i < G; ++i) {
-            const float *zi = z + i * TDT_ROW_LANES, *zni = zn + i * TDT_ROW_LANES;
+            const float *zi = z + i * TDT_F32_LANES, *zni = zn + i * TDT_F32_LANES;
 #pragma omp simd
-            for (int k = 0; k < TDT_ROW_LANES; ++k) {
+            for (int k = 0; k < TDT_F32_LANES; ++k) {
                 a->s[k] += cpu_expf_sum(zi[k] - m);
                 TDT_ROW_SCAN_STEP(zni[k], a->mn[k], a->bad[k]);
             }
@@ -213,13 +222,15 @@ static TDT_NOINLINE void cpu_row_sum_f32(const float *z, const float *zn, int64_
         }
     } else {
         for (int64_t i = 0; i < G; ++i) {
-            const float *zi = z + i * TDT_ROW_LANES;
+            const float *zi = z + i * TDT_F32_LANES;
 #pragma omp simd
-            for (int k = 0; k < TDT_ROW_LANES; ++k) a->s[k] += cpu_expf_sum(zi[k] - m);
+            for (int k = 0; k < TDT_F32_LANES; ++k) a->s[k] += cpu_expf_sum(zi[k] - m);
         }
         for (int64_t v = tail; v < n; ++v) a->s[v - tail] += cpu_expf_sum(z[v] - m);
     }
-    *acc = l;
+    if (!carry) return cpu_row_acc_fold(a, zn ? scn : NULL);
+    *carry = l;
+    return 0.0f;
 }
 
 /* log sum_v exp(z_v) over a float32 row given its scan *sc; with zn (the next row, else NULL)
@@ -227,10 +238,7 @@ static TDT_NOINLINE void cpu_row_sum_f32(const float *z, const float *zn, int64_
 static inline double cpu_row_lse_f32(const float *z, const float *zn, int64_t V, cpu_row_scan_t *sc) {
     const float m = sc->m;
     const int bad = sc->bad;
-    cpu_row_acc_t a;
-    cpu_row_acc_init(&a);
-    cpu_row_sum_f32(z, zn, V, m, &a);
-    return cpu_row_lse_finish(m, bad, cpu_row_acc_fold(&a, zn ? sc : NULL));
+    return cpu_row_lse_finish(m, bad, cpu_row_sum_f32(z, zn, V, m, NULL, sc));
 }
 
 /* bfloat16 rows in pairs: one 32-bit load holds two elements, each a float by a shift (the low
@@ -269,10 +277,11 @@ static TDT_NOINLINE cpu_row_scan_t cpu_row_scan_bf16(const uint16_t *z, int64_t 
 
 enum { TDT_ROW_HALF = TDT_ROW_LANES / 2 };
 
-static TDT_NOINLINE void cpu_row_sum_bf16(const uint16_t *z, const uint16_t *zn, int64_t V,
-                                                 float m, cpu_row_acc_t *acc) {
+static TDT_NOINLINE float cpu_row_sum_bf16(const uint16_t *z, const uint16_t *zn, int64_t V,
+                                           float m, cpu_row_scan_t *scn) {
     const int64_t G = V / TDT_ROW_LANES, tail = G * TDT_ROW_LANES;
-    cpu_row_acc_t l = *acc, *a = &l;
+    cpu_row_acc_t l, *a = &l;
+    cpu_row_acc_init(a);
     if (zn) {
         for (int64_t i = 0; i < G; ++i) {
             const uint16_t *zi = z + i * TDT_ROW_LANES, *zni = zn + i * TDT_ROW_LANES;
@@ -303,17 +312,14 @@ static TDT_NOINLINE void cpu_row_sum_bf16(const uint16_t *z, const uint16_t *zn,
         }
         for (int64_t v = tail; v < V; ++v) a->s[v - tail] += cpu_expf_sum(tdt_bf16_to_float(z[v]) - m);
     }
-    *acc = l;
+    return cpu_row_acc_fold(a, zn ? scn : NULL);
 }
 
 static inline double cpu_row_lse_bf16(const uint16_t *z, const uint16_t *zn, int64_t V,
                                       cpu_row_scan_t *sc) {
     const float m = sc->m;
     const int bad = sc->bad;
-    cpu_row_acc_t a;
-    cpu_row_acc_init(&a);
-    cpu_row_sum_bf16(z, zn, V, m, &a);
-    return cpu_row_lse_finish(m, bad, cpu_row_acc_fold(&a, zn ? sc : NULL));
+    return cpu_row_lse_finish(m, bad, cpu_row_sum_bf16(z, zn, V, m, sc));
 }
 
 /* ---- float16 and bfloat16 to and from float32, n elements ----------------------------------- */
@@ -422,7 +428,7 @@ static inline double cpu_row_lse_f16(const uint16_t *z, const uint16_t *zn, int6
         const int64_t n = V - v0 < TDT_ROW_CHUNK ? V - v0 : TDT_ROW_CHUNK;
         cpu_widen_f16(z + v0, x, n);
         if (zn) cpu_widen_f16(zn + v0, xn, n);
-        cpu_row_sum_f32(x, zn ? xn : NULL, n, m, &a);
+        cpu_row_sum_f32(x, zn ? xn : NULL, n, m, &a, NULL);
     }
     return cpu_row_lse_finish(m, bad, cpu_row_acc_fold(&a, zn ? sc : NULL));
 }
