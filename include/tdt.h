@@ -494,6 +494,17 @@ TDT_API const char *tdt_version_string(void);
 /* 1 if the library was built with this backend, 0 otherwise. */
 TDT_API int tdt_backend_built(tdt_location_t location);
 
+/* The vector path the CPU backend runs in this process, a static string: on x86-64 "avx512bf16"
+ * (AVX-512 F, BW, DQ, VL and BF16), "avx512" (AVX-512 F, BW, DQ, VL), "avx2" (AVX2, FMA, F16C) or
+ * "baseline" (x86-64), the best one the CPU and the operating system support; "neon" on aarch64;
+ * "native" in a build with TDT_NATIVE_ARCH=ON; "baseline" elsewhere. Chosen once, at the first
+ * call of this function or of a CPU computation. On x86-64 the environment variable TDT_CPU_ISA,
+ * set to one of the four names, asks for that path: a path the CPU lacks gives the best it has,
+ * and an unknown name is ignored. The avx2, avx512 and avx512bf16 paths give the same costs and
+ * gradients, bit for bit; the baseline's differ from theirs within a few ulp (it has no FMA).
+ * Thread-safe. */
+TDT_API const char *tdt_cpu_isa(void);
+
 /* Number of usable CUDA devices; TDT_STATUS_BACKEND_NOT_BUILT in a build without CUDA. A
  * machine without a GPU or driver gives 0 and TDT_STATUS_SUCCESS. */
 TDT_API tdt_status_t tdt_gpu_device_count(int *count);
