@@ -296,6 +296,31 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         default: return (F)1;                                                                    \
         }                                                                                        \
     }                                                                                            \
+    /* act and act' of a row in place, the activation chosen once a row (so the loops vectorise) */ \
+    static void jt_act_row_##SUF(F *v, int64_t n, tdt_activation_t a) {                          \
+        switch (a) {                                                                             \
+        case TDT_ACTIVATION_RELU:                                                                \
+            for (int64_t k = 0; k < n; ++k) v[k] = v[k] > (F)0 ? v[k] : (F)0;                    \
+            break;                                                                               \
+        case TDT_ACTIVATION_IDENTITY: break;                                                     \
+        default:                                                                                 \
+            for (int64_t k = 0; k < n; ++k) v[k] = jt_act_##SUF(v[k], a);                        \
+            break;                                                                               \
+        }                                                                                        \
+    }                                                                                            \
+    static void jt_dact_row_##SUF(F *v, int64_t n, tdt_activation_t a) {                         \
+        switch (a) {                                                                             \
+        case TDT_ACTIVATION_RELU:                                                                \
+            for (int64_t k = 0; k < n; ++k) v[k] = v[k] > (F)0 ? (F)1 : (F)0;                    \
+            break;                                                                               \
+        case TDT_ACTIVATION_IDENTITY:                                                            \
+            for (int64_t k = 0; k < n; ++k) v[k] = (F)1;                                         \
+            break;                                                                               \
+        default:                                                                                 \
+            for (int64_t k = 0; k < n; ++k) v[k] = jt_dact_##SUF(v[k], a);                       \
+            break;                                                                               \
+        }                                                                                        \
+    }                                                                                            \
     /* x = enc[b, t, :] + pred[b, u, :] of node (b, t, u) */                                     \
     static void jt_x_##SUF(const jt_ctx_t *x, const int32_t *nd, F *xr, F *tmp) {                \
         const tdt_joint_problem_t *jp = x->jp;                                                   \
@@ -323,7 +348,7 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         for (int r = 0; r < cnt; ++r) {                                                          \
             F *hr = h + r * H;                                                                   \
             jt_x_##SUF(x, nl + 3 * r, hr, tmp);                                                  \
-            for (int64_t k = 0; k < H; ++k) hr[k] = jt_act_##SUF(hr[k], a);                      \
+            jt_act_row_##SUF(hr, H, a);                                                          \
             if (x->thr) {                                                                        \
                 jt_mask_##SUF(x, nl + 3 * r, m);                                                 \
                 for (int64_t k = 0; k < H; ++k) hr[k] *= m[k];                                   \
@@ -414,11 +439,12 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         for (int r = 0; r < cnt; ++r) {                                                          \
             F *gr = g + r * H;                                                                   \
             jt_x_##SUF(x, nl + 3 * r, xr, pt);                                                   \
+            jt_dact_row_##SUF(xr, H, a);                                                         \
             if (x->thr) {                                                                        \
                 jt_mask_##SUF(x, nl + 3 * r, m);                                                 \
-                for (int64_t k = 0; k < H; ++k) gr[k] *= jt_dact_##SUF(xr[k], a) * m[k];         \
+                for (int64_t k = 0; k < H; ++k) gr[k] *= xr[k] * m[k];                           \
             } else {                                                                             \
-                for (int64_t k = 0; k < H; ++k) gr[k] *= jt_dact_##SUF(xr[k], a);                \
+                for (int64_t k = 0; k < H; ++k) gr[k] *= xr[k];                                  \
             }                                                                                    \
         }                                                                                        \
     }
