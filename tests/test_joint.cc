@@ -452,8 +452,8 @@ TEST(Joint, InfeasibleSamplesGetInfAndNoGradient) {
     jc.B = 3;
     jc.T = 5;
     jc.U = 2;
-    jc.durations = {2, 4};  // T = 5 cannot be reached from t = 0 by steps of 2 and 4... only odd ends fail
-    jc.Ts = {5, 0, 4};
+    jc.durations = {2, 4};  // every arc advances an even number of frames: T odd is infeasible
+    jc.Ts = {5, 0, 4};      // infeasible (odd), infeasible (no frame), feasible
     jc.Us = {2, 1, 1};
     JointData d = make_data(jc);
     JointRun r;
