@@ -50,10 +50,22 @@
 #include "common/joint.h"
 #include "cpu.h"
 
-/* Nodes a tile (at most TDT_SOFTMAX_NODES: one duration softmax call a tile). */
-#define JT_NODES 32
-/* Rows of a GEMM micro-tile; its columns are two vectors of 64 bytes. */
+/* The GEMM's register tile: JT_MR rows by two vectors of JT_VEC_BYTES, its 2 JT_MR accumulators
+ * and the operands in the vector registers (32 with AVX-512; 16 with AVX, AVX2 or SSE2, where
+ * 8 rows would spill: a portable x86-64 build with 64-byte vectors ran 34x slower). */
+#if defined(__AVX512F__)
+#define JT_VEC_BYTES 64
 #define JT_MR 8
+#elif defined(__AVX__)
+#define JT_VEC_BYTES 32
+#define JT_MR 6
+#else
+#define JT_VEC_BYTES 16
+#define JT_MR 6
+#endif
+/* Nodes a tile: a whole number of tile rows, at most TDT_SOFTMAX_NODES (one duration softmax
+ * call a tile): 32 with AVX-512, 30 otherwise. */
+#define JT_NODES (32 / JT_MR * JT_MR)
 /* Rows of d W an item of the backward's reduction phase; hidden values an item of d enc/pred. */
 #define JT_WROWS 64
 #define JT_HCHUNK 64
@@ -72,8 +84,8 @@
  * c[i * ldc + j]. Each element of C is one multiply-add chain over k in order, in the micro-tile
  * (JT_MR rows by two vectors, held in registers) and at the edges alike. */
 
-typedef float jt_vf __attribute__((vector_size(64)));
-typedef double jt_vd __attribute__((vector_size(64)));
+typedef float jt_vf __attribute__((vector_size(JT_VEC_BYTES)));
+typedef double jt_vd __attribute__((vector_size(JT_VEC_BYTES)));
 
 #define JT_DEFINE_GEMM(SUF, F, VEC)                                                              \
     enum { JT_VL_##SUF = (int)(sizeof(VEC) / sizeof(F)) };                                       \
@@ -144,8 +156,9 @@ typedef struct jt_layout {
     int acc;
 } jt_layout_t;
 
-/* Rows of the GEMMs' operands padded to whole register tiles (two 64-byte vectors of float32),
- * so that every product runs on the register tile (Hp, Op: H and O padded). */
+/* Rows of the GEMMs' operands padded to whole register tiles (a multiple of two vectors of
+ * float32 at any JT_VEC_BYTES), so that every product runs on the register tile (Hp, Op: H and O
+ * padded). */
 #define JT_PAD 32
 static int64_t jt_pad(int64_t n) { return (n + JT_PAD - 1) / JT_PAD * JT_PAD; }
 
