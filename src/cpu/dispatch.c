@@ -2,6 +2,8 @@
  * dispatch.c - picks the CPU backend's vector path (paths.h) once for the process, and forwards
  * tdt_cpu_run and tdt_cpu_scale to it. Compiled once, for the target's baseline.
  *
+ * Forwards tdt_cpu_joint_run and tdt_cpu_joint_scratch_bytes the same way.
+ *
  * x86-64: the best path the CPU and the operating system both support, from CPUID (the
  * instruction sets) and XGETBV (the register state the OS saves on a context switch: the AVX
  * paths need the YMM state, the AVX-512 ones also the opmask and ZMM states; a CPU with AVX-512
@@ -84,5 +86,12 @@ static const tdt_cpu_path_t *cpu_path(void) {
 tdt_status_t tdt_cpu_run(const tdt_call_t *call) { return cpu_path()->run(call); }
 
 tdt_status_t tdt_cpu_scale(const tdt_call_t *call) { return cpu_path()->scale(call); }
+
+tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *call) { return cpu_path()->joint_run(call); }
+
+size_t tdt_cpu_joint_scratch_bytes(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                   int num_durations) {
+    return cpu_path()->joint_scratch_bytes(problem, options, num_durations);
+}
 
 TDT_API const char *tdt_cpu_isa(void) { return cpu_path()->isa; }

@@ -1,9 +1,10 @@
 /*
  * paths.h - the CPU backend's vector paths: cpu.c compiled once for each, one picked at run time.
  *
- * The build compiles cpu.c (and kernels.h with it) once per path of the target, each with its
- * own instruction set flags and TDT_CPU_PATH set to the path's name, which names the one symbol
- * the file exports: tdt_cpu_path_NAME, its entry points. dispatch.c, compiled once for the
+ * The build compiles cpu.c (and kernels.h with it) and joint.c once per path of the target, each
+ * with its own instruction set flags and TDT_CPU_PATH set to the path's name, which names the
+ * table cpu.c exports: tdt_cpu_path_NAME, its entry points (the functions cpu.c lends joint.c,
+ * cpu.h, carry the path's name too). dispatch.c, compiled once for the
  * target's baseline, picks the path for the process (the CPU's features, the environment
  * variable TDT_CPU_ISA) and forwards tdt_cpu_run and tdt_cpu_scale to it.
  *
@@ -22,11 +23,15 @@
 
 #include "internal.h"
 
-/* One path's entry points: tdt_cpu_run and tdt_cpu_scale as internal.h declares them. */
+/* One path's entry points: tdt_cpu_run, tdt_cpu_scale, tdt_cpu_joint_run and
+ * tdt_cpu_joint_scratch_bytes as internal.h declares them. */
 typedef struct tdt_cpu_path {
     const char *isa; /* the path's name, tdt_cpu_isa()'s answer */
     tdt_status_t (*run)(const tdt_call_t *call);
     tdt_status_t (*scale)(const tdt_call_t *call);
+    tdt_status_t (*joint_run)(const tdt_joint_call_t *call);
+    size_t (*joint_scratch_bytes)(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                  int num_durations);
 } tdt_cpu_path_t;
 
 #define TDT_CPU_PASTE2(a, b) a##b
