@@ -757,7 +757,7 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
     a.D = c.tdt_mode ? c.num_durations : 0;
     a.blank = c.o.blank;
     a.act = (int)p.activation;
-    a.dropout = p.dropout > 0.0;
+    a.dropout = tdt_dropout_threshold(p.dropout) != 0; /* as the CPU: no mask, no scale */
     a.drop_thr = tdt_dropout_threshold(p.dropout);
     a.drop_scale = tdt_dropout_scale(p.dropout);
     a.seed = p.dropout_seed;
