@@ -44,6 +44,8 @@
  * No allocation, no host synchronisation, nothing but launches and one memset on the caller's
  * stream (capturable in a CUDA graph); the caller's current device is restored.
  */
+#include <type_traits>
+
 #include "common/joint.h"
 #include "gpu_common.cuh"
 #include "joint_plan.h"
@@ -68,6 +70,7 @@ struct joint_args {
     tdt_arcs_t arcs;
     tdt_ws_t ws;
     tdt_wblocks_t wb;
+    tdt_gpu_args_t lat;     /* what gpu_common.cuh's tdt_sample_lattice reads (D, wb, row, maxT) */
     const void *grad_costs;
     int acc_double, grad_costs_scalar, normalize_costs, batch_mean;
     void *enc_g, *pred_g, *W_g, *bias_g;
@@ -97,20 +100,35 @@ template <typename A> __device__ __forceinline__ typename vec16<A>::V ld16(const
     return *reinterpret_cast<const typename vec16<A>::V *>(p);
 }
 
-/* The tiles' shared memory, in elements of the accumulate type A, every array and row 16-byte
- * aligned: hs (T rows of h, pitch hp = H rounded up to kKC, the padding zero), for the backward
- * a second such array (d h or d W), ws (T rows of a staged chunk of W, pitch kKC plus one
- * vector: the rows' vectors fall on distinct banks) and dz (T rows of pitch T plus one
- * vector, T rounded up to a vector). */
-template <typename A> struct smem_layout {
+/* Where z's tiles run on tensor cores (z_tile_mma): float16 and bfloat16 in tiles of 32, on
+ * sm_80 and later. Their h is then held in the dtype (rounded once: the tensor cores' operand),
+ * for every use of it, on every device, so a device without the path (sm_75: z_tile's CUDA-core
+ * loop over the same rounded h) computes the same function. */
+template <int DT, int T> struct tc_path {
+    enum { ON = (DT == TDT_DTYPE_FLOAT16 || DT == TDT_DTYPE_BFLOAT16) && T == 32 };
+    typedef typename std::conditional<ON, typename tdt_elem<DT>::T, acc_t<DT>>::type H; /* h's type */
+};
+
+/* The tiles' shared memory (bytes), every array and row 16-byte aligned: hs (T rows of h, pitch
+ * hsp: H rounded up to kKC, the padding zero; 8 more on the tensor-core path, so that a
+ * fragment's rows fall on distinct banks), for the backward d h or d W (T rows of pitch hp, H
+ * rounded up to kKC, in the accumulate type), ws (T rows of a staged chunk of W, pitch kKC plus
+ * one vector: the rows' vectors fall on distinct banks; the tensor-core path stages its
+ * 16-bit chunk there) and dz (T rows of pitch dzp, T rounded up to a vector plus
+ * one; the tensor-core path's z tile passes through it too). */
+template <int DT, int T> struct smem_layout {
+    typedef acc_t<DT> A;
     enum { VE = vec16<A>::N, WP = kKC + VE };
-    int64_t hp, dzp, ws_off, dz_off, elems;
-    __host__ __device__ smem_layout(int T, int64_t H, bool backward) {
+    int64_t hp, hsp, dzp;
+    size_t dh_off, ws_off, dz_off, bytes;
+    __host__ __device__ smem_layout(int64_t H, bool backward) {
         hp = (H + kKC - 1) / kKC * kKC;
+        hsp = tc_path<DT, T>::ON ? hp + 8 : hp;
         dzp = (T + VE - 1) / VE * VE + VE;
-        ws_off = (backward ? 2 : 1) * T * hp;
-        dz_off = ws_off + (int64_t)T * WP;
-        elems = dz_off + (int64_t)T * dzp;
+        dh_off = ((size_t)T * (size_t)hsp * sizeof(typename tc_path<DT, T>::H) + 15) / 16 * 16;
+        ws_off = dh_off + (backward ? (size_t)T * (size_t)hp * sizeof(A) : 0);
+        dz_off = ws_off + (size_t)T * WP * sizeof(A);
+        bytes = dz_off + (size_t)T * (size_t)dzp * sizeof(A);
     }
 };
 
@@ -196,17 +214,25 @@ __device__ __forceinline__ acc_t<DT> hidden(const joint_args &a, const node_info
     return y * keep;
 }
 
-/* The tile's h into hs (T rows of pitch hp), zeros for nodes that are not valid and in the
- * padding. */
+/* The tile's h into hs (T rows of pitch hsp), zeros for nodes that are not valid and in the
+ * padding; in h's type (tc_path). */
 template <int DT, int T>
-__device__ __forceinline__ void build_h(const joint_args &a, const node_info *ni, acc_t<DT> *hs, int64_t hp) {
-    for (int64_t idx = threadIdx.x; idx < (int64_t)T * hp; idx += kThreads) {
-        const int m = (int)(idx / hp);
-        const int64_t k = idx - (int64_t)m * hp;
+__device__ __forceinline__ void build_h(const joint_args &a, const node_info *ni,
+                                        typename tc_path<DT, T>::H *hs, int64_t hsp) {
+    for (int64_t idx = threadIdx.x; idx < (int64_t)T * hsp; idx += kThreads) {
+        const int m = (int)(idx / hsp);
+        const int64_t k = idx - (int64_t)m * hsp;
         acc_t<DT> x, keep, h = 0;
         if (ni[m].valid && k < a.H) h = hidden<DT>(a, ni[m], k, &x, &keep);
-        hs[idx] = h;
+        if constexpr (tc_path<DT, T>::ON) hs[idx] = tdt_elem<DT>::from_acc(h);
+        else hs[idx] = h;
     }
+}
+
+/* Element i of hs in the accumulate type. */
+template <int DT, int T> __device__ __forceinline__ acc_t<DT> h_at(const typename tc_path<DT, T>::H *hs, int64_t i) {
+    if constexpr (tc_path<DT, T>::ON) return tdt_elem<DT>::to_acc(hs[i]);
+    else return hs[i];
 }
 
 /* W's rows o0 .. o0 + T - 1, columns k0 .. k0 + kKC - 1, into ws (zeros past O and H); ends
@@ -216,7 +242,7 @@ __device__ __forceinline__ void stage_w(const joint_args &a, acc_t<DT> *ws, int6
     for (int idx = threadIdx.x; idx < T * kKC; idx += kThreads) {
         const int r = idx / kKC, c = idx - r * kKC;
         const int64_t o = o0 + r, k = k0 + c;
-        ws[r * smem_layout<acc_t<DT>>::WP + c] = (o < a.O && k < a.H) ? ld<DT>(a.W, o * a.W_s + k) : (acc_t<DT>)0;
+        ws[r * smem_layout<DT, T>::WP + c] = (o < a.O && k < a.H) ? ld<DT>(a.W, o * a.W_s + k) : (acc_t<DT>)0;
     }
     __syncthreads();
 }
@@ -232,31 +258,121 @@ template <int T> struct tile_shape {
     static __device__ __forceinline__ bool on(int i) { return e(i) < T * T; }
 };
 
+/* ---- tensor cores (sm_80 and later): mma.sync.aligned.m16n8k16, float32 accumulation --------
+ * The fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16" with .f16 / .bf16 operands), for
+ * lane l of a warp, g = l / 4 (its group) and q = l % 4 (its place in the group); a 32-bit
+ * register holds two 16-bit elements, the one of the lower k in its lower half:
+ *   A (16 x 16, row-major, rows m, columns k): a0 = A[g][2q, 2q+1], a1 = A[g+8][2q, 2q+1],
+ *       a2 = A[g][2q+8, 2q+9], a3 = A[g+8][2q+8, 2q+9]
+ *   B (16 x 8, "col": element (k, n) of B, for n the column): b0 = B[2q, 2q+1][g],
+ *       b1 = B[2q+8, 2q+9][g]; here B[k][n] = W[n][k], so both are pairs of one row of W
+ *   C, D (16 x 8, float32): d0 = D[g][2q], d1 = D[g][2q+1], d2 = D[g+8][2q], d3 = D[g+8][2q+1]
+ * So every operand register is one aligned 32-bit load of two neighbours of a row in shared
+ * memory (frag_ld), and the indices above are the only fragment arithmetic (z_tile_mma). */
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+__device__ __forceinline__ uint32_t frag_ld(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+template <int DT>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    if constexpr (DT == TDT_DTYPE_BFLOAT16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* z_tile on tensor cores, a tile of 32 nodes x 32 rows of W: warp w takes the 16 x 8 block of
+ * nodes 16 (w / 4) .. + 15 and rows 8 (w % 4) .. + 7, one mma a 16 columns of H; W's chunk is
+ * staged as its raw 16-bit values into w16 (pitch kW16 = kKC + 8: a fragment's rows fall on
+ * distinct banks), h is hs (pitch hsp, 16-bit). The block
+ * goes through zs (pitch zsp) to the thread's elements of tile_shape<32>. Ends with a barrier. */
+template <int DT>
+__device__ __forceinline__ void z_tile_mma(const joint_args &a, const uint16_t *hs, int64_t hsp, uint16_t *w16,
+                                           float *zs, int64_t zsp, int64_t o0,
+                                           float (&acc)[tile_shape<32>::PER]) {
+    typedef tile_shape<32> S;
+    const int kW16 = kKC + 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int mb = 16 * (warp >> 2), nb = 8 * (warp & 3);
+    const uint16_t *W = static_cast<const uint16_t *>(a.W);
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t k0 = 0; k0 < a.H; k0 += kKC) {
+        for (int idx = threadIdx.x; idx < 32 * kKC; idx += kThreads) {
+            const int r = idx / kKC, c = idx - r * kKC;
+            const int64_t o = o0 + r, k = k0 + c;
+            w16[r * kW16 + c] = (o < a.O && k < a.H) ? W[o * a.W_s + k] : (uint16_t)0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < kKC; ks += 16) {
+            const uint16_t *pa = hs + (mb + g) * hsp + k0 + ks + 2 * q; /* A[g][2q] */
+            const uint16_t *pb = w16 + (nb + g) * kW16 + ks + 2 * q;    /* B[2q][g] = W[g][2q] */
+            mma16816<DT>(d, frag_ld(pa), frag_ld(pa + 8 * hsp), frag_ld(pa + 8), frag_ld(pa + 8 * hsp + 8),
+                         frag_ld(pb), frag_ld(pb + 8));
+        }
+        __syncthreads();
+    }
+    float *pz = zs + (mb + g) * zsp + nb + 2 * q; /* D[g][2q] */
+    pz[0] = d[0];
+    pz[1] = d[1];
+    pz[8 * zsp] = d[2];
+    pz[8 * zsp + 1] = d[3];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < S::PER; ++i) acc[i] = zs[S::m(i) * zsp + S::o(i)];
+    __syncthreads();
+}
+#endif
+
 /* acc[i] = sum over k (ascending) of hs[m][k] W[o0 + o][k] for the thread's elements, W staged
  * through ws, both read in 16-byte vectors (h's a broadcast: a warp's lanes share m for T = 32).
  * The last chunk runs to its end over zeros (H's padding in hs and ws). Every thread of the
  * block calls it; ends with a barrier. */
 template <int DT, int T>
-__device__ __forceinline__ void z_tile(const joint_args &a, const acc_t<DT> *hs, int64_t hp, acc_t<DT> *ws,
-                                       int64_t o0, acc_t<DT> (&acc)[tile_shape<T>::PER]) {
+__device__ __forceinline__ void z_tile(const joint_args &a, const typename tc_path<DT, T>::H *hs, int64_t hsp,
+                                       acc_t<DT> *ws, acc_t<DT> *zs, int64_t zsp, int64_t o0,
+                                       acc_t<DT> (&acc)[tile_shape<T>::PER]) {
     typedef tile_shape<T> S;
     typedef acc_t<DT> A;
     typedef vec16<A> X;
-    enum { WP = smem_layout<A>::WP };
+    enum { WP = smem_layout<DT, T>::WP };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (tc_path<DT, T>::ON) {
+        z_tile_mma<DT>(a, hs, hsp, reinterpret_cast<uint16_t *>(ws), zs, zsp, o0, acc);
+        return;
+    }
+#endif
+    (void)zs;
+    (void)zsp;
 #pragma unroll
     for (int i = 0; i < S::PER; ++i) acc[i] = 0;
     for (int64_t k0 = 0; k0 < a.H; k0 += kKC) {
         stage_w<DT, T>(a, ws, o0, k0);
         const A *wr = ws + S::o(0) * WP; /* o is the same for every i */
-#pragma unroll
-        for (int c = 0; c < kKC; c += X::N) {
-            const typename X::V w = ld16(wr + c);
+        if constexpr (tc_path<DT, T>::ON) { /* 16-bit h (a device before sm_80): one at a time */
 #pragma unroll
             for (int i = 0; i < S::PER; ++i) {
                 if (!S::on(i)) continue;
-                const typename X::V h = ld16(hs + S::m(i) * hp + k0 + c);
+                for (int c = 0; c < kKC; ++c)
+                    acc[i] = fma(h_at<DT, T>(hs, S::m(i) * hsp + k0 + c), wr[c], acc[i]);
+            }
+        } else {
 #pragma unroll
-                for (int q = 0; q < X::N; ++q) acc[i] = fma(X::at(h, q), X::at(w, q), acc[i]);
+            for (int c = 0; c < kKC; c += X::N) {
+                const typename X::V w = ld16(wr + c);
+#pragma unroll
+                for (int i = 0; i < S::PER; ++i) {
+                    if (!S::on(i)) continue;
+                    const typename X::V h = ld16(hs + S::m(i) * hsp + k0 + c);
+#pragma unroll
+                    for (int q = 0; q < X::N; ++q) acc[i] = fma(X::at(h, q), X::at(w, q), acc[i]);
+                }
             }
         }
         __syncthreads();
@@ -275,9 +391,29 @@ template <int T, typename A> __device__ __forceinline__ A row_sum(A x) {
     return x;
 }
 
+/* The backward kernels' arrays in the dynamic shared memory (smem_layout): h, d h or d W (acc2),
+ * W's staged chunk, dz. */
+template <int DT, int T> struct bwd_smem {
+    typedef acc_t<DT> A;
+    typename tc_path<DT, T>::H *hs;
+    A *acc2, *ws, *dzs;
+    int64_t hp, hsp, dzp;
+    __device__ __forceinline__ bwd_smem(void *base, int64_t H) {
+        const smem_layout<DT, T> sl(H, true);
+        char *const sm = static_cast<char *>(base);
+        hs = reinterpret_cast<typename tc_path<DT, T>::H *>(sm);
+        acc2 = reinterpret_cast<A *>(sm + sl.dh_off);
+        ws = reinterpret_cast<A *>(sm + sl.ws_off);
+        dzs = reinterpret_cast<A *>(sm + sl.dz_off);
+        hp = sl.hp;
+        hsp = sl.hsp;
+        dzp = sl.dzp;
+    }
+};
+
 /* Dynamic shared memory of the tile kernels (smem_layout). */
-template <int DT> static inline size_t dyn_bytes(int T, int64_t H, bool backward) {
-    return (size_t)smem_layout<acc_t<DT>>(T, H, backward).elems * sizeof(acc_t<DT>);
+template <int DT, int T> static inline size_t dyn_bytes(int64_t H, bool backward) {
+    return smem_layout<DT, T>(H, backward).bytes;
 }
 
 /* ================================================================================================
@@ -288,11 +424,14 @@ template <int DT, int T>
 __global__ void __launch_bounds__(kThreads) joint_fwd_kernel(const joint_args a) {
     typedef acc_t<DT> A;
     typedef tile_shape<T> S;
+    typedef typename tc_path<DT, T>::H HE;
     extern __shared__ uint4 joint_smem[];
-    const smem_layout<A> sl(T, a.H, false);
-    const int64_t hp = sl.hp;
-    A *hs = reinterpret_cast<A *>(joint_smem);
-    A *ws = hs + sl.ws_off;
+    const smem_layout<DT, T> sl(a.H, false);
+    const int64_t hsp = sl.hsp;
+    char *const sm = reinterpret_cast<char *>(joint_smem);
+    HE *hs = reinterpret_cast<HE *>(sm);
+    A *ws = reinterpret_cast<A *>(sm + sl.ws_off);
+    A *zs = reinterpret_cast<A *>(sm + sl.dz_off);
     __shared__ node_info ni[T];
     __shared__ A s_zb[T], s_zy[T], s_zd[T][TDT_MAX_DURATIONS];
     __shared__ double s_lse[T];
@@ -304,14 +443,14 @@ __global__ void __launch_bounds__(kThreads) joint_fwd_kernel(const joint_args a)
             node_decode(a, tile * T + threadIdx.x, a.nodes, &ni[threadIdx.x], &Tb, &Ub);
         }
         if (!__syncthreads_or(threadIdx.x < T && ni[threadIdx.x].valid)) continue;
-        build_h<DT, T>(a, ni, hs, hp);
+        build_h<DT, T>(a, ni, hs, hsp);
         __syncthreads();
         A rm[S::PER], rs[S::PER];
 #pragma unroll
         for (int i = 0; i < S::PER; ++i) rm[i] = ninf, rs[i] = 0;
         for (int64_t o0 = 0; o0 < a.O; o0 += T) {
             A acc[S::PER];
-            z_tile<DT, T>(a, hs, hp, ws, o0, acc);
+            z_tile<DT, T>(a, hs, hsp, ws, zs, sl.dzp, o0, acc);
 #pragma unroll
             for (int i = 0; i < S::PER; ++i) {
                 const int m = S::m(i) < T ? S::m(i) : 0;
@@ -380,14 +519,7 @@ __device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int6
         ni->valid = 0;
         return;
     }
-    tdt_lattice_t L;
-    L.wn = tdt_w_block(a.D);
-    L.wb = a.wb;
-    L.wb.base += b * a.wb.s[0];
-    L.row = a.row;
-    L.frames = a.maxT;
-    L.T = Tb;
-    L.U = Ub;
+    const tdt_lattice_t L = tdt_sample_lattice(a.lat, b, Tb, Ub);
     const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
     tdt_node_grad(&L, &a.arcs, a.ws.alpha + off, a.ws.beta + off, ni->t, ni->u, ll, a.lambda, &nc->g);
     nc->gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b, a.batch_mean ? a.B : 0,
@@ -435,14 +567,12 @@ __global__ void __launch_bounds__(kThreads) joint_dnode_kernel(const joint_args 
     typedef acc_t<DT> A;
     typedef tile_shape<T> S;
     typedef vec16<A> X;
-    enum { WP = smem_layout<A>::WP, PER2 = (T * kKC + kThreads - 1) / kThreads };
+    enum { WP = smem_layout<DT, T>::WP, PER2 = (T * kKC + kThreads - 1) / kThreads };
     extern __shared__ uint4 joint_smem[];
-    const smem_layout<A> sl(T, a.H, true);
-    const int64_t hp = sl.hp, dzp = sl.dzp;
-    A *hs = reinterpret_cast<A *>(joint_smem);
-    A *dh = hs + (int64_t)T * hp;
-    A *ws = hs + sl.ws_off;
-    A *dzs = hs + sl.dz_off;
+    const bwd_smem<DT, T> sm(joint_smem, a.H);
+    const int64_t hp = sm.hp, hsp = sm.hsp, dzp = sm.dzp;
+    typename tc_path<DT, T>::H *const hs = sm.hs;
+    A *const dh = sm.acc2, *const ws = sm.ws, *const dzs = sm.dzs;
     __shared__ node_info ni[T];
     __shared__ node_coef nc[T];
     const int64_t first = a.chunk_row0 * a.row, count = a.chunk_rows * a.row;
@@ -453,12 +583,12 @@ __global__ void __launch_bounds__(kThreads) joint_dnode_kernel(const joint_args 
             node_setup_bwd(a, first + tile * T + threadIdx.x, first + count, &ni[threadIdx.x], &nc[threadIdx.x]);
         const bool any = __syncthreads_or(threadIdx.x < T && ni[threadIdx.x].valid);
         if (any) {
-            build_h<DT, T>(a, ni, hs, hp);
+            build_h<DT, T>(a, ni, hs, hsp);
             for (int64_t idx = threadIdx.x; idx < (int64_t)T * hp; idx += kThreads) dh[idx] = 0;
             __syncthreads();
             for (int64_t o0 = 0; o0 < a.O; o0 += T) {
                 A acc[S::PER];
-                z_tile<DT, T>(a, hs, hp, ws, o0, acc);
+                z_tile<DT, T>(a, hs, hsp, ws, dzs, dzp, o0, acc);
                 dz_tile<DT, T>(a, ni, nc, acc, o0, dzs, dzp);
                 /* d h[m][k] += sum over the tile's rows r (ascending) of dz[m][r] W[o0 + r][k]:
                  * the thread's column c = its lane, its nodes m = warp + 8 j (j < PER2), dz read
@@ -565,12 +695,10 @@ __global__ void __launch_bounds__(kThreads) joint_dw_kernel(const joint_args a) 
     typedef tile_shape<T> S;
     typedef vec16<A> X;
     extern __shared__ uint4 joint_smem[];
-    const smem_layout<A> sl(T, a.H, true);
-    const int64_t hp = sl.hp, dzp = sl.dzp;
-    A *hs = reinterpret_cast<A *>(joint_smem);
-    A *dw = hs + (int64_t)T * hp;
-    A *ws = hs + sl.ws_off;
-    A *dzs = hs + sl.dz_off;
+    const bwd_smem<DT, T> sm(joint_smem, a.H);
+    const int64_t hp = sm.hp, hsp = sm.hsp, dzp = sm.dzp;
+    typename tc_path<DT, T>::H *const hs = sm.hs;
+    A *const dw = sm.acc2, *const ws = sm.ws, *const dzs = sm.dzs;
     __shared__ node_info ni[T];
     __shared__ node_coef nc[T];
     __shared__ A db[T];
@@ -581,10 +709,10 @@ __global__ void __launch_bounds__(kThreads) joint_dw_kernel(const joint_args a) 
     for (int64_t tile = blockIdx.y; tile < tiles; tile += a.parts) {
         if (threadIdx.x < T) node_setup_bwd(a, tile * T + threadIdx.x, a.nodes, &ni[threadIdx.x], &nc[threadIdx.x]);
         if (!__syncthreads_or(threadIdx.x < T && ni[threadIdx.x].valid)) continue;
-        build_h<DT, T>(a, ni, hs, hp);
+        build_h<DT, T>(a, ni, hs, hsp);
         __syncthreads();
         A acc[S::PER];
-        z_tile<DT, T>(a, hs, hp, ws, o0, acc);
+        z_tile<DT, T>(a, hs, hsp, ws, dzs, dzp, o0, acc);
         dz_tile<DT, T>(a, ni, nc, acc, o0, dzs, dzp);
         /* d W[o0 + r][k] += sum over the tile's nodes m (ascending) of dz[m][r] h[m][k]: the
          * thread's column k, all T rows r in registers, dz read in vectors (a broadcast) */
@@ -593,7 +721,7 @@ __global__ void __launch_bounds__(kThreads) joint_dw_kernel(const joint_args a) 
 #pragma unroll
             for (int r = 0; r < T; ++r) s[r] = 0;
             for (int m = 0; m < T; ++m) {
-                const A h = hs[m * hp + k];
+                const A h = h_at<DT, T>(hs, m * hsp + k);
 #pragma unroll
                 for (int r = 0; r < T; r += X::N) {
                     const typename X::V d = ld16(dzs + m * dzp + r);
@@ -662,18 +790,17 @@ inline unsigned flat_blocks(int64_t n, int num_sms) {
     return blocks < 1 ? 1u : (unsigned)blocks;
 }
 
-/* The tile sizes there are kernels for, largest first. */
-const int kTiles[] = {32, 16, 8, 2};
-
 template <int DT> size_t static_bytes(int T) {
     return (size_t)T * (sizeof(node_info) + sizeof(node_coef) + sizeof(acc_t<DT>)) + 1024;
 }
 
 /* The largest tile whose backward fits the device's shared memory a block, or 0. */
+template <int DT, int T> bool tile_fits(int64_t H, size_t smem_max) {
+    return dyn_bytes<DT, T>(H, true) + static_bytes<DT>(T) <= smem_max;
+}
 template <int DT> int tile_for(int64_t H, size_t smem_max) {
-    for (int T : kTiles)
-        if (dyn_bytes<DT>(T, H, true) + static_bytes<DT>(T) <= smem_max) return T;
-    return 0;
+    return tile_fits<DT, 32>(H, smem_max) ? 32 : tile_fits<DT, 16>(H, smem_max) ? 16
+         : tile_fits<DT, 8>(H, smem_max)  ? 8  : tile_fits<DT, 2>(H, smem_max)  ? 2 : 0;
 }
 
 struct joint_run {
@@ -684,7 +811,7 @@ struct joint_run {
 
     template <int DT, int T> cudaError_t forward() const {
         if (a.nodes == 0) return cudaSuccess;
-        const size_t smem = dyn_bytes<DT>(T, a.H, false);
+        const size_t smem = dyn_bytes<DT, T>(a.H, false);
         cudaError_t e = tdt_allow_smem(joint_fwd_kernel<DT, T>, smem);
         if (e != cudaSuccess) return e;
         int64_t blocks = (a.nodes + T - 1) / T;
@@ -695,7 +822,7 @@ struct joint_run {
 
     template <int DT, int T> cudaError_t backward(const tdt_gpu_joint_plan_t &plan) const {
         typedef acc_t<DT> A;
-        const size_t smem = dyn_bytes<DT>(T, a.H, true);
+        const size_t smem = dyn_bytes<DT, T>(a.H, true);
         cudaError_t e;
         joint_args c = a;
         if (a.enc_g || a.pred_g) {
@@ -783,6 +910,10 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
     if (c.workspace) {
         tdt_workspace_carve(&c.layout, c.workspace, &a.ws);
         a.wb = tdt_wblocks_ws(a.ws.w, c.layout.block, p.max_frames, p.max_labels + 1);
+        a.lat.D = a.D;
+        a.lat.wb = a.wb;
+        a.lat.row = a.row;
+        a.lat.maxT = a.maxT;
         char *const base = (char *)tdt_align_up((size_t)(uintptr_t)c.workspace) + call->scratch_offset;
         char *const s = base + ((TDT_WS_ALIGN - ((uintptr_t)base & (TDT_WS_ALIGN - 1))) & (TDT_WS_ALIGN - 1));
         a.dx = s + plan.dx;
@@ -835,7 +966,9 @@ template <typename F> cudaError_t with_dtype_tile(tdt_dtype_t dtype, int T, F f)
 int tile_of(tdt_dtype_t dtype, int64_t H, size_t smem_max) {
     switch (dtype) {
     case TDT_DTYPE_FLOAT64: return tile_for<TDT_DTYPE_FLOAT64>(H, smem_max);
-    default: return tile_for<TDT_DTYPE_FLOAT32>(H, smem_max); /* float accumulate, same bytes */
+    case TDT_DTYPE_FLOAT16: return tile_for<TDT_DTYPE_FLOAT16>(H, smem_max);
+    case TDT_DTYPE_BFLOAT16: return tile_for<TDT_DTYPE_BFLOAT16>(H, smem_max);
+    default: return tile_for<TDT_DTYPE_FLOAT32>(H, smem_max);
     }
 }
 
