@@ -30,14 +30,19 @@
  * So the backward runs four GEMM passes (z twice, dz W, dz^T h) and the forward one: five in
  * all, where a backward keeping dz would need three.
  *
- * Precision: h, z, the running log-sum-exp, d h, d W and every sum in the accumulate type
- * (float for float32 / float16 / bfloat16, double for float64), as the CPU backend; the node's
- * values, occupancies and dz's formula in float64, dz rounded to the accumulate type; each
- * gradient rounded once to the dtype. These kernels run on the CUDA cores (no tensor cores
- * yet; TF32 never).
+ * Tensor cores: float16 and bfloat16 in tiles of 32 take z's tiles (the three z passes) with
+ * mma.sync m16n8k16 on sm_80 and later (tc_path, z_tile_mma); d h and d W, and everything of
+ * float32 (never TF32) and float64, run on the CUDA cores.
+ *
+ * Precision: z, the running log-sum-exp, d h, d W and every sum in the accumulate type (float
+ * for float32 / float16 / bfloat16, double for float64), as the CPU backend; h as well, but on
+ * the tensor-core path, whose h is rounded to the dtype (its operand); the node's values,
+ * occupancies and dz's formula in float64, dz rounded to the accumulate type; each gradient
+ * rounded once to the dtype.
  *
  * Deterministic: every sum has one fixed order, set by the shapes and by T (which depends on
- * the device's shared memory alone): the tile's k loop, the xor-shuffle trees of the running
+ * the device's shared memory alone): the tile's k loop (an mma's own order on tensor cores),
+ * the xor-shuffle trees of the running
  * log-sum-exp, d h over W's row tiles in order, d enc over u, d pred over t chunk by chunk,
  * d W over a partition's node tiles in order and then over the partitions in order. No atomics.
  *
