@@ -565,7 +565,8 @@ typedef struct tdt_joint_problem {
                                 + i and is kept iff the top 32 bits of SplitMix64's output
                                 function of dropout_seed + (c + 1) * 0x9e3779b97f4a7c15 (all mod
                                 2^64: the (c + 1)-th output of a SplitMix64 generator seeded with
-                                dropout_seed) are >= floor(dropout * 2^32); the same on both
+                                dropout_seed) are >= floor(dropout * 2^32) (a dropout below
+                                2^-32 keeps and scales nothing); the same on both
                                 backends (tdt_joint_dropout_mask() writes it), and the backward
                                 pass regenerates it. Give each training step its own seed or
                                 offset. */
@@ -601,7 +602,7 @@ typedef struct tdt_joint_gradients {
  * CPU: the scratch holds W^T in the accumulate type (num_outputs x hidden values), for 16-bit
  * dtypes also W widened and float32 sums of the four gradients, and 2 to 64 slots of 32 nodes
  * x (num_outputs + 2 hidden) values; the slots grow with the problem (about one for every
- * 24 x 32 nodes) and with the threads (at least 2 a thread), so the size depends on
+ * 48 x 32 nodes) and with the threads (at least 2 a thread), so the size depends on
  * options->num_threads (0: omp_get_max_threads() when asked, which must then be no smaller in
  * the call: a call that needs more gets TDT_STATUS_WORKSPACE_TOO_SMALL). docs/joint.md. */
 TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
