@@ -426,7 +426,7 @@ template <int DT, int T> static inline size_t dyn_bytes(int64_t H, bool backward
  * ============================================================================================== */
 
 template <int DT, int T>
-__global__ void __launch_bounds__(kThreads) joint_fwd_kernel(const joint_args a) {
+__global__ void __launch_bounds__(kThreads) joint_fwd_kernel(const __grid_constant__ joint_args a) {
     typedef acc_t<DT> A;
     typedef tile_shape<T> S;
     typedef typename tc_path<DT, T>::H HE;
@@ -568,7 +568,7 @@ __device__ __forceinline__ void dz_tile(const joint_args &a, const node_info *ni
 /* The chunk's nodes [chunk_row0 * row, (chunk_row0 + chunk_rows) * row), T a tile: d(enc + pred)
  * of each into dx (0 for nodes outside a feasible lattice). */
 template <int DT, int T>
-__global__ void __launch_bounds__(kThreads) joint_dnode_kernel(const joint_args a) {
+__global__ void __launch_bounds__(kThreads) joint_dnode_kernel(const __grid_constant__ joint_args a) {
     typedef acc_t<DT> A;
     typedef tile_shape<T> S;
     typedef vec16<A> X;
@@ -645,7 +645,7 @@ __global__ void __launch_bounds__(kThreads) joint_dnode_kernel(const joint_args 
 }
 
 /* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx. */
-template <int DT> __global__ void joint_denc_kernel(const joint_args a) {
+template <int DT> __global__ void joint_denc_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
     const int64_t n = a.chunk_rows * a.H;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
@@ -660,7 +660,7 @@ template <int DT> __global__ void joint_denc_kernel(const joint_args a) {
 
 /* d pred: each (b, u, k) of the chunk's samples gets the sum over the chunk's frames (t
  * ascending) added to its accumulator. */
-template <int DT> __global__ void joint_dpred_kernel(const joint_args a) {
+template <int DT> __global__ void joint_dpred_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
     acc_t<DT> *accp = static_cast<acc_t<DT> *>(a.pred_acc);
     const int64_t n = a.row * a.H;
@@ -682,7 +682,7 @@ template <int DT> __global__ void joint_dpred_kernel(const joint_args a) {
     }
 }
 
-template <int DT> __global__ void joint_pred_out_kernel(const joint_args a) {
+template <int DT> __global__ void joint_pred_out_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *accp = static_cast<const acc_t<DT> *>(a.pred_acc);
     const int64_t n = a.B * a.row * a.H;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
@@ -695,7 +695,7 @@ template <int DT> __global__ void joint_pred_out_kernel(const joint_args a) {
 /* d W and d bias of W's rows o0 = blockIdx.x * T .. o0 + T - 1 over the node tiles
  * blockIdx.y, blockIdx.y + P, ... (in order), into partition blockIdx.y's scratch. */
 template <int DT, int T>
-__global__ void __launch_bounds__(kThreads) joint_dw_kernel(const joint_args a) {
+__global__ void __launch_bounds__(kThreads) joint_dw_kernel(const __grid_constant__ joint_args a) {
     typedef acc_t<DT> A;
     typedef tile_shape<T> S;
     typedef vec16<A> X;
@@ -757,7 +757,7 @@ __global__ void __launch_bounds__(kThreads) joint_dw_kernel(const joint_args a) 
 }
 
 /* d W and d bias: the P partitions summed in order, written in the dtype. */
-template <int DT> __global__ void joint_dw_out_kernel(const joint_args a) {
+template <int DT> __global__ void joint_dw_out_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *wp = static_cast<const acc_t<DT> *>(a.w_part);
     const acc_t<DT> *bp = static_cast<const acc_t<DT> *>(a.b_part);
     const int64_t n = a.O * a.H;
