@@ -1202,7 +1202,8 @@ cudaError_t forward_enqueue(const tdt_gpu_args_t &a, const tdt_fwd_env_t &env, c
     else if (counters > 0) e = cudaMemsetAsync(a.ws.order, 0, (size_t)counters * sizeof(int32_t), stream);
     if (e != cudaSuccess) return e;
     if (a.fwd_tickets == 0) {
-        e = tdt_launch_normalize(a, env.dtype, env.num_sms, stream);
+        /* no token logits: a fused joint call (joint.cu), whose own kernel wrote the blocks */
+        if (a.tok) e = tdt_launch_normalize(a, env.dtype, env.num_sms, stream);
         if (e != cudaSuccess) return e;
         e = sweep(a, false);
         if (e != cudaSuccess || !a.trail) return e;

@@ -1,0 +1,576 @@
+// test_gpu_joint.cc - the GPU fused joint + loss (tdt_joint_* with TDT_LOCATION_GPU) against the
+// CPU backend's, through the public API.
+//
+// Each case draws enc, pred, W and bias, rounds them to the dtype under test, and runs the
+// joint on the GPU in that dtype and on the CPU in float64 on the same (rounded) values: the
+// reference. Gradient buffers start as NaN (every byte 0xff), so an element the GPU forgot to
+// write shows. Costs and the four gradients are compared element by element with
+// |got - want| <= rel * |want| + abs * max|want| (of that output), naming the first element
+// that diverged: float64 to 1e-9, float32 to 1e-4 of an element plus 1e-5 of the largest (the
+// GPU sums in float32, in another order than float64), float16 and bfloat16 to a few units of
+// their last place (the GPU rounds their h to the dtype, the tensor cores' operand, and the
+// gradients once more at the end). Then a CUDA-graph capture, two runs bit for bit, the
+// forward / backward pair with an upstream gradient, some gradients left out, and costs only.
+//
+// Without a CUDA build, a driver or a GPU every test is skipped (GTEST_SKIP).
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tdt.h"
+#include "test_util.h"
+
+namespace {
+
+bool have_gpu() {
+    if (!tdt_backend_built(TDT_LOCATION_GPU)) return false;
+    int n = 0;
+    return tdt_gpu_device_count(&n) == TDT_STATUS_SUCCESS && n > 0;
+}
+
+#define REQUIRE_GPU()                                                                          \
+    do {                                                                                       \
+        if (!have_gpu()) GTEST_SKIP() << "no CUDA build, device or driver";                    \
+    } while (0)
+
+uint64_t mix(uint64_t x) {  // splitmix64's output function
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    double uniform() { return (mix(s += 0x9e3779b97f4a7c15ull) >> 11) * (1.0 / 9007199254740992.0); }
+    double sym() { return 2.0 * uniform() - 1.0; }  // uniform in [-1, 1)
+    int below(int n) { return (int)(uniform() * n); }
+};
+
+// One joint problem: shapes, options and the values (float64, already rounded to the dtype).
+struct Case {
+    std::string name;
+    int64_t B = 2, maxT = 5, maxU = 3, V = 9, H = 20;
+    std::vector<int> durations = {0, 1, 2};  // empty: RNN-T
+    tdt_activation_t act = TDT_ACTIVATION_RELU;
+    double dropout = 0.0;
+    bool bias = true;
+    bool ragged = false;
+    int infeasible = 0;  // 1: sample 0 cannot end (TDT without duration 0), 2: sample 0 T = 0
+    bool strided = false;  // padded rows in every tensor and in the gradients
+    double sigma = 0.0, fastemit = 0.0, clamp = 0.0;
+    int normalize_costs = 0, batch_mean = 0;
+    tdt_reduction_t reduction = TDT_REDUCTION_NONE;
+    int blank_last = 0;  // blank = V - 1
+    double wscale = 1.5;  // W's scale: logits of a few units
+    uint64_t seed = 1;
+
+    int64_t row() const { return maxU + 1; }
+    int64_t O() const { return V + (int64_t)durations.size(); }
+    int64_t pad() const { return strided ? 3 : 0; }
+};
+
+struct Data {
+    std::vector<double> enc, pred, W, bias;
+    std::vector<int32_t> labels, T, U;
+    int64_t enc_s[2], pred_s[2], W_s;
+};
+
+Data make_data(const Case &c, tdt_dtype_t dt) {
+    Data d;
+    Rng r(c.seed * 7919 + 17);
+    const int64_t Hp = c.H + c.pad();
+    d.enc_s[1] = Hp;
+    d.enc_s[0] = c.maxT * Hp + c.pad();
+    d.pred_s[1] = Hp;
+    d.pred_s[0] = c.row() * Hp + c.pad();
+    d.W_s = Hp;
+    d.enc.assign((size_t)(c.B * d.enc_s[0]), 0.0);
+    d.pred.assign((size_t)(c.B * d.pred_s[0]), 0.0);
+    d.W.assign((size_t)(c.O() * d.W_s), 0.0);
+    for (auto &x : d.enc) x = tdt_test::quantize(r.sym(), dt);
+    for (auto &x : d.pred) x = tdt_test::quantize(r.sym(), dt);
+    const double ws = c.wscale / std::sqrt((double)c.H);
+    for (auto &x : d.W) x = tdt_test::quantize(ws * r.sym() * 1.7, dt);
+    if (c.bias) {
+        d.bias.resize((size_t)c.O());
+        for (auto &x : d.bias) x = tdt_test::quantize(0.3 * r.sym(), dt);
+    }
+    const int blank = c.blank_last ? (int)c.V - 1 : 0;
+    d.T.resize((size_t)c.B);
+    d.U.resize((size_t)c.B);
+    d.labels.assign((size_t)(c.B * c.maxU), 0);
+    for (int64_t b = 0; b < c.B; ++b) {
+        d.T[b] = (int32_t)(c.ragged ? 1 + r.below((int)c.maxT) : c.maxT);
+        d.U[b] = (int32_t)(c.ragged ? r.below((int)c.maxU + 1) : c.maxU);
+        for (int64_t i = 0; i < c.maxU; ++i) {
+            int y = r.below((int)c.V - 1);
+            if (y >= blank) ++y;  // any token but the blank
+            d.labels[b * c.maxU + i] = y;
+        }
+    }
+    if (c.infeasible == 1 && c.B > 0) {  // TDT durations without 0: U labels need U frames
+        d.T[0] = 1;
+        d.U[0] = (int32_t)std::min<int64_t>(2, c.maxU);
+    }
+    if (c.infeasible == 2 && c.B > 0) d.T[0] = 0;
+    return d;
+}
+
+struct Out {
+    tdt_status_t st = TDT_STATUS_SUCCESS;
+    std::string err;
+    std::vector<double> costs, enc_g, pred_g, W_g, bias_g;
+    double reduced = 0.0;
+    std::vector<uint8_t> raw;  // every output's bytes, for bitwise comparisons
+};
+
+enum class Mode { Loss, Pair };
+struct RunOpts {
+    Mode mode = Mode::Loss;
+    std::vector<double> grad_costs;  // Pair: the upstream (B values)
+    bool enc = true, pred = true, W = true, bias = true;  // which gradients
+    bool graph = false;  // GPU: captured in a CUDA graph on a stream of its own
+};
+
+// The buffer of n elements of dtype dt in loc's memory, uploaded from host values (or poisoned).
+struct Buf {
+    void *p = nullptr;
+    size_t bytes = 0;
+    bool gpu = false;
+    Buf(size_t b, bool on_gpu) : bytes(b), gpu(on_gpu) {
+        if (bytes == 0) return;
+        if (gpu) {
+            if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;
+        } else {
+            p = std::malloc(bytes);
+        }
+    }
+    ~Buf() {
+        if (!p) return;
+        if (gpu) cudaFree(p);
+        else std::free(p);
+    }
+    Buf(const Buf &) = delete;
+    Buf &operator=(const Buf &) = delete;
+    void put(const std::vector<uint8_t> &h) {
+        if (!p || h.empty()) return;
+        if (gpu) cudaMemcpy(p, h.data(), h.size(), cudaMemcpyHostToDevice);
+        else std::memcpy(p, h.data(), h.size());
+    }
+    std::vector<uint8_t> get() const {
+        std::vector<uint8_t> h(bytes);
+        if (!p || bytes == 0) return h;
+        if (gpu) cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost);
+        else std::memcpy(h.data(), p, bytes);
+        return h;
+    }
+    void poison() { put(std::vector<uint8_t>(bytes, 0xff)); }
+};
+
+std::vector<uint8_t> pack(const std::vector<double> &v, tdt_dtype_t dt) {
+    std::vector<uint8_t> h(v.size() * tdt_test::dtype_size(dt));
+    for (size_t i = 0; i < v.size(); ++i) tdt_test::store(h.data(), (int64_t)i, v[i], dt);
+    return h;
+}
+template <typename I> std::vector<uint8_t> bytes_of(const std::vector<I> &v) {
+    std::vector<uint8_t> h(v.size() * sizeof(I));
+    if (!v.empty()) std::memcpy(h.data(), v.data(), h.size());
+    return h;
+}
+
+Out run(const Case &c, const Data &d, tdt_dtype_t dt, tdt_location_t loc, const RunOpts &ro = RunOpts()) {
+    Out out;
+    const bool gpu = loc == TDT_LOCATION_GPU;
+    const size_t es = tdt_test::dtype_size(dt), acc = dt == TDT_DTYPE_FLOAT64 ? 8 : 4;
+    const int64_t O = c.O(), H = c.H;
+    Buf enc(d.enc.size() * es, gpu), pred(d.pred.size() * es, gpu), W(d.W.size() * es, gpu),
+        bias(d.bias.size() * es, gpu);
+    enc.put(pack(d.enc, dt));
+    pred.put(pack(d.pred, dt));
+    W.put(pack(d.W, dt));
+    bias.put(pack(d.bias, dt));
+    Buf labels(d.labels.size() * 4, gpu), T(d.T.size() * 4, gpu), U(d.U.size() * 4, gpu);
+    labels.put(bytes_of(d.labels));
+    T.put(bytes_of(d.T));
+    U.put(bytes_of(d.U));
+
+    tdt_joint_problem_t p;
+    std::memset(&p, 0, sizeof p);
+    p.batch = c.B;
+    p.max_frames = c.maxT;
+    p.max_labels = c.maxU;
+    p.vocab_size = c.V;
+    p.hidden = H;
+    p.num_outputs = O;
+    p.dtype = dt;
+    p.enc = enc.p;
+    p.pred = pred.p;
+    p.weight = W.p;
+    p.bias = c.bias ? bias.p : nullptr;
+    for (int i = 0; i < 2; ++i) {
+        p.enc_strides[i] = d.enc_s[i];
+        p.pred_strides[i] = d.pred_s[i];
+    }
+    p.weight_stride = d.W_s;
+    p.activation = c.act;
+    p.dropout = c.dropout;
+    p.dropout_seed = 1234 + c.seed;
+    p.dropout_offset = 99;
+    p.labels = (const int32_t *)labels.p;
+    p.frame_lengths = (const int32_t *)T.p;
+    p.label_lengths = (const int32_t *)U.p;
+
+    // gradients with strides of their own (one more pad than the inputs' when strided)
+    const int64_t gp = c.strided ? 5 : 0, Hg = H + gp;
+    tdt_joint_gradients_t g;
+    std::memset(&g, 0, sizeof g);
+    g.enc_strides[1] = Hg;
+    g.enc_strides[0] = c.maxT * Hg;
+    g.pred_strides[1] = Hg;
+    g.pred_strides[0] = c.row() * Hg;
+    g.weight_stride = Hg;
+    Buf enc_g((size_t)(c.B * c.maxT * Hg) * es, gpu), pred_g((size_t)(c.B * c.row() * Hg) * es, gpu),
+        W_g((size_t)(O * Hg) * es, gpu), bias_g((size_t)O * es, gpu);
+    for (Buf *b : {&enc_g, &pred_g, &W_g, &bias_g}) b->poison();
+    g.enc_grad = ro.enc ? enc_g.p : nullptr;
+    g.pred_grad = ro.pred ? pred_g.p : nullptr;
+    g.weight_grad = ro.W ? W_g.p : nullptr;
+    g.bias_grad = ro.bias ? bias_g.p : nullptr;
+
+    tdt_options_t o;
+    std::memset(&o, 0, sizeof o);
+    o.location = loc;
+    o.blank = c.blank_last ? (int)c.V - 1 : 0;
+    o.durations = c.durations.empty() ? nullptr : c.durations.data();
+    o.num_durations = (int)c.durations.size();
+    o.sigma = c.sigma;
+    o.fastemit_lambda = c.fastemit;
+    o.clamp = c.clamp;
+    o.normalize_costs = c.normalize_costs;
+    o.batch_mean = c.batch_mean;
+    o.reduction = c.reduction;
+    Buf costs((size_t)c.B * acc + acc, gpu), reduced(acc, gpu), gcost((size_t)c.B * acc + acc, gpu);
+    costs.poison();
+    reduced.poison();
+    o.reduced_cost = c.reduction != TDT_REDUCTION_NONE ? reduced.p : nullptr;
+    std::vector<uint8_t> gc_host((size_t)c.B * acc);
+    for (size_t b = 0; b < ro.grad_costs.size() && b < (size_t)c.B; ++b) {
+        if (acc == 8) std::memcpy(&gc_host[b * 8], &ro.grad_costs[b], 8);
+        else {
+            const float f = (float)ro.grad_costs[b];
+            std::memcpy(&gc_host[b * 4], &f, 4);
+        }
+    }
+    gcost.put(gc_host);
+
+    size_t wbytes = 0;
+    out.st = tdt_joint_get_workspace_size(&p, &o, &wbytes);
+    if (out.st != TDT_STATUS_SUCCESS) {
+        out.err = tdt_last_error();
+        return out;
+    }
+    Buf work(wbytes, gpu);
+    cudaStream_t stream = nullptr;
+    if (gpu && ro.graph) {
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        o.stream = stream;
+    }
+    auto enqueue = [&]() -> tdt_status_t {
+        if (ro.mode == Mode::Loss) return tdt_joint_loss(&p, &o, costs.p, &g, work.p, wbytes);
+        tdt_status_t s = tdt_joint_forward(&p, &o, costs.p, work.p, wbytes);
+        if (s != TDT_STATUS_SUCCESS) return s;
+        return tdt_joint_backward(&p, &o, ro.grad_costs.empty() ? nullptr : gcost.p, &g, work.p, wbytes);
+    };
+    if (gpu && ro.graph) {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+        out.st = enqueue();
+        out.err = tdt_last_error();
+        EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+        EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+        cudaStreamDestroy(stream);
+    } else {
+        out.st = enqueue();
+        out.err = tdt_last_error();
+    }
+    if (gpu) {
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    }
+    if (out.st != TDT_STATUS_SUCCESS) return out;
+
+    const std::vector<uint8_t> rc = costs.get();
+    for (int64_t b = 0; b < c.B; ++b) {
+        if (acc == 8) out.costs.push_back(((const double *)rc.data())[b]);
+        else out.costs.push_back(((const float *)rc.data())[b]);
+    }
+    if (c.reduction != TDT_REDUCTION_NONE) {
+        const std::vector<uint8_t> rr = reduced.get();
+        out.reduced = acc == 8 ? *(const double *)rr.data() : *(const float *)rr.data();
+    }
+    out.raw = rc;
+    out.raw.resize((size_t)c.B * acc);
+    // the gradients, compact (B, maxT, H) etc.; the padding must stay untouched (NaN bytes)
+    auto unpack = [&](const Buf &buf, bool on, int64_t rows, std::vector<double> *v) {
+        if (!on) return;
+        const std::vector<uint8_t> h = buf.get();
+        out.raw.insert(out.raw.end(), h.begin(), h.end());
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < Hg; ++k) {
+                const double x = tdt_test::load(h.data(), r * Hg + k, dt);
+                if (k < H) v->push_back(x);
+                else EXPECT_TRUE(std::isnan(x)) << "a gradient's padding was written at row " << r;
+            }
+    };
+    unpack(enc_g, ro.enc, c.B * c.maxT, &out.enc_g);
+    unpack(pred_g, ro.pred, c.B * c.row(), &out.pred_g);
+    unpack(W_g, ro.W, O, &out.W_g);
+    if (ro.bias) {
+        const std::vector<uint8_t> h = bias_g.get();
+        out.raw.insert(out.raw.end(), h.begin(), h.end());
+        for (int64_t i = 0; i < O; ++i) out.bias_g.push_back(tdt_test::load(h.data(), i, dt));
+    }
+    return out;
+}
+
+struct Tol {
+    double rel, abs;  // |got - want| <= rel |want| + abs max|want|
+};
+Tol tol_of(tdt_dtype_t dt) {
+    switch (dt) {
+    case TDT_DTYPE_FLOAT64: return {1e-9, 1e-9};
+    case TDT_DTYPE_FLOAT32: return {1e-4, 1e-5};
+    case TDT_DTYPE_FLOAT16: return {4e-3, 1e-3};
+    case TDT_DTYPE_BFLOAT16: return {2e-2, 4e-3};
+    }
+    return {0, 0};
+}
+
+void expect_close(const std::vector<double> &got, const std::vector<double> &want, const Tol &tol,
+                  const std::string &what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double scale = 0.0;
+    for (double w : want)
+        if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double g = got[i], w = want[i];
+        if (std::isnan(w)) {
+            ASSERT_TRUE(std::isnan(g)) << what << "[" << i << "] = " << g << ", want NaN";
+            continue;
+        }
+        if (std::isinf(w)) {
+            ASSERT_EQ(g, w) << what << "[" << i << "]";
+            continue;
+        }
+        ASSERT_TRUE(std::isfinite(g)) << what << "[" << i << "] = " << g << ", want " << w;
+        ASSERT_LE(std::fabs(g - w), tol.rel * std::fabs(w) + tol.abs * scale)
+            << what << "[" << i << "] = " << g << ", want " << w << " (largest " << scale << ")";
+    }
+}
+
+// The GPU in dtype dt against the CPU in float64 on the same rounded values.
+void check_case(const Case &c, tdt_dtype_t dt, const RunOpts &ro = RunOpts()) {
+    SCOPED_TRACE(c.name + " " + tdt_test::dtype_name(dt));
+    const Data d = make_data(c, dt);
+    const Out want = run(c, d, TDT_DTYPE_FLOAT64, TDT_LOCATION_CPU, ro);
+    ASSERT_EQ(want.st, TDT_STATUS_SUCCESS) << "CPU: " << want.err;
+    const Out got = run(c, d, dt, TDT_LOCATION_GPU, ro);
+    ASSERT_EQ(got.st, TDT_STATUS_SUCCESS) << "GPU: " << got.err;
+    Tol t = tol_of(dt);
+    // costs: float32 sums of float32 logits (float32); for float16 / bfloat16 the logits' h is
+    // rounded to the dtype first (the tensor cores' operand), which moves a cost by ~1e-4 of it
+    const Tol tc = dt == TDT_DTYPE_FLOAT64   ? Tol{1e-9, 1e-12}
+                   : dt == TDT_DTYPE_FLOAT32 ? Tol{1e-4, 1e-6}
+                                             : Tol{3e-3, 1e-6};
+    expect_close(got.costs, want.costs, tc, "costs");
+    if (c.reduction != TDT_REDUCTION_NONE)
+        expect_close({got.reduced}, {want.reduced}, tc, "reduced_cost");
+    if (ro.enc) expect_close(got.enc_g, want.enc_g, t, "enc_grad");
+    if (ro.pred) expect_close(got.pred_g, want.pred_g, t, "pred_grad");
+    if (ro.W) expect_close(got.W_g, want.W_g, t, "weight_grad");
+    if (ro.bias) expect_close(got.bias_g, want.bias_g, t, "bias_grad");
+}
+
+const tdt_dtype_t kAll[] = {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT16, TDT_DTYPE_BFLOAT16};
+
+Case basic() {
+    Case c;
+    c.name = "basic";
+    return c;
+}
+
+TEST(GpuJoint, BasicTdtEveryDtype) {
+    REQUIRE_GPU();
+    for (tdt_dtype_t dt : kAll) check_case(basic(), dt);
+}
+
+TEST(GpuJoint, RaggedDropoutTanhOddHidden) {
+    REQUIRE_GPU();
+    Case c;
+    c.name = "ragged dropout tanh";
+    c.B = 3, c.maxT = 7, c.maxU = 4, c.V = 11, c.H = 33;
+    c.durations = {0, 1, 2, 4};
+    c.act = TDT_ACTIVATION_TANH;
+    c.dropout = 0.3;
+    c.ragged = true;
+    c.seed = 2;
+    for (tdt_dtype_t dt : kAll) check_case(c, dt);
+}
+
+TEST(GpuJoint, RnntSigmoidNoBias) {
+    REQUIRE_GPU();
+    Case c;
+    c.name = "rnnt sigmoid";
+    c.B = 2, c.maxT = 6, c.maxU = 3, c.V = 13, c.H = 40;
+    c.durations.clear();
+    c.act = TDT_ACTIVATION_SIGMOID;
+    c.bias = false;
+    c.blank_last = 1;
+    c.seed = 3;
+    for (tdt_dtype_t dt : kAll) check_case(c, dt);
+}
+
+TEST(GpuJoint, InfeasibleSamples) {
+    REQUIRE_GPU();
+    Case c;
+    c.name = "infeasible";
+    c.B = 3, c.maxT = 4, c.maxU = 3;
+    c.durations = {1, 2};
+    c.infeasible = 1;
+    c.seed = 4;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32}) check_case(c, dt);
+    c.name = "empty sample";
+    c.durations = {0, 1, 2};
+    c.infeasible = 2;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_BFLOAT16}) check_case(c, dt);
+}
+
+TEST(GpuJoint, OptionsAndReductions) {
+    REQUIRE_GPU();
+    Case c;
+    c.name = "sigma fastemit clamp normalize mean";
+    c.B = 3, c.maxT = 6, c.maxU = 3, c.V = 10, c.H = 24;
+    c.sigma = 0.05;
+    c.fastemit = 0.01;
+    c.clamp = 0.2;
+    c.normalize_costs = 1;
+    c.batch_mean = 1;
+    c.ragged = true;
+    c.reduction = TDT_REDUCTION_MEAN;
+    c.act = TDT_ACTIVATION_IDENTITY;
+    c.seed = 5;
+    for (tdt_dtype_t dt : kAll) check_case(c, dt);
+    c.reduction = TDT_REDUCTION_SUM;
+    c.normalize_costs = 0;
+    c.batch_mean = 0;
+    check_case(c, TDT_DTYPE_FLOAT32);
+}
+
+TEST(GpuJoint, StridedTensors) {
+    REQUIRE_GPU();
+    Case c;
+    c.name = "strided";
+    c.strided = true;
+    c.dropout = 0.1;
+    c.H = 37;
+    c.seed = 6;
+    for (tdt_dtype_t dt : kAll) check_case(c, dt);
+}
+
+TEST(GpuJoint, ParakeetVocabulary) {
+    REQUIRE_GPU();
+    Case c;
+    c.name = "V + D = 8198";
+    c.B = 2, c.maxT = 3, c.maxU = 2, c.V = 8193, c.H = 64;
+    c.durations = {0, 1, 2, 3, 4};
+    c.blank_last = 1;
+    c.wscale = 4.0;
+    c.seed = 7;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16}) check_case(c, dt);
+}
+
+TEST(GpuJoint, WideHiddenSmallerTiles) {
+    REQUIRE_GPU();
+    Case c;  // float64 at H = 1000 takes tiles of 8 nodes (shared memory), float32 of 16
+    c.name = "H 1000";
+    c.B = 1, c.maxT = 4, c.maxU = 2, c.V = 7, c.H = 1000;
+    c.seed = 8;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32}) check_case(c, dt);
+}
+
+TEST(GpuJoint, ForwardBackwardPairWithUpstream) {
+    REQUIRE_GPU();
+    Case c = basic();
+    c.name = "pair";
+    c.B = 3;
+    c.ragged = true;
+    c.dropout = 0.2;
+    RunOpts ro;
+    ro.mode = Mode::Pair;
+    ro.grad_costs = {0.5, -2.0, 3.0};
+    for (tdt_dtype_t dt : kAll) check_case(c, dt, ro);
+}
+
+TEST(GpuJoint, SomeGradientsOnly) {
+    REQUIRE_GPU();
+    Case c = basic();
+    c.name = "some gradients";
+    RunOpts ro;
+    ro.enc = false;
+    ro.W = false;
+    check_case(c, TDT_DTYPE_FLOAT32, ro);
+    ro = RunOpts();
+    ro.pred = false;
+    ro.bias = false;
+    check_case(c, TDT_DTYPE_FLOAT64, ro);
+    ro = RunOpts();  // no gradient: costs only (the alpha sweep alone)
+    ro.enc = ro.pred = ro.W = ro.bias = false;
+    c.reduction = TDT_REDUCTION_SUM;
+    check_case(c, TDT_DTYPE_BFLOAT16, ro);
+}
+
+TEST(GpuJoint, GraphCaptureMatchesDirectCall) {
+    REQUIRE_GPU();
+    Case c = basic();
+    c.ragged = true;
+    c.B = 3;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16}) {
+        const Data d = make_data(c, dt);
+        const Out direct = run(c, d, dt, TDT_LOCATION_GPU);
+        ASSERT_EQ(direct.st, TDT_STATUS_SUCCESS) << direct.err;
+        RunOpts ro;
+        ro.graph = true;
+        const Out graphed = run(c, d, dt, TDT_LOCATION_GPU, ro);
+        ASSERT_EQ(graphed.st, TDT_STATUS_SUCCESS) << graphed.err;
+        EXPECT_EQ(graphed.raw, direct.raw) << "captured in a graph, " << tdt_test::dtype_name(dt);
+    }
+}
+
+TEST(GpuJoint, DeterministicAcrossRuns) {
+    REQUIRE_GPU();
+    Case c;
+    c.name = "determinism";
+    c.B = 4, c.maxT = 9, c.maxU = 5, c.V = 70, c.H = 96;
+    c.ragged = true;
+    c.dropout = 0.1;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16, TDT_DTYPE_FLOAT64}) {
+        const Data d = make_data(c, dt);
+        const Out a = run(c, d, dt, TDT_LOCATION_GPU), b = run(c, d, dt, TDT_LOCATION_GPU);
+        ASSERT_EQ(a.st, TDT_STATUS_SUCCESS) << a.err;
+        ASSERT_EQ(b.st, TDT_STATUS_SUCCESS) << b.err;
+        EXPECT_EQ(a.raw, b.raw) << "two runs, " << tdt_test::dtype_name(dt);
+    }
+}
+
+}  // namespace
