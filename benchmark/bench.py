@@ -31,8 +31,8 @@ after it): warp_tdt.tdt_joint_loss against the unfused path (the joint's logits 
 warp_tdt.tdt_loss_joint), forward+backward through autograd on the same inputs in one run, each
 result checked first (fused against unfused costs and the four gradients). It prints ms, the
 peak extra memory of a step (CUDA: torch.cuda.max_memory_allocated() over the step, from an empty
-cache; CPU: the growth of the peak resident set, ru_maxrss, over one step run in a fresh
-subprocess), the fused workspace and the unfused logits' bytes, and the GEMM work's achieved
+cache; CPU: the growth of the peak resident set (VmHWM, reset first) over one step run in a
+fresh subprocess), the fused workspace and the unfused logits' bytes, and the GEMM work's achieved
 GFLOP/s (4 passes of 2 x nodes x H x (V + D): forward, recompute, d h, d W), beside a plain GEMM
 of the same work's shape and dtype measured in the same run ("x gemm").
 
@@ -537,9 +537,10 @@ def joint_peak_cuda(step, device):
 
 
 def joint_peak_cpu(name, shape, dtype, path, threads):
-    """The growth of ru_maxrss (bytes) over one step of `path`, in a fresh subprocess whose
-    inputs are built (and the library loaded) before the first reading: the peak extra resident
-    memory the step needed. None when the subprocess fails."""
+    """The growth of the peak resident set (bytes) over one step of `path`, in a fresh
+    subprocess whose inputs are built (and the library loaded) before the first reading: the
+    peak extra resident memory the step needed (_joint_rss_child). None when the subprocess
+    fails."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_joint-rss",
            ",".join(str(int(v)) for v in shape[:5]), str(dtype).replace("torch.", ""), path,
            str(threads)]
@@ -550,8 +551,23 @@ def joint_peak_cpu(name, shape, dtype, path, threads):
         return None
 
 
+def _status_kib(key):
+    """A /proc/self/status field in KiB (VmRSS, VmHWM), or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def _joint_rss_child(spec, dtype_name, path, threads):
-    """--_joint-rss: prints the ru_maxrss growth (bytes) of one step (joint_peak_cpu)."""
+    """--_joint-rss: prints the growth (bytes) of the peak resident set over one step
+    (joint_peak_cpu): VmHWM after the step less VmRSS before it, the high-water mark reset
+    first (writing 5 to /proc/self/clear_refs); where that cannot be done, ru_maxrss's growth
+    (which misses a step whose peak stays below an earlier one)."""
     import resource
 
     torch.set_num_threads(threads)
@@ -563,6 +579,16 @@ def _joint_rss_child(spec, dtype_name, path, threads):
     # a tiny step first: every lazy import and one-time allocation outside the measurement
     small = make_joint_inputs((1, 2, 1, H, V, False), DTYPES[dtype_name], torch.device("cpu"))
     joint_step(path, [p.requires_grad_(True) for p in small[0]], small[1], V)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status_kib("VmRSS")
+    except OSError:
+        before = None
+    if before is not None:
+        joint_step(path, params, idx, V)
+        print((_status_kib("VmHWM") - before) * 1024)
+        return 0
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     joint_step(path, params, idx, V)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -628,7 +654,7 @@ def joint_main(args, device):
           "logits tensor (its gradient is as large again); GFLOP/s of 4 x 2 x nodes x H x (V+D); "
           "x gemm = against one plain GEMM of the same shape and dtype, this run"
           % ("torch.cuda.max_memory_allocated over the step" if device.type == "cuda"
-             else "growth of ru_maxrss over one step in a fresh subprocess"))
+             else "growth of the peak resident set (VmHWM) over one step, in a fresh subprocess"))
     head = "%-14s %-8s %3s %10s %10s %7s %10s %10s %8s %8s %9s %9s %9s %7s" % (
         "shape", "dtype", "thr", "fused ms", "unfused ms", "speedup", "fused pk", "unfused pk",
         "ws MB", "logitMB", "fused GF", "unfus GF", "gemm GF", "x gemm")
