@@ -34,6 +34,7 @@ import ctypes
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from . import _autograd, _core, _lib
 from . import functional as _fn
@@ -100,12 +101,9 @@ def _check_float(x, name, dims, what):
         raise ValueError("%s must be %d-D %s, got shape %s" % (name, dims, what, tuple(x.shape)))
 
 
-def _readable(x, name):
-    """x with a contiguous last dimension (copied where it is not); rows of a 2-D weight must not
-    overlap (a row stride below H: an expanded tensor), which the library refuses."""
-    if not _fn._last_dim_ok(x):
-        x = x.contiguous()
-    return x
+def _readable(x):
+    """x with a contiguous last dimension (copied where it is not): the library reads rows."""
+    return x if _fn._last_dim_ok(x) else x.contiguous()
 
 
 def _check_inputs(enc, pred, weight, bias, num_durations):
@@ -153,7 +151,7 @@ def _check_inputs(enc, pred, weight, bias, num_durations):
         weight = weight.to(enc.dtype)
     if bias is not None and bias.dtype != enc.dtype:
         bias = bias.to(enc.dtype)
-    enc, pred, weight = _readable(enc, "enc"), _readable(pred, "pred"), _readable(weight, "weight")
+    enc, pred, weight = _readable(enc), _readable(pred), _readable(weight)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
     if O > 1 and int(weight.stride(0)) < H:
@@ -165,10 +163,15 @@ def _check_inputs(enc, pred, weight, bias, num_durations):
 
 def _validate(idx, T, U, V, blank, names):
     """Raises ValueError naming the first bad length or label (read on the host: one small copy
-    on CUDA)."""
-    fl = idx.frame_lengths.to("cpu", torch.int64)
-    ll = idx.label_lengths.to("cpu", torch.int64)
-    labels = idx.labels.to("cpu", torch.int64)
+    where they were on the GPU only)."""
+    if idx.host is not None:  # built on the host, then copied to the device: read it here
+        B = int(idx.host.shape[0]) // (U + 2)
+        h = idx.host.to(torch.int64)
+        fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].view(B, U)
+    else:
+        fl = idx.frame_lengths.to("cpu", torch.int64)
+        ll = idx.label_lengths.to("cpu", torch.int64)
+        labels = idx.labels.to("cpu", torch.int64)
     bad = ((fl < 0) | (fl > T)).nonzero()
     if bad.numel():
         b = int(bad[0, 0])
@@ -308,6 +311,7 @@ class JointLossFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         enc, pred, weight, bias = ctx.saved_tensors
         needs = ctx.needs_input_grad[:4]
