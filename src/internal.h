@@ -67,6 +67,15 @@ typedef struct tdt_joint_call {
 
 tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *call);
 tdt_status_t tdt_gpu_joint_run(const tdt_joint_call_t *call);
+/* Bytes of the tiles' scratch a backend needs for this problem (its shapes, dtype and
+ * num_outputs; hidden >= 1 and the sizes checked, D the durations, 0 for RNN-T) and options
+ * (location, num_threads): tdt_joint_get_workspace_size() adds it to the lattice's layout, and a
+ * call hands the backend that many bytes from tdt_joint_call_t.scratch_offset (aligned to
+ * TDT_WS_ALIGN). A function of those arguments alone; at most SIZE_MAX / 2 or the call fails. */
+size_t tdt_cpu_joint_scratch_bytes(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                   int num_durations);
+size_t tdt_gpu_joint_scratch_bytes(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                   int num_durations);
 
 /* Records the detail returned by tdt_last_error() for this thread (printf-style). */
 void tdt_set_error(const char *fmt, ...)

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/indices.h"
+#include "common/joint.h"
 #include "internal.h"
 
 /* One failed check: record the detail and return its status. */
@@ -100,12 +101,14 @@ static tdt_status_t check_durations(const tdt_options_t *o) {
 /* Checks a strided (B, max_frames, max_labels + 1, width) tensor: strides >= 0 and the largest
  * element offset fits int64; with disjoint != 0 also that no two elements share an address
  * (required of gradients; inputs may broadcast). */
-static tdt_status_t check_strides(const char *name, const int64_t *strides,
-                                  const tdt_problem_t *p, int64_t width, int disjoint) {
-    int64_t extent[3] = {p->batch, p->max_frames, p->max_labels + 1};
+/* Any strided tensor of n dimensions of these extents over rows of width contiguous elements of
+ * dtype: the check above, and with span non-NULL the elements from its first to past its last. */
+static tdt_status_t check_strided(const char *name, const int64_t *strides, const int64_t *extent,
+                                  int n, int64_t width, tdt_dtype_t dtype, int disjoint,
+                                  int64_t *span_out) {
     int64_t span = width; /* elements from a row's first element to past its last */
-    int64_t esz = tdt_dtype_size(p->dtype);
-    for (int i = 0; i < 3; ++i) {
+    int64_t esz = tdt_dtype_size(dtype);
+    for (int i = 0; i < n; ++i) {
         if (strides[i] < 0)
             TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides[%d] = %lld is negative", name, i,
                      (long long)strides[i]);
@@ -117,13 +120,17 @@ static tdt_status_t check_strides(const char *name, const int64_t *strides,
     if (span > INT64_MAX / esz)
         TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides reach %lld elements: overflows 64-bit "
                  "byte offsets", name, (long long)span);
+    if (span_out) *span_out = span;
     /* a tensor of no element has no rows to overlap */
-    if (!disjoint || extent[0] == 0 || extent[1] == 0) return TDT_STATUS_SUCCESS;
+    for (int i = 0; i < n; ++i)
+        if (extent[i] == 0) return TDT_STATUS_SUCCESS;
+    if (!disjoint) return TDT_STATUS_SUCCESS;
     /* Disjoint iff, with the dimensions of extent > 1 sorted by stride, each stride clears
      * everything spanned by the dimensions inside it. */
-    int order[3], n = 0;
-    for (int i = 0; i < 3; ++i)
-        if (extent[i] > 1) order[n++] = i;
+    int order[3], m = 0;
+    for (int i = 0; i < n; ++i)
+        if (extent[i] > 1) order[m++] = i;
+    n = m;
     for (int i = 1; i < n; ++i)
         for (int j = i; j > 0 && strides[order[j]] < strides[order[j - 1]]; --j) {
             int tmp = order[j];
@@ -140,6 +147,12 @@ static tdt_status_t check_strides(const char *name, const int64_t *strides,
         inner = strides[d] * (extent[d] - 1) + inner;
     }
     return TDT_STATUS_SUCCESS;
+}
+
+static tdt_status_t check_strides(const char *name, const int64_t *strides,
+                                  const tdt_problem_t *p, int64_t width, int disjoint) {
+    const int64_t extent[3] = {p->batch, p->max_frames, p->max_labels + 1};
+    return check_strided(name, strides, extent, 3, width, p->dtype, disjoint, NULL);
 }
 
 /* A gradient that aliases its logits must use the logits' strides exactly. */
@@ -318,6 +331,30 @@ static tdt_status_t check_pack_option(const tdt_problem_t *p, const tdt_options_
 
 /* ---- the call --------------------------------------------------------------------------------- */
 
+/* A forward's outputs: costs, and options.reduced_cost with a reduction, outside costs. */
+static tdt_status_t check_costs(const tdt_problem_t *p, const tdt_options_t *o, const void *costs) {
+    if (p->batch > 0 && !costs) TDT_FAIL(TDT_STATUS_NULL_POINTER, "costs is NULL");
+    if (o->reduction != TDT_REDUCTION_NONE) {
+        if (!o->reduced_cost)
+            TDT_FAIL(TDT_STATUS_NULL_POINTER, "options->reduced_cost is NULL but options->reduction = %d",
+                     (int)o->reduction);
+        const char *r = (const char *)o->reduced_cost, *k = (const char *)costs;
+        const size_t acc = tdt_acc_is_double(p->dtype) ? 8 : 4;
+        if (k && r + acc > k && r < k + (size_t)p->batch * acc)
+            TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->reduced_cost %p lies inside costs (%p, %lld values)",
+                     o->reduced_cost, costs, (long long)p->batch);
+    }
+    return TDT_STATUS_SUCCESS;
+}
+
+/* The dtype is one of tdt_dtype_t. */
+static tdt_status_t check_dtype(tdt_dtype_t dtype, const char *name) {
+    if (dtype != TDT_DTYPE_FLOAT32 && dtype != TDT_DTYPE_FLOAT64 && dtype != TDT_DTYPE_FLOAT16 &&
+        dtype != TDT_DTYPE_BFLOAT16)
+        TDT_FAIL(TDT_STATUS_INVALID_DTYPE, "%s->dtype = %d is not a tdt_dtype_t", name, (int)dtype);
+    return TDT_STATUS_SUCCESS;
+}
+
 /* Validates everything a call reads, fills *c, and returns SUCCESS or the first failure.
  * scaling: tdt_scale_gradients(), which reads grad_costs (its scale) and no workspace. */
 static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
@@ -333,9 +370,7 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     const tdt_options_t *o = &c->o;
     TDT_CHECK(check_options(o));
     TDT_CHECK(check_sizes(p));
-    if (p->dtype != TDT_DTYPE_FLOAT32 && p->dtype != TDT_DTYPE_FLOAT64 &&
-        p->dtype != TDT_DTYPE_FLOAT16 && p->dtype != TDT_DTYPE_BFLOAT16)
-        TDT_FAIL(TDT_STATUS_INVALID_DTYPE, "problem->dtype = %d is not a tdt_dtype_t", (int)p->dtype);
+    TDT_CHECK(check_dtype(p->dtype, "problem"));
     TDT_CHECK(check_blank(p, o));
     c->tdt_mode = p->duration_logits != NULL;
     if (c->tdt_mode) {
@@ -350,17 +385,7 @@ static tdt_status_t prepare(tdt_call_t *c, const tdt_problem_t *problem,
     int any_rows = p->batch > 0 && p->max_frames > 0;
     if (!p->token_logits && any_rows) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->token_logits is NULL");
     TDT_CHECK(check_data_pointers(p));
-    if (do_forward && p->batch > 0 && !costs) TDT_FAIL(TDT_STATUS_NULL_POINTER, "costs is NULL");
-    if (do_forward && o->reduction != TDT_REDUCTION_NONE) {
-        if (!o->reduced_cost)
-            TDT_FAIL(TDT_STATUS_NULL_POINTER, "options->reduced_cost is NULL but options->reduction = %d",
-                     (int)o->reduction);
-        const char *r = (const char *)o->reduced_cost, *k = (const char *)costs;
-        const size_t acc = tdt_acc_is_double(p->dtype) ? 8 : 4;
-        if (k && r + acc > k && r < k + (size_t)p->batch * acc)
-            TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->reduced_cost %p lies inside costs (%p, %lld values)",
-                     o->reduced_cost, costs, (long long)p->batch);
-    }
+    if (do_forward) TDT_CHECK(check_costs(p, o, costs));
     if (!workspace && !scaling) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace is NULL");
     if (scaling && p->batch > 0 && !grad_costs && grads && (grads->token_grads || grads->duration_grads))
         TDT_FAIL(TDT_STATUS_NULL_POINTER, "scale is NULL");
@@ -533,4 +558,266 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count) {
     tdt_status_t s = tdt_gpu_count(count);
     if (s == TDT_STATUS_SUCCESS) tdt_clear_error();
     return s;
+}
+
+/* ---- the fused joint + loss (tdt_joint_*) ------------------------------------------------------
+ * The same checks in the same order as a loss call (structs, options, sizes, dtype, blank,
+ * durations, pointers, strides, workspace, backend, then on the CPU the data), with the joint's
+ * own between them: hidden and num_outputs with the sizes, activation and dropout after the
+ * durations, the joint's tensors' pointers and strides, and no overlap of a gradient with
+ * another tensor. The lattice part is an ordinary call (tdt_joint_call_t.c) without logits. */
+
+/* The lattice problem of a joint problem: its sizes, dtype, labels and lengths, no logits. */
+static tdt_problem_t joint_lattice_problem(const tdt_joint_problem_t *jp) {
+    tdt_problem_t p;
+    memset(&p, 0, sizeof p);
+    p.batch = jp->batch;
+    p.max_frames = jp->max_frames;
+    p.max_labels = jp->max_labels;
+    p.vocab_size = jp->vocab_size;
+    p.dtype = jp->dtype;
+    p.labels = jp->labels;
+    p.frame_lengths = jp->frame_lengths;
+    p.label_lengths = jp->label_lengths;
+    return p;
+}
+
+/* hidden and num_outputs (after the lattice's sizes); *num_durations: D of a TDT problem
+ * (num_outputs != vocab_size, D = options->num_durations checked with check_durations, or in
+ * [1, TDT_MAX_DURATIONS] alone with check_dur 0), 0 for RNN-T. */
+static tdt_status_t check_joint_sizes(const tdt_joint_problem_t *jp, const tdt_options_t *o,
+                                      int check_dur, int *num_durations) {
+    const tdt_problem_t lp = joint_lattice_problem(jp);
+    TDT_CHECK(check_sizes(&lp));
+    if (jp->hidden < 1)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "problem->hidden = %lld must be >= 1", (long long)jp->hidden);
+    *num_durations = 0;
+    if (jp->num_outputs == jp->vocab_size) return TDT_STATUS_SUCCESS;
+    if (jp->num_outputs < jp->vocab_size)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "problem->num_outputs = %lld must be vocab_size %lld (RNN-T) or "
+                 "vocab_size + options->num_durations (TDT)", (long long)jp->num_outputs,
+                 (long long)jp->vocab_size);
+    if (check_dur) {
+        TDT_CHECK(check_durations(o));
+    } else if (o->num_durations < 1 || o->num_durations > TDT_MAX_DURATIONS) {
+        TDT_FAIL(TDT_STATUS_TOO_MANY_DURATIONS, "options->num_durations = %d must be in [1, %d] when "
+                 "problem->num_outputs = %lld exceeds vocab_size = %lld (TDT)", o->num_durations,
+                 TDT_MAX_DURATIONS, (long long)jp->num_outputs, (long long)jp->vocab_size);
+    }
+    if (jp->num_outputs != jp->vocab_size + o->num_durations)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "problem->num_outputs = %lld must be vocab_size %lld (RNN-T) or "
+                 "vocab_size + options->num_durations = %lld (TDT)", (long long)jp->num_outputs,
+                 (long long)jp->vocab_size, (long long)(jp->vocab_size + o->num_durations));
+    *num_durations = o->num_durations;
+    return TDT_STATUS_SUCCESS;
+}
+
+/* Bytes of the tiles' scratch for this problem on options->location. */
+static size_t joint_scratch_bytes(const tdt_joint_problem_t *jp, const tdt_options_t *o, int D) {
+    return o->location == TDT_LOCATION_GPU ? tdt_gpu_joint_scratch_bytes(jp, o, D)
+                                           : tdt_cpu_joint_scratch_bytes(jp, o, D);
+}
+
+/* A tensor's bytes [lo, hi) for the overlap check (lo == hi: none). */
+typedef struct joint_span {
+    const char *name;
+    const char *lo, *hi;
+} joint_span_t;
+
+static joint_span_t joint_span(const char *name, const void *ptr, int64_t elems, tdt_dtype_t dtype) {
+    joint_span_t s;
+    s.name = name;
+    s.lo = (const char *)ptr;
+    s.hi = ptr && elems > 0 ? s.lo + elems * tdt_dtype_size(dtype) : s.lo;
+    return s;
+}
+
+static int joint_spans_meet(const joint_span_t *a, const joint_span_t *b) {
+    return a->lo != a->hi && b->lo != b->hi && a->lo < b->hi && b->lo < a->hi;
+}
+
+static tdt_status_t prepare_joint(tdt_joint_call_t *jc, const tdt_joint_problem_t *problem,
+                                  const tdt_options_t *options, void *costs, const void *grad_costs,
+                                  const tdt_joint_gradients_t *grads, void *workspace,
+                                  size_t workspace_bytes, int do_forward, int do_backward) {
+    memset(jc, 0, sizeof *jc);
+    if (!problem) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem is NULL");
+    if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
+    jc->jp = *problem;
+    tdt_call_t *c = &jc->c;
+    c->o = *options;
+    c->p = joint_lattice_problem(problem);
+    const tdt_joint_problem_t *jp = &jc->jp;
+    const tdt_problem_t *p = &c->p;
+    const tdt_options_t *o = &c->o;
+    TDT_CHECK(check_options(o));
+    if (o->input_kind != TDT_INPUT_LOGITS)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->input_kind = %d: the joint computes logits, "
+                 "only TDT_INPUT_LOGITS is taken", (int)o->input_kind);
+    if (o->pack)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->pack is set: the joint calls take int32 labels "
+                 "and lengths (pack them first with tdt_pack_indices)");
+    if (o->state_in_grads)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->state_in_grads = %d: the joint calls have no "
+                 "token-gradient rows to keep the state in", o->state_in_grads);
+    int D = 0;
+    TDT_CHECK(check_joint_sizes(jp, o, 1, &D));
+    TDT_CHECK(check_dtype(jp->dtype, "problem"));
+    TDT_CHECK(check_blank(p, o));
+    c->tdt_mode = D > 0;
+    c->num_durations = D;
+    if (c->tdt_mode)
+        tdt_arcs_tdt(&c->arcs, o->durations, D);
+    else
+        tdt_arcs_rnnt(&c->arcs);
+    if (jp->activation != TDT_ACTIVATION_RELU && jp->activation != TDT_ACTIVATION_TANH &&
+        jp->activation != TDT_ACTIVATION_SIGMOID && jp->activation != TDT_ACTIVATION_IDENTITY)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "problem->activation = %d is not a tdt_activation_t",
+                 (int)jp->activation);
+    if (!(jp->dropout >= 0.0 && jp->dropout < 1.0)) /* NaN too */
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "problem->dropout = %g must be in [0, 1)", jp->dropout);
+
+    /* pointers: tensors of no element may be NULL */
+    const int any_nodes = p->batch > 0 && p->max_frames > 0;
+    if (any_nodes && !jp->enc) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->enc is NULL");
+    if (any_nodes && !jp->pred) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->pred is NULL");
+    if (any_nodes && !jp->weight) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem->weight is NULL");
+    TDT_CHECK(check_data_pointers(p));
+    if (do_forward) TDT_CHECK(check_costs(p, o, costs));
+    if (!workspace) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace is NULL");
+
+    /* strides, and the extents of every tensor for the overlap check */
+    const int64_t H = jp->hidden, O = jp->num_outputs;
+    const int64_t enc_ext[2] = {p->batch, p->max_frames}, pred_ext[2] = {p->batch, p->max_labels + 1};
+    const int64_t w_ext[1] = {O};
+    int64_t span = 0;
+    joint_span_t in[4], out[4];
+    int nout = 0;
+    TDT_CHECK(check_strided("problem->enc", jp->enc_strides, enc_ext, 2, H, jp->dtype, 0, &span));
+    in[0] = joint_span("problem->enc", any_nodes ? jp->enc : NULL, span, jp->dtype);
+    TDT_CHECK(check_strided("problem->pred", jp->pred_strides, pred_ext, 2, H, jp->dtype, 0, &span));
+    in[1] = joint_span("problem->pred", any_nodes ? jp->pred : NULL, span, jp->dtype);
+    if (jp->weight_stride < H)
+        TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "problem->weight_stride = %lld must be >= hidden = %lld",
+                 (long long)jp->weight_stride, (long long)H);
+    TDT_CHECK(check_strided("problem->weight", &jp->weight_stride, w_ext, 1, H, jp->dtype, 0, &span));
+    in[2] = joint_span("problem->weight", any_nodes ? jp->weight : NULL, span, jp->dtype);
+    in[3] = joint_span("problem->bias", any_nodes ? jp->bias : NULL, O, jp->dtype);
+    if (grads) jc->jg = *grads;
+    tdt_joint_gradients_t *g = &jc->jg;
+    if (!do_backward) memset(g, 0, sizeof *g);
+    if (g->enc_grad) {
+        TDT_CHECK(check_strided("grads->enc", g->enc_strides, enc_ext, 2, H, jp->dtype, 1, &span));
+        out[nout++] = joint_span("grads->enc_grad", g->enc_grad, span, jp->dtype);
+    }
+    if (g->pred_grad) {
+        TDT_CHECK(check_strided("grads->pred", g->pred_strides, pred_ext, 2, H, jp->dtype, 1, &span));
+        out[nout++] = joint_span("grads->pred_grad", g->pred_grad, span, jp->dtype);
+    }
+    if (g->weight_grad) {
+        if (g->weight_stride < H)
+            TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "grads->weight_stride = %lld must be >= hidden = %lld",
+                     (long long)g->weight_stride, (long long)H);
+        TDT_CHECK(check_strided("grads->weight", &g->weight_stride, w_ext, 1, H, jp->dtype, 1, &span));
+        out[nout++] = joint_span("grads->weight_grad", g->weight_grad, span, jp->dtype);
+    }
+    if (g->bias_grad) out[nout++] = joint_span("grads->bias_grad", g->bias_grad, O, jp->dtype);
+    for (int i = 0; i < nout; ++i) {
+        for (int j = 0; j < 4; ++j)
+            if (joint_spans_meet(&out[i], &in[j]))
+                TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s overlaps %s", out[i].name, in[j].name);
+        for (int j = 0; j < i; ++j)
+            if (joint_spans_meet(&out[i], &out[j]))
+                TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s overlaps %s", out[i].name, out[j].name);
+    }
+
+    /* workspace: the lattice's, then the tiles' scratch */
+    if (!tdt_workspace_layout(p->batch, p->max_frames, p->max_labels, D, 0, &c->layout))
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace for batch %lld x max_frames %lld x (max_labels %lld + 1) "
+                 "overflows 64-bit sizes", (long long)p->batch, (long long)p->max_frames, (long long)p->max_labels);
+    jc->scratch_offset = c->layout.total;
+    jc->scratch_bytes = joint_scratch_bytes(jp, o, D);
+    const size_t need = jc->scratch_offset + jc->scratch_bytes + TDT_WS_ALIGN;
+    if (jc->scratch_bytes > SIZE_MAX / 2 || need < jc->scratch_offset)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the joint's workspace overflows 64-bit sizes");
+    if (workspace_bytes < need)
+        TDT_FAIL(TDT_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes = %zu < %zu (tdt_joint_get_workspace_size)",
+                 workspace_bytes, need);
+
+    if (o->location == TDT_LOCATION_CPU && p->batch > 0) TDT_CHECK(check_data(p, o->blank));
+
+    c->workspace = workspace;
+    c->costs = costs;
+    c->grad_costs = grad_costs;
+    c->do_forward = do_forward;
+    c->do_backward = do_backward && (g->enc_grad || g->pred_grad || g->weight_grad || g->bias_grad);
+    return TDT_STATUS_SUCCESS;
+}
+
+static tdt_status_t run_joint(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                              void *costs, const void *grad_costs, const tdt_joint_gradients_t *grads,
+                              void *workspace, size_t workspace_bytes, int do_forward,
+                              int do_backward, int keep) {
+    tdt_joint_call_t jc;
+    TDT_CHECK(prepare_joint(&jc, problem, options, costs, grad_costs, grads, workspace,
+                            workspace_bytes, do_forward, do_backward));
+    jc.c.costs_only = jc.c.do_forward && !jc.c.do_backward && !keep;
+    tdt_clear_error();
+    if (!jc.c.do_forward && !jc.c.do_backward) return TDT_STATUS_SUCCESS;
+    return jc.c.o.location == TDT_LOCATION_GPU ? tdt_gpu_joint_run(&jc) : tdt_cpu_joint_run(&jc);
+}
+
+TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
+                                                  const tdt_options_t *options,
+                                                  size_t *workspace_bytes) {
+    tdt_ws_layout_t layout;
+    int D = 0;
+    if (!problem) TDT_FAIL(TDT_STATUS_NULL_POINTER, "problem is NULL");
+    if (!options) TDT_FAIL(TDT_STATUS_NULL_POINTER, "options is NULL");
+    if (!workspace_bytes) TDT_FAIL(TDT_STATUS_NULL_POINTER, "workspace_bytes is NULL");
+    if (options->location != TDT_LOCATION_CPU && options->location != TDT_LOCATION_GPU)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->location = %d is not a tdt_location_t",
+                 (int)options->location);
+    if (options->num_threads < 0)
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "options->num_threads = %d must be >= 0 (0 = default)",
+                 options->num_threads);
+    TDT_CHECK(check_joint_sizes(problem, options, 0, &D));
+    TDT_CHECK(check_dtype(problem->dtype, "problem"));
+    if (!tdt_workspace_layout(problem->batch, problem->max_frames, problem->max_labels, D, 0, &layout))
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the workspace size overflows 64-bit sizes");
+    const size_t scratch = joint_scratch_bytes(problem, options, D);
+    if (scratch > SIZE_MAX / 2 || layout.total + scratch + TDT_WS_ALIGN < layout.total)
+        TDT_FAIL(TDT_STATUS_INVALID_SIZE, "the joint's workspace overflows 64-bit sizes");
+    *workspace_bytes = layout.total + scratch + TDT_WS_ALIGN;
+    tdt_clear_error();
+    return TDT_STATUS_SUCCESS;
+}
+
+TDT_API tdt_status_t tdt_joint_loss(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                    void *costs, const tdt_joint_gradients_t *grads,
+                                    void *workspace, size_t workspace_bytes) {
+    return run_joint(problem, options, costs, NULL, grads, workspace, workspace_bytes, 1, 1, 0);
+}
+
+TDT_API tdt_status_t tdt_joint_forward(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                       void *costs, void *workspace, size_t workspace_bytes) {
+    return run_joint(problem, options, costs, NULL, NULL, workspace, workspace_bytes, 1, 0, 1);
+}
+
+TDT_API tdt_status_t tdt_joint_backward(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                        const void *grad_costs, const tdt_joint_gradients_t *grads,
+                                        void *workspace, size_t workspace_bytes) {
+    return run_joint(problem, options, NULL, grad_costs, grads, workspace, workspace_bytes, 0, 1, 0);
+}
+
+TDT_API tdt_status_t tdt_joint_dropout_mask(double dropout, uint64_t seed, uint64_t first,
+                                            int64_t count, uint8_t *keep) {
+    if (!(dropout >= 0.0 && dropout < 1.0))
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "dropout = %g must be in [0, 1)", dropout);
+    if (count < 0) TDT_FAIL(TDT_STATUS_INVALID_SIZE, "count = %lld must be >= 0", (long long)count);
+    if (count > 0 && !keep) TDT_FAIL(TDT_STATUS_NULL_POINTER, "keep is NULL");
+    const uint32_t thr = tdt_dropout_threshold(dropout);
+    for (int64_t j = 0; j < count; ++j) keep[j] = (uint8_t)tdt_dropout_keep(seed, first + (uint64_t)j, thr);
+    tdt_clear_error();
+    return TDT_STATUS_SUCCESS;
 }

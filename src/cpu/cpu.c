@@ -28,6 +28,7 @@
 #endif
 
 #include "common/dtype.h"
+#include "cpu.h"
 #include "internal.h"
 
 /* ---- a vectorisable float exp --------------------------------------------------------------- */
@@ -462,6 +463,26 @@ static void token_grad_row(const tdt_call_t *c, const void *z, void *g, double l
     }
 }
 
+/* ---- the rows of the fused joint (cpu.h) ------------------------------------------------------ */
+
+double tdt_cpu_row_lse(const void *z, int64_t V, int acc_double) {
+    const tdt_dtype_t dt = acc_double ? TDT_DTYPE_FLOAT64 : TDT_DTYPE_FLOAT32;
+    row_scan_t sc = row_scan(z, V, dt);
+    return row_lse(z, NULL, V, dt, &sc);
+}
+
+void tdt_cpu_token_grad(const void *z, void *g, int64_t V, int acc_double, int blank, double clamp,
+                        double lse, const tdt_node_grad_t *ng, int32_t label, double scale) {
+    tdt_call_t c;
+    memset(&c, 0, sizeof c);
+    c.p.vocab_size = V;
+    c.p.dtype = acc_double ? TDT_DTYPE_FLOAT64 : TDT_DTYPE_FLOAT32;
+    c.o.blank = blank;
+    c.o.clamp = clamp;
+    c.o.input_kind = TDT_INPUT_LOGITS;
+    token_grad_row(&c, z, g, lse, ng, label, scale);
+}
+
 /* ---- pass 1: per-node log-probabilities ----------------------------------------------------- */
 
 static void node_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
@@ -565,13 +586,43 @@ static void lattice_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) 
 /* ---- pass 3: gradients ---------------------------------------------------------------------- */
 
 /* Nodes of a row whose gradient coefficients grad_pass computes before their V-wide rows. */
-#define GRAD_CHUNK 16
+#define GRAD_CHUNK TDT_CPU_COEFF_NODES
+
+void tdt_cpu_node_coeffs(const tdt_call_t *c, const tdt_ws_t *ws, int64_t b, int64_t t,
+                         int64_t u0, int nn, tdt_node_grad_t *ng, double *q) {
+    const tdt_problem_t *p = &c->p;
+    const int64_t T = p->frame_lengths[b], U = p->label_lengths[b], D = c->num_durations;
+    const double ll = ws->ll[b];
+    const int feasible = ll != -INFINITY;
+    const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
+    const tdt_lattice_t L = sample_lattice(c, ws, b);
+    const int64_t off = tdt_sample_offset(b, p->max_frames, p->max_labels + 1);
+    const int slots = tdt_num_slots(&c->arcs);
+    /* the run's occupancies (and duration probabilities) as logs first, then their exps
+       together, vectorised across the nodes (tdt_node_grad's values but for tdt_exp_le0 in
+       place of the C library's exp); -inf (exp 0) off the lattice */
+    double occ[GRAD_CHUNK * 2 * TDT_MAX_DURATIONS];
+    const int64_t Dq = q ? D : 0;
+    for (int i = 0; i < nn; ++i) {
+        const int64_t u = u0 + i;
+        const int live = feasible && t < T && u <= U;
+        if (live)
+            tdt_node_occupancy_args(&L, &c->arcs, ws->alpha + off, ws->beta + off, t, u, ll,
+                                    occ + i * slots);
+        else
+            for (int j = 0; j < slots; ++j) occ[i * slots + j] = -INFINITY;
+        const double *lpd = live && logits ? tdt_node_block(&L, t, u) + TDT_W_DUR : NULL;
+        for (int64_t k = 0; k < Dq; ++k) q[i * D + k] = lpd ? lpd[k] : -INFINITY;
+    }
+    for (int e = 0; e < nn * slots; ++e) occ[e] = tdt_exp_le0(occ[e]);
+    for (int e = 0; e < nn * (int)Dq; ++e) q[e] = tdt_exp_le0(q[e]);
+    for (int i = 0; i < nn; ++i) tdt_node_grad_of(occ + i * slots, c->arcs.count, c->o.fastemit_lambda, &ng[i]);
+}
 
 static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
     const tdt_problem_t *p = &c->p;
     const int64_t row = p->max_labels + 1, D = c->num_durations;
     const size_t esz = (size_t)tdt_dtype_size(p->dtype);
-    const int logits = c->o.input_kind == TDT_INPUT_LOGITS;
 #pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(nthreads)
     for (int64_t b = 0; b < p->batch; ++b) {
         for (int64_t t = 0; t < p->max_frames; ++t) {
@@ -583,7 +634,6 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                                               c->o.normalize_costs != 0, U);
             const int feasible = ll != -INFINITY;
             tdt_lattice_t L = sample_lattice(c, ws, b);
-            const int64_t off = tdt_sample_offset(b, p->max_frames, row);
             const int32_t *y = p->max_labels > 0 ? p->labels + b * p->max_labels : NULL; /* NULL labels allowed when max_labels == 0 */
             /* A run of nodes' coefficients first, then their rows: the lattice arrays of the
                nodes of row t are one diagonal apart (lattice.h), so each node's reads miss the
@@ -593,27 +643,10 @@ static void grad_pass(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads) {
                before token_grad_row writes that row.) */
             for (int64_t u0 = 0; u0 < row; u0 += GRAD_CHUNK) {
                 const int64_t u1 = row - u0 < GRAD_CHUNK ? row : u0 + GRAD_CHUNK;
-                const int nn = (int)(u1 - u0), slots = tdt_num_slots(&c->arcs);
                 tdt_node_grad_t ng[GRAD_CHUNK];
-                /* the run's occupancies (and duration probabilities) as logs first, then their
-                   exps together, vectorised across the nodes (tdt_node_grad's values but for
-                   tdt_exp_le0 in place of the C library's exp); -inf (exp 0) off the lattice */
-                double occ[GRAD_CHUNK * 2 * TDT_MAX_DURATIONS], q[GRAD_CHUNK * TDT_MAX_DURATIONS];
-                const int64_t Dq = c->g.duration_grads ? D : 0; /* q only feeds those */
-                for (int i = 0; i < nn; ++i) {
-                    const int64_t u = u0 + i;
-                    const int live = feasible && t < T && u <= U;
-                    if (live)
-                        tdt_node_occupancy_args(&L, &c->arcs, ws->alpha + off, ws->beta + off, t,
-                                                u, ll, occ + i * slots);
-                    else
-                        for (int j = 0; j < slots; ++j) occ[i * slots + j] = -INFINITY;
-                    const double *lpd = live && logits ? tdt_node_block(&L, t, u) + TDT_W_DUR : NULL;
-                    for (int64_t k = 0; k < Dq; ++k) q[i * D + k] = lpd ? lpd[k] : -INFINITY;
-                }
-                for (int e = 0; e < nn * slots; ++e) occ[e] = tdt_exp_le0(occ[e]);
-                for (int e = 0; e < nn * (int)Dq; ++e) q[e] = tdt_exp_le0(q[e]);
-                for (int i = 0; i < nn; ++i) tdt_node_grad_of(occ + i * slots, c->arcs.count, c->o.fastemit_lambda, &ng[i]);
+                double q[GRAD_CHUNK * TDT_MAX_DURATIONS];
+                tdt_cpu_node_coeffs(c, ws, b, t, u0, (int)(u1 - u0), ng,
+                                    c->g.duration_grads ? q : NULL); /* q only feeds those */
                 for (int64_t u = u0; u < u1; ++u) {
                     void *gz = c->g.token_grads
                                    ? (char *)c->g.token_grads + tdt_row_offset(c->g.token_strides, b, t, u) * (int64_t)esz
@@ -677,39 +710,50 @@ tdt_status_t tdt_cpu_scale(const tdt_call_t *c) {
 
 /* ---- entry ---------------------------------------------------------------------------------- */
 
+void tdt_cpu_forward_lattice(const tdt_call_t *c, const tdt_ws_t *ws, int nthreads, uint64_t magic) {
+    lattice_pass(c, ws, nthreads);
+    ws->header->magic = c->costs_only ? 0u : magic; /* no beta: no backward */
+    ws->header->batch = c->p.batch;
+    ws->header->max_frames = c->p.max_frames;
+    ws->header->max_labels = c->p.max_labels;
+    ws->header->num_durations = c->num_durations;
+    ws->header->state_in_grads = c->o.state_in_grads != 0;
+    if (c->o.reduction != TDT_REDUCTION_NONE) {
+        const int acc_double = tdt_acc_is_double(c->p.dtype);
+        const double r = tdt_reduce_costs(c->costs, acc_double, c->p.batch,
+                                          c->o.reduction == TDT_REDUCTION_MEAN);
+        if (acc_double)
+            *(double *)c->o.reduced_cost = r;
+        else
+            *(float *)c->o.reduced_cost = (float)r;
+    }
+}
+
+tdt_status_t tdt_cpu_check_forward(const tdt_call_t *c, const tdt_ws_t *ws, uint64_t magic) {
+    const tdt_ws_header_t *h = ws->header;
+    if (h->magic != magic || h->batch != c->p.batch || h->max_frames != c->p.max_frames ||
+        h->max_labels != c->p.max_labels || h->num_durations != c->num_durations ||
+        h->state_in_grads != (c->o.state_in_grads != 0)) {
+        tdt_set_error("workspace does not hold %s() of this problem (batch %lld, "
+                      "max_frames %lld, max_labels %lld, num_durations %d, state_in_grads %d)",
+                      magic == TDT_WS_MAGIC ? "tdt_forward" : "tdt_joint_forward",
+                      (long long)c->p.batch, (long long)c->p.max_frames,
+                      (long long)c->p.max_labels, c->num_durations, c->o.state_in_grads != 0);
+        return TDT_STATUS_INVALID_WORKSPACE;
+    }
+    return TDT_STATUS_SUCCESS;
+}
+
 tdt_status_t tdt_cpu_run(const tdt_call_t *c) {
     tdt_ws_t ws;
     tdt_workspace_carve(&c->layout, c->workspace, &ws);
     const int nthreads = c->o.num_threads > 0 ? c->o.num_threads : omp_get_max_threads();
     if (c->do_forward) {
         node_pass(c, &ws, nthreads);
-        lattice_pass(c, &ws, nthreads);
-        ws.header->magic = c->costs_only ? 0u : TDT_WS_MAGIC; /* no beta: no tdt_backward */
-        ws.header->batch = c->p.batch;
-        ws.header->max_frames = c->p.max_frames;
-        ws.header->max_labels = c->p.max_labels;
-        ws.header->num_durations = c->num_durations;
-        ws.header->state_in_grads = c->o.state_in_grads != 0;
-        if (c->o.reduction != TDT_REDUCTION_NONE) {
-            const int acc_double = tdt_acc_is_double(c->p.dtype);
-            const double r = tdt_reduce_costs(c->costs, acc_double, c->p.batch,
-                                              c->o.reduction == TDT_REDUCTION_MEAN);
-            if (acc_double)
-                *(double *)c->o.reduced_cost = r;
-            else
-                *(float *)c->o.reduced_cost = (float)r;
-        }
+        tdt_cpu_forward_lattice(c, &ws, nthreads, TDT_WS_MAGIC);
     } else {
-        const tdt_ws_header_t *h = ws.header;
-        if (h->magic != TDT_WS_MAGIC || h->batch != c->p.batch || h->max_frames != c->p.max_frames ||
-            h->max_labels != c->p.max_labels || h->num_durations != c->num_durations ||
-            h->state_in_grads != (c->o.state_in_grads != 0)) {
-            tdt_set_error("workspace does not hold tdt_forward() of this problem (batch %lld, "
-                          "max_frames %lld, max_labels %lld, num_durations %d, state_in_grads %d)",
-                          (long long)c->p.batch, (long long)c->p.max_frames,
-                          (long long)c->p.max_labels, c->num_durations, c->o.state_in_grads != 0);
-            return TDT_STATUS_INVALID_WORKSPACE;
-        }
+        const tdt_status_t s = tdt_cpu_check_forward(c, &ws, TDT_WS_MAGIC);
+        if (s != TDT_STATUS_SUCCESS) return s;
     }
     /* tdt_forward_ahead(): the CPU never writes the gradients ahead (the pair costs the same) */
     if (c->do_backward && !c->ahead) grad_pass(c, &ws, nthreads);

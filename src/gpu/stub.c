@@ -31,4 +31,17 @@ tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_options_t *opt
     return TDT_STATUS_BACKEND_NOT_BUILT;
 }
 
+tdt_status_t tdt_gpu_joint_run(const tdt_joint_call_t *call) {
+    (void)call;
+    return tdt_gpu_run(NULL);
+}
+
+size_t tdt_gpu_joint_scratch_bytes(const tdt_joint_problem_t *problem, const tdt_options_t *options,
+                                   int num_durations) {
+    (void)problem;
+    (void)options;
+    (void)num_durations;
+    return 0;
+}
+
 int tdt_gpu_built(void) { return 0; }
