@@ -239,6 +239,20 @@ def test_output_widths(V, durations):
     assert_same(c)
 
 
+def test_targets_narrower_than_the_lattice():
+    """targets with fewer columns than U (every U_b fits in them) read as zero-padded."""
+    c = make(B=3, T=6, U=4, seed=32)
+    with torch.no_grad():
+        c["target_lengths"].copy_(torch.tensor([2, 1, 0]))
+    want, _ = run(fused, c, reduction="none")
+    narrow = dict(c, targets=c["targets"][:, :2].clone())
+    got, _ = run(fused, narrow, reduction="none")
+    assert torch.equal(got, want)
+    over = dict(narrow, target_lengths=torch.tensor([3, 1, 0]))
+    with pytest.raises(ValueError, match=r"target_lengths\[0\] = 3 exceeds targets\.shape\[1\] = 2"):
+        fused(over)
+
+
 def test_no_bias():
     c = make(seed=13, bias=False)
     _, grads = assert_same(c)
