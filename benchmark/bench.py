@@ -34,7 +34,8 @@ peak extra memory of a step (CUDA: torch.cuda.max_memory_allocated() over the st
 cache; CPU: the growth of the peak resident set (VmHWM, reset first) over one step run in a
 fresh subprocess), the fused workspace and the unfused logits' bytes, and the GEMM work's achieved
 GFLOP/s (4 passes of 2 x nodes x H x (V + D): forward, recompute, d h, d W), beside a plain GEMM
-of the same work's shape and dtype measured in the same run ("x gemm").
+of the same work's shape measured in the same run ("x gemm"; bfloat16 on CUDA, the run's dtype
+on the CPU).
 
 On the CPU, --threads sets torch.set_num_threads() (default: every core this process may use);
 the binding runs the library with torch.get_num_threads() threads.
@@ -515,7 +516,10 @@ def joint_check(shape, dtype, device, params, idx):
 
 def gemm_gflops(shape, dtype, device, iters):
     """GFLOP/s of one plain GEMM of the joint's shape, (rows x H) @ (H x (V + D)), rows = the
-    lattice nodes (at most 65536, so it fits beside the rest), in the run's dtype."""
+    lattice nodes (at most 65536, so it fits beside the rest): in bfloat16 on CUDA (the
+    tensor cores' rate, whatever the run's dtype), in the run's dtype on the CPU."""
+    if device.type == "cuda":
+        dtype = torch.bfloat16
     B, T, U, H, V = shape[:5]
     rows = min(B * T * (U + 1), 65536)
     g = torch.Generator().manual_seed(1)
@@ -653,7 +657,8 @@ def joint_main(args, device):
           "dropout; durations %s" % (DURATIONS,))
     print("peak = extra memory of one step (%s); ws = the fused workspace; logits = the unfused "
           "logits tensor (its gradient is as large again); GFLOP/s of 4 x 2 x nodes x H x (V+D); "
-          "x gemm = against one plain GEMM of the same shape and dtype, this run"
+          "x gemm = against one plain GEMM of the same shape (bfloat16 on CUDA, the run's dtype on the "
+          "CPU), this run"
           % ("torch.cuda.max_memory_allocated over the step" if device.type == "cuda"
              else "growth of the peak resident set (VmHWM) over one step, in a fresh subprocess"))
     head = "%-14s %-8s %3s %10s %10s %7s %10s %10s %8s %8s %9s %9s %9s %7s" % (
