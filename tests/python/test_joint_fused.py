@@ -598,3 +598,22 @@ def test_math_of_the_reference_itself():
     want = -(torch.log_softmax(z[:4], 0)[c["blank"]] + torch.log_softmax(z[4:], 0)[0])
     got = fused(c, reduction="sum")
     assert math.isclose(float(got), float(want), rel_tol=1e-12), (float(got), float(want))
+
+
+def test_fused_example_trains():
+    """examples/train_tiny_tdt_fused.py --check: fused against unfused on one batch, then a few
+    dozen steps whose loss must fall (its own exit status says so)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(repo, "pytorch_binding") + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("WARP_TDT_LIBRARY", warp_tdt.library_path())
+    r = subprocess.run([sys.executable, os.path.join(repo, "examples", "train_tiny_tdt_fused.py"),
+                        "--device", "cpu", "--check"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    losses = [float(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], r.stdout
