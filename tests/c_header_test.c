@@ -107,6 +107,73 @@ int main(void) {
         CHECK(fabs(gtok[0] - 1.0 / 6.0) < 1e-6 && fabs(gdur[7] + 0.25) < 1e-6);
     }
 
+    /* the fused joint + loss on the same lattice: W = 0 and no bias give zero logits, so the
+     * same cost, and d enc = dz W = 0 exactly; d bias is the sum over the nodes of the logits'
+     * gradient, whose token part sums to 0 at each node (softmax minus occupancies) */
+    {
+        tdt_joint_problem_t jp;
+        tdt_joint_gradients_t jg;
+        tdt_activation_t act = TDT_ACTIVATION_TANH;
+        float enc[2 * 3] = {0.5f, -1.0f, 2.0f, 0.25f, 0.0f, -0.5f}, pred[2 * 3] = {1.0f, 1.0f, -1.0f, 0.0f, 3.0f, 0.5f};
+        float w[4 * 3] = {0}, genc[2 * 3], gpred[2 * 3], gw[4 * 3], gbias[4], jcost = 0.0f;
+        uint8_t keep[8];
+        size_t jbytes = 0;
+        void *jws;
+        memset(&jp, 0, sizeof jp);
+        memset(&jg, 0, sizeof jg);
+        jp.batch = 1;
+        jp.max_frames = 2;
+        jp.max_labels = 1;
+        jp.vocab_size = 2;
+        jp.hidden = 3;
+        jp.num_outputs = 4;
+        jp.dtype = dtype;
+        jp.enc = enc;
+        jp.enc_strides[0] = 6;
+        jp.enc_strides[1] = 3;
+        jp.pred = pred;
+        jp.pred_strides[0] = 6;
+        jp.pred_strides[1] = 3;
+        jp.weight = w;
+        jp.weight_stride = 3;
+        jp.bias = NULL;
+        jp.activation = act;
+        jp.dropout = 0.25;
+        jp.dropout_seed = 7u;
+        jp.dropout_offset = 0u;
+        jp.labels = labels;
+        jp.frame_lengths = frames;
+        jp.label_lengths = lens;
+        jg.enc_grad = genc;
+        jg.enc_strides[0] = 6;
+        jg.enc_strides[1] = 3;
+        jg.pred_grad = gpred;
+        jg.pred_strides[0] = 6;
+        jg.pred_strides[1] = 3;
+        jg.weight_grad = gw;
+        jg.weight_stride = 3;
+        jg.bias_grad = gbias;
+        st = tdt_joint_get_workspace_size(&jp, &opt, &jbytes);
+        CHECK(st == TDT_STATUS_SUCCESS);
+        jws = malloc(jbytes);
+        CHECK(jws != NULL);
+        st = tdt_joint_loss(&jp, &opt, &jcost, &jg, jws, jbytes);
+        CHECK(st == TDT_STATUS_SUCCESS);
+        CHECK(fabs(jcost - log(32.0 / 3.0)) < 1e-5);
+        CHECK(genc[0] == 0.0f && gpred[5] == 0.0f);
+        CHECK(fabs(gbias[0] + gbias[1]) < 1e-6);
+        st = tdt_joint_forward(&jp, &opt, &jcost, jws, jbytes);
+        CHECK(st == TDT_STATUS_SUCCESS);
+        st = tdt_joint_backward(&jp, &opt, NULL, &jg, jws, jbytes);
+        CHECK(st == TDT_STATUS_SUCCESS);
+        st = tdt_joint_dropout_mask(0.25, 7u, 0u, 8, keep);
+        CHECK(st == TDT_STATUS_SUCCESS && keep[0] <= 1);
+        jp.hidden = 0;
+        st = tdt_joint_loss(&jp, &opt, &jcost, &jg, jws, jbytes);
+        CHECK(st == TDT_STATUS_INVALID_SIZE);
+        free(jws);
+    }
+
     opt.blank = 2; /* outside [0, vocab_size) */
     st = compute_tdt_loss(&prob, &opt, &cost, &grads, ws, bytes);
     CHECK(st == TDT_STATUS_INVALID_BLANK);

@@ -660,3 +660,177 @@ TEST(JointDropout, BadArgumentsAreRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---- bad inputs: a clear status, nothing written ------------------------------------------------
+
+struct BadCall {
+    JointCase jc;
+    JointData d;
+    std::vector<double> enc, pred, W, bias;
+    tdt_joint_problem_t p{};
+    tdt_options_t o{};
+    tdt_joint_gradients_t g{};
+    std::vector<double> costs, genc, gpred, gW, gbias;
+    std::vector<unsigned char> ws;
+    size_t bytes = 0;
+
+    BadCall() {
+        jc.B = 2;
+        jc.T = 4;
+        jc.U = 2;
+        jc.V = 5;
+        jc.H = 6;
+        d = make_data(jc);
+        p.batch = jc.B;
+        p.max_frames = jc.T;
+        p.max_labels = jc.U;
+        p.vocab_size = jc.V;
+        p.hidden = jc.H;
+        p.num_outputs = jc.O();
+        p.dtype = TDT_DTYPE_FLOAT64;
+        p.enc = d.enc.data();
+        p.enc_strides[0] = jc.T * jc.H;
+        p.enc_strides[1] = jc.H;
+        p.pred = d.pred.data();
+        p.pred_strides[0] = jc.R() * jc.H;
+        p.pred_strides[1] = jc.H;
+        p.weight = d.W.data();
+        p.weight_stride = jc.H;
+        p.bias = d.bias.data();
+        p.labels = d.labels.data();
+        p.frame_lengths = d.Ts.data();
+        p.label_lengths = d.Us.data();
+        o.durations = jc.durations.data();
+        o.num_durations = jc.D();
+        costs.assign(jc.B, -7.0);
+        genc.assign(d.enc.size(), -7.0);
+        gpred.assign(d.pred.size(), -7.0);
+        gW.assign(d.W.size(), -7.0);
+        gbias.assign(d.bias.size(), -7.0);
+        g.enc_grad = genc.data();
+        std::copy(p.enc_strides, p.enc_strides + 2, g.enc_strides);
+        g.pred_grad = gpred.data();
+        std::copy(p.pred_strides, p.pred_strides + 2, g.pred_strides);
+        g.weight_grad = gW.data();
+        g.weight_stride = jc.H;
+        g.bias_grad = gbias.data();
+        EXPECT_EQ(tdt_joint_get_workspace_size(&p, &o, &bytes), TDT_STATUS_SUCCESS) << tdt_last_error();
+        ws.assign(bytes, 0);
+    }
+    tdt_status_t call() { return tdt_joint_loss(&p, &o, costs.data(), &g, ws.data(), bytes); }
+    bool untouched() const {
+        for (const auto *v : {&costs, &genc, &gpred, &gW, &gbias})
+            for (double x : *v)
+                if (x != -7.0) return false;
+        return true;
+    }
+};
+
+struct BadCase {
+    const char *name;
+    tdt_status_t want;
+    void (*spoil)(BadCall &);
+};
+
+const int kBadDurations[3] = {1, 1, 2};
+
+const BadCase kBad[] = {
+    {"batch < 0", TDT_STATUS_INVALID_SIZE, [](BadCall &c) { c.p.batch = -1; }},
+    {"hidden 0", TDT_STATUS_INVALID_SIZE, [](BadCall &c) { c.p.hidden = 0; }},
+    {"num_outputs neither V nor V + D", TDT_STATUS_INVALID_SIZE, [](BadCall &c) { c.p.num_outputs += 1; }},
+    {"num_outputs below V", TDT_STATUS_INVALID_SIZE, [](BadCall &c) { c.p.num_outputs = c.p.vocab_size - 1; }},
+    {"vocab 0", TDT_STATUS_INVALID_SIZE, [](BadCall &c) { c.p.vocab_size = 0; }},
+    {"dtype", TDT_STATUS_INVALID_DTYPE, [](BadCall &c) { c.p.dtype = (tdt_dtype_t)9; }},
+    {"blank", TDT_STATUS_INVALID_BLANK, [](BadCall &c) { c.o.blank = 5; }},
+    {"duplicate durations", TDT_STATUS_INVALID_DURATIONS, [](BadCall &c) { c.o.durations = kBadDurations; }},
+    {"durations NULL", TDT_STATUS_NULL_POINTER, [](BadCall &c) { c.o.durations = nullptr; }},
+    {"activation", TDT_STATUS_INVALID_OPTION, [](BadCall &c) { c.p.activation = (tdt_activation_t)4; }},
+    {"dropout 1", TDT_STATUS_INVALID_OPTION, [](BadCall &c) { c.p.dropout = 1.0; }},
+    {"dropout < 0", TDT_STATUS_INVALID_OPTION, [](BadCall &c) { c.p.dropout = -0.5; }},
+    {"dropout NaN", TDT_STATUS_INVALID_OPTION, [](BadCall &c) { c.p.dropout = NAN; }},
+    {"log-prob inputs", TDT_STATUS_INVALID_OPTION, [](BadCall &c) { c.o.input_kind = TDT_INPUT_LOG_PROBS; }},
+    {"state_in_grads", TDT_STATUS_INVALID_OPTION, [](BadCall &c) { c.o.state_in_grads = 1; }},
+    {"negative sigma", TDT_STATUS_INVALID_OPTION, [](BadCall &c) { c.o.sigma = -1.0; }},
+    {"GPU without CUDA", TDT_STATUS_BACKEND_NOT_BUILT, [](BadCall &c) { c.o.location = TDT_LOCATION_GPU; }},
+    {"enc NULL", TDT_STATUS_NULL_POINTER, [](BadCall &c) { c.p.enc = nullptr; }},
+    {"pred NULL", TDT_STATUS_NULL_POINTER, [](BadCall &c) { c.p.pred = nullptr; }},
+    {"weight NULL", TDT_STATUS_NULL_POINTER, [](BadCall &c) { c.p.weight = nullptr; }},
+    {"labels NULL", TDT_STATUS_NULL_POINTER, [](BadCall &c) { c.p.labels = nullptr; }},
+    {"frame lengths NULL", TDT_STATUS_NULL_POINTER, [](BadCall &c) { c.p.frame_lengths = nullptr; }},
+    {"reduced_cost NULL", TDT_STATUS_NULL_POINTER, [](BadCall &c) { c.o.reduction = TDT_REDUCTION_SUM; }},
+    {"negative enc stride", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.p.enc_strides[1] = -1; }},
+    {"overflowing pred stride", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.p.pred_strides[0] = INT64_MAX / 2; }},
+    {"weight_stride < H", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.p.weight_stride = c.p.hidden - 1; }},
+    {"overlapping enc_grad rows", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.g.enc_strides[1] = 2; }},
+    {"broadcast pred_grad", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.g.pred_strides[0] = 0; }},
+    {"grad weight_stride < H", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.g.weight_stride = 1; }},
+    {"gradient over an input", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.g.enc_grad = (void *)c.p.enc; }},
+    {"two gradients overlap", TDT_STATUS_INVALID_STRIDES, [](BadCall &c) { c.g.bias_grad = c.g.weight_grad; }},
+    {"workspace too small", TDT_STATUS_WORKSPACE_TOO_SMALL, [](BadCall &c) { c.bytes -= 1; }},
+    {"frame length too long", TDT_STATUS_INVALID_LENGTH, [](BadCall &c) { c.d.Ts[1] = 5; }},
+    {"label equals blank", TDT_STATUS_INVALID_LABEL, [](BadCall &c) { c.d.labels[0] = 0; }},
+};
+
+TEST(JointErrors, EveryBadInputGetsItsStatusAndNothingIsWritten) {
+    for (const BadCase &bc : kBad) {
+        if (bc.want == TDT_STATUS_BACKEND_NOT_BUILT && tdt_backend_built(TDT_LOCATION_GPU)) continue;
+        BadCall c;
+        bc.spoil(c);
+        const tdt_status_t s = c.call();
+        EXPECT_EQ(s, bc.want) << bc.name << ": " << tdt_status_string(s) << " (" << tdt_last_error() << ")";
+        EXPECT_GT(std::strlen(tdt_last_error()), 0u) << bc.name;
+        EXPECT_TRUE(c.untouched()) << bc.name << ": something was written";
+    }
+}
+
+TEST(JointErrors, NullStructsAndWorkspace) {
+    BadCall c;
+    EXPECT_EQ(tdt_joint_loss(nullptr, &c.o, c.costs.data(), &c.g, c.ws.data(), c.bytes), TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(tdt_joint_loss(&c.p, nullptr, c.costs.data(), &c.g, c.ws.data(), c.bytes), TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(tdt_joint_loss(&c.p, &c.o, nullptr, &c.g, c.ws.data(), c.bytes), TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(tdt_joint_loss(&c.p, &c.o, c.costs.data(), &c.g, nullptr, c.bytes), TDT_STATUS_NULL_POINTER);
+    EXPECT_EQ(tdt_joint_get_workspace_size(&c.p, &c.o, nullptr), TDT_STATUS_NULL_POINTER);
+    EXPECT_TRUE(c.untouched());
+    EXPECT_EQ(c.call(), TDT_STATUS_SUCCESS) << tdt_last_error();
+    EXPECT_STREQ(tdt_last_error(), "");
+}
+
+TEST(JointErrors, BackwardNeedsTheJointForwardsWorkspace) {
+    BadCall c;
+    // an untouched workspace, then a plain loss forward's, are both refused
+    EXPECT_EQ(tdt_joint_backward(&c.p, &c.o, nullptr, &c.g, c.ws.data(), c.bytes), TDT_STATUS_INVALID_WORKSPACE);
+    EXPECT_TRUE(c.untouched());
+    std::vector<double> z(c.jc.B * c.jc.T * c.jc.R() * c.jc.O(), 0.0), costs(c.jc.B);
+    tdt_problem_t lp{};
+    lp.batch = c.jc.B;
+    lp.max_frames = c.jc.T;
+    lp.max_labels = c.jc.U;
+    lp.vocab_size = c.jc.V;
+    lp.dtype = TDT_DTYPE_FLOAT64;
+    lp.token_logits = z.data();
+    lp.duration_logits = z.data() + c.jc.V;
+    const int64_t st[3] = {c.jc.T * c.jc.R() * c.jc.O(), c.jc.R() * c.jc.O(), c.jc.O()};
+    std::copy(st, st + 3, lp.token_strides);
+    std::copy(st, st + 3, lp.duration_strides);
+    lp.labels = c.d.labels.data();
+    lp.frame_lengths = c.d.Ts.data();
+    lp.label_lengths = c.d.Us.data();
+    size_t lb = 0;
+    ASSERT_EQ(tdt_get_workspace_size(&lp, &c.o, &lb), TDT_STATUS_SUCCESS);
+    ASSERT_LE(lb, c.bytes);
+    ASSERT_EQ(tdt_forward(&lp, &c.o, costs.data(), c.ws.data(), c.bytes), TDT_STATUS_SUCCESS);
+    EXPECT_EQ(tdt_joint_backward(&c.p, &c.o, nullptr, &c.g, c.ws.data(), c.bytes), TDT_STATUS_INVALID_WORKSPACE);
+    EXPECT_TRUE(c.untouched());
+    // and the joint forward's workspace is refused by the plain backward
+    ASSERT_EQ(tdt_joint_forward(&c.p, &c.o, c.costs.data(), c.ws.data(), c.bytes), TDT_STATUS_SUCCESS);
+    tdt_gradients_t lg{};
+    std::vector<double> gz(z.size(), -7.0);
+    lg.token_grads = gz.data();
+    std::copy(st, st + 3, lg.token_strides);
+    EXPECT_EQ(tdt_backward(&lp, &c.o, nullptr, &lg, c.ws.data(), c.bytes), TDT_STATUS_INVALID_WORKSPACE);
+    for (double x : gz) ASSERT_EQ(x, -7.0);
+}
+
+}  // namespace
