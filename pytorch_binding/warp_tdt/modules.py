@@ -151,6 +151,18 @@ class TDTJointLoss(nn.Module):
 
     # ---- loading the output layer of other implementations --------------------------------
 
+    @classmethod
+    def from_linear(cls, linear, vocab_size, durations=(0, 1, 2, 3, 4), **kwargs):
+        """A TDTJointLoss holding a copy of an existing output layer ``linear`` (an nn.Linear of
+        vocab_size + len(durations) outputs, e.g. NeMo's ``joint.joint_net[-1]`` or
+        transformers' ``model.joint.head``), on its device and in its dtype; kwargs as the
+        constructor's (activation, dropout, blank_token_id, ...)."""
+        w = linear.weight
+        m = cls(w.shape[1], vocab_size, durations, bias=linear.bias is not None,
+                device=w.device, dtype=w.dtype, **kwargs)
+        return m._load_linear(w.detach(), None if linear.bias is None else linear.bias.detach(),
+                              "the given Linear", "linear.weight")
+
     def _load_linear(self, weight, bias, source, where):
         want = tuple(self.weight.shape)
         if tuple(weight.shape) != want:

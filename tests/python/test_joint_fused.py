@@ -463,6 +463,18 @@ def test_load_transformers_joint_state_dict():
     assert torch.equal(m2.weight.detach(), w) and torch.equal(m2.bias.detach(), b)
 
 
+def test_from_linear():
+    lin = torch.nn.Linear(4, 8, dtype=torch.float64)
+    m = warp_tdt.TDTJointLoss.from_linear(lin, 5, [0, 1, 2], activation="tanh")
+    assert m.weight.dtype == torch.float64 and m.activation == "tanh"
+    assert torch.equal(m.weight.detach(), lin.weight.detach())
+    assert torch.equal(m.bias.detach(), lin.bias.detach())
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    torch.testing.assert_close(m.logits(x, x), lin(torch.tanh(x + x)), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"linear\.weight has shape \(8, 4\)"):
+        warp_tdt.TDTJointLoss.from_linear(lin, 6, [0, 1, 2])
+
+
 def test_load_state_dict_errors_name_the_key_and_shapes():
     m = warp_tdt.TDTJointLoss(4, 5, [0, 1, 2])
     with pytest.raises(ValueError, match=r"joint\.head\.weight has shape \(9, 4\).*\(8, 4\)"):
