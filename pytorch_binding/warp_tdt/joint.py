@@ -364,15 +364,23 @@ def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blan
     sigma = _fn._check_number(sigma, "sigma")
     fastemit_lambda = _fn._check_number(fastemit_lambda, "fastemit_lambda")
     clamp = _fn._check_number(clamp, "clamp", allow_negative=True)
+    # while a CUDA graph is captured: no host-side check (it would synchronise), and no seed
+    # drawn here, which the graph would replay unchanged (one mask for every replay)
+    capturing = enc.is_cuda and torch.cuda.is_current_stream_capturing()
     seed = 0
     if dropout > 0:
+        if dropout_seed is None and capturing:
+            raise ValueError("dropout = %g while a CUDA graph is captured: the seed drawn now "
+                             "would be replayed unchanged, one mask for every replay; pass "
+                             "dropout_seed to accept that, or capture without dropout"
+                             % dropout)
         seed = (_draw_seed(generator) if dropout_seed is None
                 else _check_seed(dropout_seed, "dropout_seed"))
     B, T = int(enc.shape[0]), int(enc.shape[1])
     U = int(pred.shape[1]) - 1
     idx = _fn._indices(targets, logit_lengths, target_lengths, B, U, enc.device)
-    _fn._check_label_columns(idx, U + 1, (False, False), validate)
-    if validate and B > 0:
+    _fn._check_label_columns(idx, U + 1, (False, capturing), validate)
+    if validate and B > 0 and not capturing:
         _validate(idx, T, U, V, blank, names)
     _require_library()
     spec = _core.Spec("joint" if tdt else "rnnt", V, tuple(durations) if tdt else (), blank,
@@ -402,15 +410,18 @@ def tdt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_lengt
             (float32 parameters with bfloat16 activations, as autocast runs nn.Linear).
         bias: ``(vocab_size + len(durations),)`` or None.
         targets, logit_lengths, target_lengths, blank_token_id, durations, sigma, reduction,
-        fastemit_lambda, clamp, validate: as in :func:`warp_tdt.tdt_loss`.
+        fastemit_lambda, clamp: as in :func:`warp_tdt.tdt_loss`.
         activation: ``"relu"`` (NeMo's and Parakeet's default), ``"tanh"``, ``"sigmoid"`` or
             ``"identity"``, applied to ``enc + pred``.
         dropout: probability in ``[0, 1)`` of zeroing an element of ``act(enc + pred)`` (the
             others scaled by ``1 / (1 - dropout)``), as ``nn.Dropout`` in training. Pass 0 in
             evaluation (the module form does).
-        dropout_seed: the dropout mask's 64-bit seed; None draws one from ``generator`` (torch's
-            CPU default generator when None), so ``torch.manual_seed`` repeats a run.
-            :func:`dropout_mask` gives the mask of a seed.
+        validate: as in tdt_loss; skipped while a CUDA graph is captured (on the GPU a bad
+            sample then gets a NaN loss).
+        dropout_seed: the dropout mask's 64-bit seed; None draws one from ``generator`` (a CPU
+            ``torch.Generator``; torch's default one when None), so ``torch.manual_seed`` repeats
+            a run. :func:`dropout_mask` gives the mask of a seed. While a CUDA graph is
+            captured a seed must be given (the graph replays it).
 
     Returns:
         float32 loss (float64 for float64 inputs): a scalar, or ``(batch,)`` for ``"none"``.
