@@ -210,9 +210,17 @@ def swap_into_transformers(device):
     pad = getattr(config, "pad_token_id", None)
     pad = blank if pad is None else int(pad)
     act = str(getattr(config, "hidden_act", "relu")).lower()
-    hidden = int(model.joint.head.in_features)
-    fused = warp_tdt.TDTJointLoss(hidden, V, durations, blank_token_id=blank, activation=act)
-    fused.load_transformers_joint_state_dict(model.state_dict())
+    head = getattr(getattr(model, "joint", None), "head", None)
+    if not isinstance(head, nn.Linear):
+        print("transformers swap skipped: this ParakeetForTDT has no joint.head Linear")
+        return 0
+    try:
+        fused = warp_tdt.TDTJointLoss(head.in_features, V, durations, blank_token_id=blank,
+                                      activation=act)
+    except ValueError as e:  # an activation the fused joint does not have
+        print("transformers swap skipped: %s" % e)
+        return 0
+    fused.load_transformers_joint_state_dict(model.state_dict())  # joint.head.weight / .bias
     fused = fused.to(device)
 
     B, frames, U = 2, 64, 4
