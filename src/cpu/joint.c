@@ -33,7 +33,8 @@
  *
  * Memory (the tiles' scratch, after the lattice's workspace): W^T in the accumulate type
  * (H x O), for 16-bit dtypes W itself widened (O x H) and float32 sums of the four gradients;
- * and S slots of JT_NODES x (O + 2 H) accumulate-type values. Never nodes x O.
+ * and S slots of JT_NODES x (O + 2 H) accumulate-type values, S from 2 a thread up to
+ * JT_MAX_SLOTS (about 1/24 of the tiles). Never nodes x O.
  */
 #include <omp.h>
 #include <string.h>
@@ -49,6 +50,10 @@
 /* Rows of d W an item of the backward's reduction phase; hidden values an item of d enc/pred. */
 #define JT_WROWS 64
 #define JT_HCHUNK 64
+/* The backward's waves: about JT_WAVES of them for a large problem, at most JT_MAX_SLOTS tiles
+ * each (jt_layout_of). */
+#define JT_WAVES 24
+#define JT_MAX_SLOTS 64
 
 #if JT_NODES > TDT_SOFTMAX_NODES || JT_NODES % JT_MR != 0
 #error "JT_NODES must be a multiple of JT_MR and at most TDT_SOFTMAX_NODES"
@@ -141,7 +146,12 @@ static int jt_layout_of(const tdt_joint_problem_t *jp, int nthreads, jt_layout_t
     size_t nodes, tiles, cur = 0, n;
     if (!tdt_mul_size((size_t)B, (size_t)T, &nodes) || !tdt_mul_size(nodes, (size_t)R, &nodes)) return 0;
     tiles = nodes / JT_NODES + 1;
-    const int64_t want = 2 * (int64_t)(nthreads > 0 ? nthreads : 1);
+    /* 2 slots a thread at least, and up to JT_MAX_SLOTS so that a large problem's backward has
+       about JT_WAVES waves (each ends in two barriers, which cost most on a loaded machine);
+       the slots' memory stays a few per cent of the logits' (docs/joint.md) */
+    int64_t want = (int64_t)(tiles / JT_WAVES);
+    want = want < JT_MAX_SLOTS ? want : JT_MAX_SLOTS;
+    want = want > 2 * (int64_t)nthreads ? want : 2 * (int64_t)nthreads;
     l->slots = (int)((size_t)want < tiles ? (size_t)want : tiles);
     l->acc = (int)acc;
     const size_t S = (size_t)l->slots;
