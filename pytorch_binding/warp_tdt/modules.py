@@ -114,8 +114,9 @@ class TDTJointLoss(nn.Module):
         self.fastemit_lambda, self.clamp, self.validate = fastemit_lambda, clamp, validate
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(self.vocab_size + D, self.hidden_size, **kw))
-        self.bias = nn.Parameter(torch.empty(self.vocab_size + D, **kw)) if bias else None
-        if not bias:
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.vocab_size + D, **kw))
+        else:
             self.register_parameter("bias", None)
         self.reset_parameters()
 

@@ -428,6 +428,19 @@ def test_module_matches_the_function_and_owns_the_layer():
     assert tuple(z.shape) == (3, 6, 4, 9)
 
 
+def test_module_without_bias():
+    c = make(seed=33, H=5, V=6, durations=[0, 1, 2], bias=False)
+    m = warp_tdt.TDTJointLoss(5, 6, [0, 1, 2], bias=False, dtype=torch.float64)
+    assert m.bias is None and [n for n, _ in m.named_parameters()] == ["weight"]
+    with torch.no_grad():
+        m.weight.copy_(c["weight"])
+    got = m(c["enc"], c["pred"], c["targets"], c["logit_lengths"], c["target_lengths"])
+    torch.testing.assert_close(got, fused(c, reduction="mean"), atol=0, rtol=0)
+    sd = {"joint.head.weight": c["weight"].detach(), "joint.head.bias": torch.zeros(9)}
+    with pytest.raises(ValueError, match="has a bias but this TDTJointLoss was built with bias=False"):
+        m.load_transformers_joint_state_dict(sd)
+
+
 def test_module_rnnt_form():
     c = make(seed=24, H=5, V=7, durations=None)
     m = warp_tdt.TDTJointLoss(5, 7, None, blank_token_id=c["blank"], dtype=torch.float64)
