@@ -172,8 +172,9 @@ class TDTJointLoss(nn.Module):
                              % (where, tuple(weight.shape), want, self.vocab_size,
                                 want[0] - self.vocab_size, self.hidden_size))
         if (bias is None) != (self.bias is None):
-            raise ValueError("%s %s a bias but this TDTJointLoss was built with bias=%s"
-                             % (source, "has no" if bias is None else "has", self.bias is not None))
+            raise ValueError("%s %s but this TDTJointLoss was built with bias=%s"
+                             % (source, "has no bias" if bias is None else "has a bias",
+                                self.bias is not None))
         with torch.no_grad():
             self.weight.copy_(weight)
             if bias is not None:
