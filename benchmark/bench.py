@@ -359,10 +359,10 @@ def main():
     if args._joint_rss:
         spec, dn, path, threads = args._joint_rss
         return _joint_rss_child(spec, dn, path, int(threads))
-    if args.joint or args.joint_shape:
-        return joint_main(args, torch.device(args.device))
     global VALIDATE
     VALIDATE = not args.no_validate
+    if args.joint or args.joint_shape:
+        return joint_main(args, torch.device(args.device))
     if args.sync_validation:
         os.environ["WARP_TDT_ASYNC_VALIDATION"] = "0"
     args.baseline_shapes = set(args.baseline_shapes.split(","))
@@ -478,7 +478,8 @@ def joint_step(path, params, idx, V):
     for x in params:
         x.grad = None
     fn = warp_tdt.tdt_joint_loss if path == "fused" else J.unfused_joint_loss
-    loss = fn(*params, *idx, V - 1, DURATIONS, activation="relu", reduction="sum")
+    loss = fn(*params, *idx, V - 1, DURATIONS, activation="relu", reduction="sum",
+              validate=VALIDATE)
     loss.backward()
     return loss
 

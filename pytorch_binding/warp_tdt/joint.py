@@ -164,9 +164,10 @@ def _check_inputs(enc, pred, weight, bias, num_durations):
 def _validate(idx, T, U, V, blank, names):
     """Raises ValueError naming the first bad length or label (read on the host: one small copy
     where they were on the GPU only)."""
-    if idx.host is not None:  # built on the host, then copied to the device: read it here
-        B = int(idx.host.shape[0]) // (U + 2)
-        h = idx.host.to(torch.int64)
+    packed = idx.host if idx.host is not None else idx.packed
+    if packed is not None:  # [frame lengths, label lengths, labels]: one copy at most
+        B = int(packed.shape[0]) // (U + 2)
+        h = packed.to("cpu", torch.int64)
         fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].view(B, U)
     else:
         fl = idx.frame_lengths.to("cpu", torch.int64)
