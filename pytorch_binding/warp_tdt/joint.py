@@ -161,18 +161,48 @@ def _check_inputs(enc, pred, weight, bias, num_durations):
     return enc, pred, weight, bias, O - num_durations
 
 
-def _validate(idx, T, U, V, blank, names):
-    """Raises ValueError naming the first bad length or label (read on the host: one small copy
-    where they were on the GPU only)."""
-    packed = idx.host if idx.host is not None else idx.packed
-    if packed is not None:  # [frame lengths, label lengths, labels]: one copy at most
-        B = int(packed.shape[0]) // (U + 2)
-        h = packed.to("cpu", torch.int64)
-        fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].view(B, U)
-    else:
-        fl = idx.frame_lengths.to("cpu", torch.int64)
-        ll = idx.label_lengths.to("cpu", torch.int64)
-        labels = idx.labels.to("cpu", torch.int64)
+_ASYNC_ENV = _lib.EnvVar("WARP_TDT_ASYNC_VALIDATION")
+
+
+def _validation_start(idx, U, asynchronous):
+    """The lengths and labels on their way to the host, as [frame lengths, label lengths,
+    labels] int32: the host copy where there is one; on CUDA with asynchronous, a copy into the
+    thread's pinned buffer on the current stream with an event after it (returned as the second
+    item), so the loss's kernels are enqueued before _validation_finish waits for the copy
+    alone, as functional.py's losses do (WARP_TDT_ASYNC_VALIDATION=0: a plain copy first)."""
+    if idx.host is not None:
+        return idx.host, None
+    packed = idx.packed
+    if packed is None:
+        packed = torch.cat([idx.frame_lengths, idx.label_lengths, idx.labels.reshape(-1)])
+    if not packed.is_cuda:
+        return packed, None
+    if not asynchronous:
+        return packed.cpu(), None
+    slot = _core._pinned_slot(packed.device, int(packed.numel()))
+    host = slot.buf[: packed.numel()]
+    host.copy_(packed, non_blocking=True)
+    slot.event.record(torch.cuda.current_stream(packed.device))
+    return host, slot
+
+
+def _validation_finish(pending, T, U, V, blank, names):
+    """Waits for _validation_start's copy, then raises ValueError naming the first bad length
+    or label."""
+    host, slot = pending
+    if slot is not None:
+        slot.event.synchronize()
+    try:
+        _check_data(host, T, U, V, blank, names)
+    finally:
+        if slot is not None:
+            slot.busy = False  # read: the thread's next call may reuse the buffer
+
+
+def _check_data(packed, T, U, V, blank, names):
+    B = int(packed.shape[0]) // (U + 2)
+    h = packed.to(torch.int64)
+    fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].view(B, U)
     bad = ((fl < 0) | (fl > T)).nonzero()
     if bad.numel():
         b = int(bad[0, 0])
@@ -381,17 +411,28 @@ def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blan
     U = int(pred.shape[1]) - 1
     idx = _fn._indices(targets, logit_lengths, target_lengths, B, U, enc.device)
     _fn._check_label_columns(idx, U + 1, (False, capturing), validate)
-    if validate and B > 0 and not capturing:
-        _validate(idx, T, U, V, blank, names)
     _require_library()
+    # on CUDA the check runs once the loss's kernels are enqueued (they give a bad sample a NaN
+    # cost without reading out of range, and the error raised here drops their outputs)
+    later = enc.is_cuda and _ASYNC_ENV.get() != "0"
+    pending = None
+    if validate and B > 0 and not capturing:
+        pending = _validation_start(idx, U, later)
+        if not later:
+            _validation_finish(pending, T, U, V, blank, names)
+            pending = None
     spec = _core.Spec("joint" if tdt else "rnnt", V, tuple(durations) if tdt else (), blank,
                       sigma, fastemit_lambda, clamp if clamp > 0 else 0.0, False)
     label_lengths = idx.label_lengths if reduction in ("mean", "mean_volume") else None
     call = _Call(spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, 0, False)
     tensors = (enc, pred, weight) + ((bias,) if bias is not None else ())
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
-        return _costs_only(call, enc, reduction, label_lengths)
-    return JointLossFunction.apply(enc, pred, weight, bias, call, reduction, label_lengths)
+        loss = _costs_only(call, enc, reduction, label_lengths)
+    else:
+        loss = JointLossFunction.apply(enc, pred, weight, bias, call, reduction, label_lengths)
+    if pending is not None:
+        _validation_finish(pending, T, U, V, blank, names)
+    return loss
 
 
 def tdt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_lengths,
