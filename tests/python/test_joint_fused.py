@@ -606,6 +606,20 @@ def test_cuda_low_precision_within_the_unfused_error(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("asynchronous", ["1", "0"])
+def test_cuda_bad_lengths_and_labels_raise(monkeypatch, asynchronous):
+    monkeypatch.setenv("WARP_TDT_ASYNC_VALIDATION", asynchronous)
+    c = make(B=3, T=6, U=3, H=7, V=6, durations=[0, 1, 2, 3], seed=34, ragged=False,
+             device="cuda")
+    with pytest.raises(ValueError, match=r"logit_lengths\[1\] = 7 is outside \[0, 6\]"):
+        _call(c, logit_lengths=torch.tensor([6, 7, 1], device="cuda"))
+    with pytest.raises(ValueError, match=r"targets\[0\]\[1\] = 5 equals blank_token_id = 5"):
+        _call(c, targets=torch.tensor([[0, 5, 1], [0, 0, 0], [0, 0, 0]]))
+    loss = _call(c, reduction="none")  # the next call after a raise is fine
+    assert torch.isfinite(loss).all()
+
+
+@requires_cuda
 def test_cuda_deterministic():
     c = make(B=3, T=30, U=8, H=64, V=257, seed=30, dtype=torch.float32, device="cuda")
     a = run(fused, c, reduction="none", dropout=0.1, seed=3)
