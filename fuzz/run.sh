@@ -68,4 +68,24 @@ if [ "$rc" -ne 0 ] || [ -n "$crashes" ]; then
   status=1
 fi
 [ "$status" -eq 0 ] && echo "== fuzz_tdt: no violations"
+
+# fuzz_joint: the fused joint + loss, from an empty corpus, for the same time
+echo "== building fuzz_joint and fuzzing it for ${secs}s"
+cmake --build "$build" --target fuzz_joint -j"$(nproc)" >/dev/null
+mkdir -p "$work/joint_corpus"
+set +e
+"$build/fuzz_joint" "$work/joint_corpus" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 \
+  -max_len=2048 -print_final_stats=1 -artifact_prefix="$work/joint-" >"$work/joint.log" 2>&1
+rc=$?
+set -e
+grep -E "^#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units" "$work/joint.log" | awk '!seen[$0]++' || true
+crashes=$(ls "$work" | grep -E "^joint-(crash|leak|timeout|oom)-" || true)
+if [ "$rc" -ne 0 ] || [ -n "$crashes" ]; then
+  echo "== fuzz_joint FAILED (exit $rc)"
+  grep -E -A3 "VIOLATION|runtime error|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)" "$work/joint.log" | head -20
+  for c in $crashes; do cp "$work/$c" "$artifacts/" && echo "   kept $artifacts/$c"; done
+  status=1
+else
+  echo "== fuzz_joint: no violations"
+fi
 exit "$status"

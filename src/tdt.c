@@ -121,9 +121,12 @@ static tdt_status_t check_strided(const char *name, const int64_t *strides, cons
         TDT_FAIL(TDT_STATUS_INVALID_STRIDES, "%s_strides reach %lld elements: overflows 64-bit "
                  "byte offsets", name, (long long)span);
     if (span_out) *span_out = span;
-    /* a tensor of no element has no rows to overlap */
+    /* a tensor of no element has no rows to overlap (and spans no byte) */
     for (int i = 0; i < n; ++i)
-        if (extent[i] == 0) return TDT_STATUS_SUCCESS;
+        if (extent[i] == 0) {
+            if (span_out) *span_out = 0;
+            return TDT_STATUS_SUCCESS;
+        }
     if (!disjoint) return TDT_STATUS_SUCCESS;
     /* Disjoint iff, with the dimensions of extent > 1 sorted by stride, each stride clears
      * everything spanned by the dimensions inside it. */
