@@ -603,7 +603,7 @@ def _joint_rss_child(spec, dtype_name, path, threads):
 
 def bench_joint(name, shape, dtype, device, args, threads):
     """One row of the --joint table: fused and unfused on the same inputs."""
-    from warp_tdt import _core, joint as J
+    from warp_tdt import joint as J
 
     B, T, U, H, V, fused_only = shape
     D = len(DURATIONS)
@@ -619,11 +619,7 @@ def bench_joint(name, shape, dtype, device, args, threads):
     # the four gradients, which any path writes: the fused path's peak beyond them is its own
     row["grads_mb"] = sum(p.numel() for p in params) * esize / 2 ** 20
     leaves = [p.detach().clone().requires_grad_(True) for p in params]
-    # the fused workspace's size, as the library asks for it
-    spec = _core.Spec("joint", V, tuple(DURATIONS), V - 1, 0.0, 0.0, 0.0, False)
-    ind = J._fn._indices(*idx, B, U, params[0].device)
-    call = J._Call(spec, True, *[p.detach() for p in params], ind, "relu", 0.0, 0, 0, False)
-    row["ws_mb"] = call.size / 2 ** 20
+    row["ws_mb"] = J.workspace_bytes(B, T, U, H, V, DURATIONS, dtype, device) / 2 ** 20
     flops = joint_flops(shape)
     for path in ("fused",) if fused_only else ("fused", "unfused"):
         step = lambda path=path: joint_step(path, leaves, idx, V)  # noqa: E731

@@ -40,7 +40,7 @@ from . import _autograd, _core, _lib
 from . import functional as _fn
 
 __all__ = ["tdt_joint_loss", "rnnt_joint_loss", "unfused_joint_loss", "joint_logits",
-           "dropout_mask", "joint_available", "ACTIVATIONS"]
+           "dropout_mask", "joint_available", "workspace_bytes", "ACTIVATIONS"]
 
 ACTIVATIONS = {"relu": _lib.ACTIVATION_RELU, "tanh": _lib.ACTIVATION_TANH,
                "sigmoid": _lib.ACTIVATION_SIGMOID, "identity": _lib.ACTIVATION_IDENTITY}
@@ -251,8 +251,7 @@ class _Call:
 
     __slots__ = ("p", "o", "keep", "idx", "size")
 
-    def __init__(self, spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, offset,
-                 per_label):
+    def __init__(self, spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, offset):
         B, T, H = (int(s) for s in enc.shape)
         p = _lib.JointProblem()
         p.batch, p.max_frames, p.max_labels = B, T, int(pred.shape[1]) - 1
@@ -275,8 +274,6 @@ class _Call:
         p.frame_lengths = _core._address(fl)
         p.label_lengths = _core._address(ll)
         o, keep = _core._options(spec, enc.is_cuda, tdt)
-        if per_label:
-            o.normalize_costs = 1
         c = ctypes.c_size_t(0)
         _lib.check("tdt_joint_get_workspace_size",
                    _lib.load().tdt_joint_get_workspace_size(ctypes.byref(p), ctypes.byref(o),
@@ -424,7 +421,7 @@ def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blan
     spec = _core.Spec("joint" if tdt else "rnnt", V, tuple(durations) if tdt else (), blank,
                       sigma, fastemit_lambda, clamp if clamp > 0 else 0.0, False)
     label_lengths = idx.label_lengths if reduction in ("mean", "mean_volume") else None
-    call = _Call(spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, 0, False)
+    call = _Call(spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, 0)
     tensors = (enc, pred, weight) + ((bias,) if bias is not None else ())
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
         loss = _costs_only(call, enc, reduction, label_lengths)
@@ -489,6 +486,31 @@ def rnnt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_leng
                   activation, dropout, 0.0, "mean_batch" if reduction == "mean" else reduction,
                   fastemit_lambda, clamp, dropout_seed, generator, validate, _RNNT_NAMES, False)
     return loss.to(enc.dtype)
+
+
+def workspace_bytes(batch, max_frames, max_labels, hidden, vocab_size, durations=None,
+                    dtype=torch.float32, device="cpu"):
+    """Bytes of workspace the fused joint asks for at these shapes (tdt_joint_get_workspace_size:
+    per-node lattice state plus the tiles' scratch; on the CPU it grows with
+    torch.get_num_threads()). ``durations=None``: RNN-T. Nothing is allocated."""
+    _require_library()
+    device = torch.device(device)
+    tdt = durations is not None
+    D = len(durations) if tdt else 0
+    p = _lib.JointProblem()
+    p.batch, p.max_frames, p.max_labels = int(batch), int(max_frames), int(max_labels)
+    p.vocab_size, p.hidden, p.num_outputs = int(vocab_size), int(hidden), int(vocab_size) + D
+    p.dtype = _core._DTYPES[dtype]
+    p.weight_stride = int(hidden)
+    spec = _core.Spec("joint" if tdt else "rnnt", int(vocab_size),
+                      tuple(durations) if tdt else (), 0, 0.0, 0.0, 0.0, False)
+    o, keep = _core._options(spec, device.type == "cuda", tdt)
+    c = ctypes.c_size_t(0)
+    _lib.check("tdt_joint_get_workspace_size",
+               _lib.load().tdt_joint_get_workspace_size(ctypes.byref(p), ctypes.byref(o),
+                                                        ctypes.byref(c)))
+    del keep
+    return int(c.value)
 
 
 # ---- the unfused path: the same loss through PyTorch's joint ------------------------------------

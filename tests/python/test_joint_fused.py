@@ -289,6 +289,14 @@ def test_weight_in_another_dtype_is_cast_like_autocast():
     torch.testing.assert_close(loss.detach(), ref.detach(), atol=0, rtol=0)
 
 
+def test_workspace_bytes_is_small_and_grows_with_the_lattice():
+    small = J.workspace_bytes(2, 10, 3, 64, 1025, [0, 1, 2, 3, 4])
+    big = J.workspace_bytes(2, 100, 30, 64, 1025, [0, 1, 2, 3, 4])
+    logits = 4 * 2 * 100 * 31 * 1030
+    assert 0 < small < big < logits / 4, (small, big, logits)
+    assert J.workspace_bytes(2, 10, 3, 64, 1025) > 0  # RNN-T
+
+
 def test_no_grad_call_gives_the_same_costs():
     c = make(seed=16)
     lf, _ = run(fused, c, reduction="none")
