@@ -388,6 +388,18 @@ def test_low_precision_within_the_unfused_error(dtype, durations):
             dtype, name, ef, eu)
 
 
+def test_float16_close_to_float64():
+    """float16 (torch's CPU has no float16 relu for the unfused path to compare with): the
+    fused path against float64, normwise, within float16's rounding of its inputs."""
+    c = make(B=3, T=7, U=4, H=40, V=129, seed=35, scale=0.5)
+    ref_l, ref_g = run(unfused, c, reduction="none")
+    fl, fg = run(fused, c, reduction="none", dtype=torch.float16)
+    assert fl.dtype == torch.float32
+    for name, f, r in [("costs", fl, ref_l)] + list(zip(NAMES, fg, ref_g)):
+        e = float((f.double() - r).norm() / r.norm())
+        assert e < 2e-3, "float16 %s: normwise error %.3g against float64" % (name, e)
+
+
 # ---- determinism -------------------------------------------------------------------------------
 
 
@@ -600,13 +612,13 @@ def test_cuda_matches_cpu_and_the_mask_is_the_same():
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cuda_low_precision_within_the_unfused_error(dtype):
     c = make(B=2, T=20, U=6, H=64, V=513, seed=29, scale=0.5, device="cuda")
     ref_l, ref_g = run(unfused, c, reduction="none")
     fl, fg = run(fused, c, reduction="none", dtype=dtype)
     ul, ug = run(unfused, c, reduction="none", dtype=dtype)
-    floor = {torch.float32: 1e-6, torch.bfloat16: 1e-3}[dtype]
+    floor = {torch.float32: 1e-6, torch.bfloat16: 1e-3, torch.float16: 1e-3}[dtype]
     for name, f, u, r in [("costs", fl, ul, ref_l)] + list(zip(NAMES, fg, ug, ref_g)):
         ef = float((f.double() - r).norm() / r.norm())
         eu = float((u.double() - r).norm() / r.norm())
