@@ -269,6 +269,7 @@ typedef struct unfused {
     void *h, *z, *dz, *dh; /* (N, H), (N, O), (N, O), (N, H) in dt */
     float *tmp, *af, *bf;  /* bfloat16: float32 operands and products, a block of rows at a time */
     float *wf, *cf;        /* bfloat16: W widened, d W's float32 sums */
+    float *bf16_bias;      /* bfloat16: the bias widened */
     int64_t tmp_rows;
     tdt_problem_t p;
     tdt_gradients_t g;
@@ -318,6 +319,8 @@ static void unfused_setup(const cfg_t *c, const inputs_t *in, int threads, unfus
         u->bf = xmalloc(u->tmp_rows * row);
         u->wf = xmalloc(u->O * c->H * sizeof(float));
         u->cf = xmalloc(u->O * c->H * sizeof(float));
+        u->bf16_bias = xmalloc(u->O * sizeof(float));
+        for (int64_t o = 0; o < u->O; ++o) u->bf16_bias[o] = (float)ld(in->bias, o, in->dt);
     }
     u->p.batch = c->B;
     u->p.max_frames = c->T;
@@ -351,22 +354,31 @@ static void unfused_free(unfused_t *u) {
     free(u->bf);
     free(u->wf);
     free(u->cf);
+    free(u->bf16_bias);
     free(u->ws);
 }
 
 /* C (M x N, row-major, ldc) = A (M x K) op B, A row-major; trans_b: B is (N x K) (so A B^T), else
  * (K x N); trans_a: A is given as (K x M). In the run's dtype, float32 accumulation for 16-bit. */
 static void mm(const unfused_t *u, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-               const void *A, int64_t lda, const void *Bm, int64_t ldb, void *C, int64_t ldc) {
+               const void *A, int64_t lda, const void *Bm, int64_t ldb, void *C, int64_t ldc,
+               const void *bias) {
     const tdt_dtype_t dt = u->in->dt;
+    if (bias && dt != TDT_DTYPE_BFLOAT16) { /* C's rows start as the bias: the product is added */
+        const size_t e = esize(dt);
+#pragma omp parallel for num_threads(u->threads)
+        for (int64_t i = 0; i < M; ++i) memcpy((char *)C + (size_t)(i * ldc) * e, bias, (size_t)N * e);
+    }
+    const float beta_f = bias ? 1.0f : 0.0f;
+    const double beta_d = bias ? 1.0 : 0.0;
 #ifdef JB_HAVE_CBLAS
     const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
     if (dt == TDT_DTYPE_FLOAT32) {
-        cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, Bm, (int)ldb, 0.0f, C, (int)ldc);
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, Bm, (int)ldb, beta_f, C, (int)ldc);
         return;
     }
     if (dt == TDT_DTYPE_FLOAT64) {
-        cblas_dgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0, A, (int)lda, Bm, (int)ldb, 0.0, C, (int)ldc);
+        cblas_dgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0, A, (int)lda, Bm, (int)ldb, beta_d, C, (int)ldc);
         return;
     }
     if (dt == TDT_DTYPE_BFLOAT16) { /* bfloat16 operands widened to float32 a block of rows at a
@@ -383,7 +395,9 @@ static void mm(const unfused_t *u, int trans_a, int trans_b, int64_t M, int64_t 
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, (int)m, (int)N, (int)K, 1.0f, u->af, (int)lda, u->wf,
                             (int)ldb, 0.0f, u->tmp, (int)N);
 #pragma omp parallel for num_threads(u->threads)
-                for (int64_t i = 0; i < m * N; ++i) ((uint16_t *)C)[(i0 + i / N) * ldc + i % N] = f_to_bf16(u->tmp[i]);
+                for (int64_t i = 0; i < m * N; ++i)
+                    ((uint16_t *)C)[(i0 + i / N) * ldc + i % N] =
+                        f_to_bf16(bias ? u->tmp[i] + u->bf16_bias[i % N] : u->tmp[i]);
             }
             return;
         }
@@ -405,28 +419,71 @@ static void mm(const unfused_t *u, int trans_a, int trans_b, int64_t M, int64_t 
 #pragma omp parallel for num_threads(u->threads)
     for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j) {
-            double s = 0;
+            double s = bias ? ld(bias, j, dt) : 0;
             for (int64_t k = 0; k < K; ++k)
                 s += ld(A, trans_a ? k * lda + i : i * lda + k, dt) * ld(Bm, trans_b ? j * ldb + k : k * ldb + j, dt);
             st(C, i * ldc + j, dt, s);
         }
 }
 
+/* rows of n elements of dt at p + off (elements) to and from double, the dtype chosen once a row */
+static void rd(const void *p, size_t off, tdt_dtype_t dt, double *dst, int64_t n) {
+    if (dt == TDT_DTYPE_FLOAT64) {
+        memcpy(dst, (const double *)p + off, (size_t)n * 8);
+    } else if (dt == TDT_DTYPE_FLOAT32) {
+        const float *s = (const float *)p + off;
+        for (int64_t i = 0; i < n; ++i) dst[i] = s[i];
+    } else {
+        const uint16_t *s = (const uint16_t *)p + off;
+        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f(s[i]);
+    }
+}
+
+static void wr(void *p, size_t off, tdt_dtype_t dt, const double *src, int64_t n) {
+    if (dt == TDT_DTYPE_FLOAT64) {
+        memcpy((double *)p + off, src, (size_t)n * 8);
+    } else if (dt == TDT_DTYPE_FLOAT32) {
+        float *d = (float *)p + off;
+        for (int64_t i = 0; i < n; ++i) d[i] = (float)src[i];
+    } else {
+        uint16_t *d = (uint16_t *)p + off;
+        for (int64_t i = 0; i < n; ++i) d[i] = f_to_bf16((float)src[i]);
+    }
+}
+
+/* act (deriv 0) or act' (deriv 1) of a row in place */
+static void act_row(double *v, int64_t n, tdt_activation_t a, int deriv) {
+    if (a == TDT_ACTIVATION_RELU) {
+        for (int64_t i = 0; i < n; ++i) v[i] = v[i] > 0 ? (deriv ? 1 : v[i]) : 0;
+    } else if (a == TDT_ACTIVATION_IDENTITY) {
+        if (deriv)
+            for (int64_t i = 0; i < n; ++i) v[i] = 1;
+    } else {
+        for (int64_t i = 0; i < n; ++i) v[i] = deriv ? dact_f(v[i], a) : act_f(v[i], a);
+    }
+}
+
 static void unfused_run(unfused_t *u, grads_t *out) {
     const cfg_t *c = u->c;
     const tdt_dtype_t dt = u->in->dt;
     const int64_t H = c->H, R = c->U + 1, O = u->O, T = c->T;
-    /* h, then z = h W^T + bias */
-#pragma omp parallel for num_threads(u->threads)
-    for (int64_t n = 0; n < u->N; ++n) {
-        const int64_t b = n / (T * R), t = n / R % T, r = n % R;
-        for (int64_t k = 0; k < H; ++k)
-            st(u->h, n * H + k, dt, act_f(ld(u->in->enc, (b * T + t) * H + k, dt) + ld(u->in->pred, (b * R + r) * H + k, dt), c->act));
+    /* h = act(enc + pred) */
+#pragma omp parallel num_threads(u->threads)
+    {
+        double *x = xmalloc(2 * H * sizeof(double)), *y = x + H;
+#pragma omp for
+        for (int64_t n = 0; n < u->N; ++n) {
+            const int64_t b = n / (T * R), t = n / R % T, r = n % R;
+            rd(u->in->enc, (b * T + t) * H, dt, x, H);
+            rd(u->in->pred, (b * R + r) * H, dt, y, H);
+            for (int64_t k = 0; k < H; ++k) x[k] += y[k];
+            act_row(x, H, c->act, 0);
+            wr(u->h, n * H, dt, x, H);
+        }
+        free(x);
     }
-    mm(u, 0, 1, u->N, O, H, u->h, H, u->in->W, H, u->z, O);
-#pragma omp parallel for num_threads(u->threads)
-    for (int64_t n = 0; n < u->N; ++n)
-        for (int64_t o = 0; o < O; ++o) st(u->z, n * O + o, dt, ld(u->z, n * O + o, dt) + ld(u->in->bias, o, dt));
+    /* z = h W^T + bias (the bias first, the product added: addmm) */
+    mm(u, 0, 1, u->N, O, H, u->h, H, u->in->W, H, u->z, O, u->in->bias);
     tdt_status_t s = tdt_forward(&u->p, &u->o, out->costs, u->ws, u->bytes);
     if (s == TDT_STATUS_SUCCESS) s = tdt_backward(&u->p, &u->o, NULL, &u->g, u->ws, u->bytes);
     if (s != TDT_STATUS_SUCCESS) {
@@ -434,38 +491,55 @@ static void unfused_run(unfused_t *u, grads_t *out) {
         exit(1);
     }
     /* d h = dz W, d W = dz^T h, d bias = sum dz */
-    mm(u, 0, 0, u->N, H, O, u->dz, O, u->in->W, H, u->dh, H);
-    mm(u, 1, 0, O, H, u->N, u->dz, O, u->h, H, out->W, H);
-#pragma omp parallel for num_threads(u->threads)
-    for (int64_t o = 0; o < O; ++o) {
-        double sb = 0;
-        for (int64_t n = 0; n < u->N; ++n) sb += ld(u->dz, n * O + o, dt);
-        st(out->bias, o, dt, sb);
+    mm(u, 0, 0, u->N, H, O, u->dz, O, u->in->W, H, u->dh, H, NULL);
+    mm(u, 1, 0, O, H, u->N, u->dz, O, u->h, H, out->W, H, NULL);
+#pragma omp parallel num_threads(u->threads)
+    {
+        const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+        const int64_t o0 = O * me / nt, o1 = O * (me + 1) / nt;
+        double *acc = xmalloc((size_t)(o1 - o0 + 1) * sizeof(double)), *row = xmalloc((size_t)(o1 - o0 + 1) * sizeof(double));
+        memset(acc, 0, (size_t)(o1 - o0) * sizeof(double));
+        for (int64_t n = 0; n < u->N; ++n) {
+            rd(u->dz, n * O + o0, dt, row, o1 - o0);
+            for (int64_t o = 0; o < o1 - o0; ++o) acc[o] += row[o];
+        }
+        wr(out->bias, o0, dt, acc, o1 - o0);
+        free(acc);
+        free(row);
     }
-    /* d enc = sum over u of d h act'(x), d pred = sum over t */
-#pragma omp parallel for num_threads(u->threads)
-    for (int64_t bt = 0; bt < c->B * T; ++bt) {
-        const int64_t b = bt / T;
-        for (int64_t k = 0; k < H; ++k) {
-            double se = 0;
+    /* g = d h act'(x); d enc = sum over u of g, d pred = sum over t */
+#pragma omp parallel num_threads(u->threads)
+    {
+        double *x = xmalloc(4 * H * sizeof(double)), *y = x + H, *gsum = y + H, *d = gsum + H;
+#pragma omp for
+        for (int64_t bt = 0; bt < c->B * T; ++bt) {
+            const int64_t b = bt / T;
+            memset(gsum, 0, (size_t)H * sizeof(double));
             for (int64_t r = 0; r < R; ++r) {
-                const double x = ld(u->in->enc, bt * H + k, dt) + ld(u->in->pred, (b * R + r) * H + k, dt);
-                se += ld(u->dh, (bt * R + r) * H + k, dt) * dact_f(x, c->act);
+                rd(u->in->enc, bt * H, dt, x, H);
+                rd(u->in->pred, (b * R + r) * H, dt, y, H);
+                for (int64_t k = 0; k < H; ++k) x[k] += y[k];
+                act_row(x, H, c->act, 1);
+                rd(u->dh, (bt * R + r) * H, dt, d, H);
+                for (int64_t k = 0; k < H; ++k) gsum[k] += d[k] * x[k];
             }
-            st(out->enc, bt * H + k, dt, se);
+            wr(out->enc, bt * H, dt, gsum, H);
         }
-    }
-#pragma omp parallel for num_threads(u->threads)
-    for (int64_t br = 0; br < c->B * R; ++br) {
-        const int64_t b = br / R, r = br % R;
-        for (int64_t k = 0; k < H; ++k) {
-            double sp = 0;
+#pragma omp for
+        for (int64_t br = 0; br < c->B * R; ++br) {
+            const int64_t b = br / R, r = br % R;
+            memset(gsum, 0, (size_t)H * sizeof(double));
+            rd(u->in->pred, br * H, dt, y, H);
             for (int64_t t = 0; t < T; ++t) {
-                const double x = ld(u->in->enc, (b * T + t) * H + k, dt) + ld(u->in->pred, br * H + k, dt);
-                sp += ld(u->dh, ((b * T + t) * R + r) * H + k, dt) * dact_f(x, c->act);
+                rd(u->in->enc, (b * T + t) * H, dt, x, H);
+                for (int64_t k = 0; k < H; ++k) x[k] += y[k];
+                act_row(x, H, c->act, 1);
+                rd(u->dh, ((b * T + t) * R + r) * H, dt, d, H);
+                for (int64_t k = 0; k < H; ++k) gsum[k] += d[k] * x[k];
             }
-            st(out->pred, br * H + k, dt, sp);
+            wr(out->pred, br * H, dt, gsum, H);
         }
+        free(x);
     }
 }
 

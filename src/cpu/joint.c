@@ -37,6 +37,7 @@
  * JT_MAX_SLOTS (about 1/24 of the tiles). Never nodes x O.
  */
 #include <omp.h>
+#include <sched.h>
 #include <string.h>
 
 #include "common/dtype.h"
@@ -128,10 +129,16 @@ typedef struct jt_layout {
     size_t h, z, g; /* acc [S JT_NODES x H], [S JT_NODES x O], [S JT_NODES x H]: the slots */
     size_t x;       /* acc [S x 3 H]: a slot's rows of x = enc + pred, of pred, of the mask */
     size_t nodes;   /* int32 [S JT_NODES x 3]: the slots' nodes (b, t, u) */
+    size_t sync;    /* int32 [2 waves + items + 1]: the backward's completion counters */
+    int64_t waves, items; /* at most, for the sync counters */
     size_t total;
     int slots;
     int acc;
 } jt_layout_t;
+
+/* The backward's slots come in two sets (one wave's tiles fill one set while the last wave's
+ * sums read the other); a single slot is one set. */
+static int jt_set_slots(int slots) { return slots >= 2 ? slots / 2 : 1; }
 
 static int jt_threads(const tdt_options_t *o) {
     return o->num_threads > 0 ? o->num_threads : omp_get_max_threads();
@@ -172,6 +179,9 @@ static int jt_layout_of(const tdt_joint_problem_t *jp, int nthreads, jt_layout_t
          tdt_ws_take(&cur, SNH, acc, &l->g) && tdt_mul_size(3 * S, (size_t)H, &n) &&
          tdt_ws_take(&cur, n, acc, &l->x) && tdt_ws_take(&cur, S * JT_NODES * 3, 4, &l->nodes);
     if (!ok) return 0;
+    l->waves = (int64_t)(tiles / jt_set_slots(l->slots) + 2);
+    l->items = (O + JT_WROWS - 1) / JT_WROWS + (H + JT_HCHUNK - 1) / JT_HCHUNK;
+    if (!tdt_ws_take(&cur, (size_t)(2 * l->waves + l->items + 1), 4, &l->sync)) return 0;
     l->total = cur;
     return 1;
 }
@@ -296,6 +306,31 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         default: return (F)1;                                                                    \
         }                                                                                        \
     }                                                                                            \
+    /* act and act' of a row in place, the activation chosen once a row (so the loops vectorise) */ \
+    static void jt_act_row_##SUF(F *v, int64_t n, tdt_activation_t a) {                          \
+        switch (a) {                                                                             \
+        case TDT_ACTIVATION_RELU:                                                                \
+            for (int64_t k = 0; k < n; ++k) v[k] = v[k] > (F)0 ? v[k] : (F)0;                    \
+            break;                                                                               \
+        case TDT_ACTIVATION_IDENTITY: break;                                                     \
+        default:                                                                                 \
+            for (int64_t k = 0; k < n; ++k) v[k] = jt_act_##SUF(v[k], a);                        \
+            break;                                                                               \
+        }                                                                                        \
+    }                                                                                            \
+    static void jt_dact_row_##SUF(F *v, int64_t n, tdt_activation_t a) {                         \
+        switch (a) {                                                                             \
+        case TDT_ACTIVATION_RELU:                                                                \
+            for (int64_t k = 0; k < n; ++k) v[k] = v[k] > (F)0 ? (F)1 : (F)0;                    \
+            break;                                                                               \
+        case TDT_ACTIVATION_IDENTITY:                                                            \
+            for (int64_t k = 0; k < n; ++k) v[k] = (F)1;                                         \
+            break;                                                                               \
+        default:                                                                                 \
+            for (int64_t k = 0; k < n; ++k) v[k] = jt_dact_##SUF(v[k], a);                       \
+            break;                                                                               \
+        }                                                                                        \
+    }                                                                                            \
     /* x = enc[b, t, :] + pred[b, u, :] of node (b, t, u) */                                     \
     static void jt_x_##SUF(const jt_ctx_t *x, const int32_t *nd, F *xr, F *tmp) {                \
         const tdt_joint_problem_t *jp = x->jp;                                                   \
@@ -323,7 +358,7 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         for (int r = 0; r < cnt; ++r) {                                                          \
             F *hr = h + r * H;                                                                   \
             jt_x_##SUF(x, nl + 3 * r, hr, tmp);                                                  \
-            for (int64_t k = 0; k < H; ++k) hr[k] = jt_act_##SUF(hr[k], a);                      \
+            jt_act_row_##SUF(hr, H, a);                                                          \
             if (x->thr) {                                                                        \
                 jt_mask_##SUF(x, nl + 3 * r, m);                                                 \
                 for (int64_t k = 0; k < H; ++k) hr[k] *= m[k];                                   \
@@ -414,11 +449,12 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         for (int r = 0; r < cnt; ++r) {                                                          \
             F *gr = g + r * H;                                                                   \
             jt_x_##SUF(x, nl + 3 * r, xr, pt);                                                   \
+            jt_dact_row_##SUF(xr, H, a);                                                         \
             if (x->thr) {                                                                        \
                 jt_mask_##SUF(x, nl + 3 * r, m);                                                 \
-                for (int64_t k = 0; k < H; ++k) gr[k] *= jt_dact_##SUF(xr[k], a) * m[k];         \
+                for (int64_t k = 0; k < H; ++k) gr[k] *= xr[k] * m[k];                           \
             } else {                                                                             \
-                for (int64_t k = 0; k < H; ++k) gr[k] *= jt_dact_##SUF(xr[k], a);                \
+                for (int64_t k = 0; k < H; ++k) gr[k] *= xr[k];                                  \
             }                                                                                    \
         }                                                                                        \
     }
@@ -466,9 +502,10 @@ static jt_acc_t jt_accumulators(const jt_ctx_t *x) {
     /* item it of the reduction over the wave's nw tiles (from tile w0): d W / d bias rows, then \
        d enc / d pred hidden chunks */                                                           \
     static void jt_reduce_item_##SUF(const jt_ctx_t *x, const jt_acc_t *A, int64_t w0, int nw,   \
-                                     int64_t it, int64_t witems) {                               \
+                                     int slot0, int64_t it, int64_t witems) {                    \
         const int64_t H = x->H, O = x->O, K = (int64_t)nw * JT_NODES;                            \
-        const F *z = JT_PTR(x, z, const F), *h = JT_PTR(x, h, const F);                          \
+        const F *z = JT_PTR(x, z, const F) + (size_t)slot0 * JT_NODES * O;                       \
+        const F *h = JT_PTR(x, h, const F) + (size_t)slot0 * JT_NODES * H;                       \
         if (it < witems) {                                                                       \
             const int64_t o0 = it * JT_WROWS, o1 = o0 + JT_WROWS < O ? o0 + JT_WROWS : O;        \
             if (A->w)                                                                            \
@@ -481,8 +518,8 @@ static jt_acc_t jt_accumulators(const jt_ctx_t *x) {
             return;                                                                              \
         }                                                                                        \
         const int64_t k0 = (it - witems) * JT_HCHUNK, k1 = k0 + JT_HCHUNK < H ? k0 + JT_HCHUNK : H; \
-        const F *g = JT_PTR(x, g, const F);                                                      \
-        const int32_t *nl = JT_PTR(x, nodes, const int32_t);                                     \
+        const F *g = JT_PTR(x, g, const F) + (size_t)slot0 * JT_NODES * H;                       \
+        const int32_t *nl = JT_PTR(x, nodes, const int32_t) + (size_t)slot0 * JT_NODES * 3;      \
         for (int s = 0; s < nw; ++s) {                                                           \
             const int64_t first = (w0 + s) * JT_NODES;                                           \
             const int cnt = (int)(x->nodes - first < JT_NODES ? x->nodes - first : JT_NODES);    \
@@ -537,6 +574,12 @@ static void jt_narrow(void *dst, const float *src, int64_t n0, int64_t n1, const
 }
 
 /* ---- entry ------------------------------------------------------------------------------------ */
+
+/* Waits until *c >= v (another thread's release store or add), yielding the CPU while it waits. */
+static void jt_wait(int32_t *c, int32_t v) {
+    for (int spins = 0; __atomic_load_n(c, __ATOMIC_ACQUIRE) < v; ++spins)
+        if (spins >= 64) sched_yield();
+}
 
 tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *jc) {
     const tdt_call_t *c = &jc->c;
@@ -618,23 +661,41 @@ tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *jc) {
     const int need_g = A.enc || A.pred;
     const int64_t witems = (A.w || A.bias) ? (O + JT_WROWS - 1) / JT_WROWS : 0;
     const int64_t items = witems + (need_g ? (H + JT_HCHUNK - 1) / JT_HCHUNK : 0);
-    for (int64_t w0 = 0; w0 < x.tiles; w0 += S) {
-        const int nw = (int)(x.tiles - w0 < S ? x.tiles - w0 : S);
+    /* The waves as one queue of work in a fixed order, wave w's tiles (A) then its sums (B),
+       handed out by one counter, each item waiting only for what it reads: A(w) for the sums
+       B(w - 2) that read its slot set; B(w, it) for all of A(w) and for B(w - 1, it), the sums
+       it continues. Every item waits only on items handed out before it, so the queue always
+       moves, and no thread waits at a barrier between waves. */
+    const int Ss = jt_set_slots(S), sets = S >= 2 ? 2 : 1;
+    const int64_t waves = (x.tiles + Ss - 1) / Ss, block = Ss + items, total = x.tiles + waves * items;
+    int32_t *doneA = JT_PTR(&x, sync, int32_t), *doneB = doneA + x.l.waves, *item_wave = doneB + x.l.waves;
+    memset(doneA, 0, (size_t)(2 * x.l.waves + x.l.items) * sizeof(int32_t));
+    int64_t next = 0;
 #pragma omp parallel num_threads(team)
-        {
-#pragma omp for schedule(dynamic, 1)
-            for (int s = 0; s < nw; ++s) {
+    {
+        for (;;) {
+            const int64_t gi = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (gi >= total) break;
+            const int64_t w = gi / block, r = gi % block, w0 = w * Ss;
+            const int nw = (int)(x.tiles - w0 < Ss ? x.tiles - w0 : Ss);
+            const int slot0 = (int)(w % sets) * Ss;
+            if (r < nw) {
+                if (w >= sets) jt_wait(&doneB[w - sets], (int32_t)items);
                 if (x.acc_double)
-                    jt_backward_tile_d(&x, w0 + s, s, need_g);
+                    jt_backward_tile_d(&x, w0 + r, slot0 + (int)r, need_g);
                 else
-                    jt_backward_tile_f(&x, w0 + s, s, need_g);
-            }
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t it = 0; it < items; ++it) {
+                    jt_backward_tile_f(&x, w0 + r, slot0 + (int)r, need_g);
+                __atomic_fetch_add(&doneA[w], 1, __ATOMIC_RELEASE);
+            } else {
+                const int64_t it = r - nw;
+                jt_wait(&doneA[w], nw);
+                jt_wait(&item_wave[it], (int32_t)w);
                 if (x.acc_double)
-                    jt_reduce_item_d(&x, &A, w0, nw, it, witems);
+                    jt_reduce_item_d(&x, &A, w0, nw, slot0, it, witems);
                 else
-                    jt_reduce_item_f(&x, &A, w0, nw, it, witems);
+                    jt_reduce_item_f(&x, &A, w0, nw, slot0, it, witems);
+                __atomic_store_n(&item_wave[it], (int32_t)(w + 1), __ATOMIC_RELEASE);
+                __atomic_fetch_add(&doneB[w], 1, __ATOMIC_RELEASE);
             }
         }
     }
