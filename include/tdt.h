@@ -560,11 +560,15 @@ typedef struct tdt_joint_problem {
     double dropout;          /* probability in [0, 1) that an element of act(enc + pred) is
                                 zeroed (the others are scaled by 1 / (1 - dropout)), as
                                 nn.Dropout in training; 0 = no dropout. The mask is never
-                                stored: element (b, t, u, i) is kept or dropped by a
-                                counter-based hash of dropout_seed and the counter
-                                dropout_offset + ((b * max_frames + t) * (max_labels + 1) + u) * H
-                                + i, the same on both backends (tdt_joint_dropout_mask() writes
-                                it), and the backward pass regenerates it. */
+                                stored: element (b, t, u, i) has the counter
+                                c = dropout_offset + ((b * max_frames + t) * (max_labels + 1) + u) * H
+                                + i and is kept iff the top 32 bits of SplitMix64's output
+                                function of dropout_seed + (c + 1) * 0x9e3779b97f4a7c15 (all mod
+                                2^64: the (c + 1)-th output of a SplitMix64 generator seeded with
+                                dropout_seed) are >= floor(dropout * 2^32); the same on both
+                                backends (tdt_joint_dropout_mask() writes it), and the backward
+                                pass regenerates it. Give each training step its own seed or
+                                offset. */
     uint64_t dropout_seed;
     uint64_t dropout_offset;
     const int32_t *labels;        /* as tdt_problem_t: (B, max_labels), row-major, contiguous */
@@ -575,8 +579,10 @@ typedef struct tdt_joint_problem {
 /* Where the joint's gradients go; each pointer may be NULL to skip that gradient. Every element
  * of each extent is overwritten (frames t >= T_b of enc_grad, rows u > U_b of pred_grad and
  * every element of an infeasible sample's enc_grad and pred_grad get exactly 0; an infeasible
- * sample adds nothing to weight_grad and bias_grad). The gradients must not overlap each other
- * or any input. */
+ * sample adds nothing to weight_grad and bias_grad). The gradients' rows must be disjoint
+ * (no broadcast strides), and the address range of each gradient (first to last element) must
+ * not meet that of another gradient or of enc, pred, weight or bias
+ * (TDT_STATUS_INVALID_STRIDES otherwise). */
 typedef struct tdt_joint_gradients {
     void *enc_grad;            /* (B, max_frames, H), strided like enc (its own strides) */
     int64_t enc_strides[2];
@@ -588,9 +594,16 @@ typedef struct tdt_joint_gradients {
 } tdt_joint_gradients_t;
 
 /* Bytes of workspace the joint calls need for this problem and these options: the lattice's
- * per-node state (as tdt_get_workspace_size()) plus the scratch of the tiles. Reads the shapes,
- * dtype and whether the problem is TDT of problem, and location, num_threads and
- * num_durations of options; nothing is dereferenced but the structs. */
+ * per-node state (as tdt_get_workspace_size()) plus the scratch of the tiles. Reads the shapes
+ * (hidden and num_outputs included), dtype and whether the problem is TDT (num_outputs !=
+ * vocab_size) of problem, and location, num_threads and num_durations of options; nothing is
+ * dereferenced but the structs. The same size serves the one-shot call and the pair.
+ * CPU: the scratch holds W^T in the accumulate type (num_outputs x hidden values), for 16-bit
+ * dtypes also W widened and float32 sums of the four gradients, and 2 to 64 slots of 32 nodes
+ * x (num_outputs + 2 hidden) values; the slots grow with the problem (about one for every
+ * 24 x 32 nodes) and with the threads (at least 2 a thread), so the size depends on
+ * options->num_threads (0: omp_get_max_threads() when asked, which must then be no smaller in
+ * the call: a call that needs more gets TDT_STATUS_WORKSPACE_TOO_SMALL). docs/joint.md. */
 TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
                                                   const tdt_options_t *options,
                                                   size_t *workspace_bytes);
@@ -610,14 +623,19 @@ TDT_API tdt_status_t tdt_joint_forward(const tdt_joint_problem_t *problem, const
                                        void *costs, void *workspace, size_t workspace_bytes);
 
 /* Backward half: the gradients of sum_b grad_costs[b] * costs[b] (grad_costs as
- * tdt_backward()'s, NULL for ones), recomputing each tile's logits from the problem. */
+ * tdt_backward()'s, NULL for ones), recomputing each tile's logits from the problem. On the
+ * CPU a workspace that does not hold tdt_joint_forward() of this problem (a plain
+ * tdt_forward()'s included) is refused with TDT_STATUS_INVALID_WORKSPACE. The CPU gives the
+ * same bits for any options->num_threads, and the pair gives those of tdt_joint_loss(). */
 TDT_API tdt_status_t tdt_joint_backward(const tdt_joint_problem_t *problem, const tdt_options_t *options,
                                         const void *grad_costs, const tdt_joint_gradients_t *grads,
                                         void *workspace, size_t workspace_bytes);
 
 /* The joint dropout's mask, for checking: keep[j] = 1 if the element with counter
- * first + j is kept at probability `dropout` under `seed`, else 0, for j < count (host memory;
- * the counter of element (b, t, u, i) is given at tdt_joint_problem_t.dropout). */
+ * first + j (mod 2^64) is kept at probability `dropout` under `seed`, else 0, for j < count
+ * (host memory; the counter of element (b, t, u, i) and the rule are given at
+ * tdt_joint_problem_t.dropout). TDT_STATUS_INVALID_OPTION for dropout outside [0, 1),
+ * TDT_STATUS_INVALID_SIZE for count < 0, TDT_STATUS_NULL_POINTER for keep NULL with count > 0. */
 TDT_API tdt_status_t tdt_joint_dropout_mask(double dropout, uint64_t seed, uint64_t first,
                                             int64_t count, uint8_t *keep);
 
