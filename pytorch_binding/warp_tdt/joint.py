@@ -519,9 +519,11 @@ def workspace_bytes(batch, max_frames, max_labels, hidden, vocab_size, durations
 def dropout_mask(dropout, seed, shape, offset=0):
     """The fused joint's dropout mask for `seed`: a bool tensor of ``shape`` = (B, T, U + 1, H),
     True where act(enc + pred)'s element is kept (tdt_joint_dropout_mask(); element (b, t, u, i)
-    has counter offset + ((b T + t)(U + 1) + u) H + i)."""
+    has counter offset + ((b T + t)(U + 1) + u) H + i, kept iff the top 32 bits of the
+    (counter + 1)-th SplitMix64 output of the seed are >= floor(dropout 2^32): include/tdt.h)."""
     dropout = _check_dropout(dropout)
     seed = _check_seed(seed, "seed")
+    offset = _check_seed(offset, "offset")
     n = 1
     for s in shape:
         n *= int(s)
@@ -529,7 +531,7 @@ def dropout_mask(dropout, seed, shape, offset=0):
     if n > 0:
         _require_library()
         _lib.check("tdt_joint_dropout_mask",
-                   _lib.load().tdt_joint_dropout_mask(dropout, seed, int(offset), n,
+                   _lib.load().tdt_joint_dropout_mask(dropout, seed, offset, n,
                                                       keep.data_ptr()))
     return keep.view(*shape).bool()
 

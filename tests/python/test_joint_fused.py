@@ -153,6 +153,26 @@ def test_dropout_mask_is_a_function_of_the_seed():
     assert bool(J.dropout_mask(0.0, 7, (1000,)).all())
 
 
+def _splitmix_keep(p, seed, counter):
+    """include/tdt.h's dropout rule, written out: the (c + 1)-th SplitMix64 output of the seed,
+    kept iff its top 32 bits are >= floor(p * 2^32)."""
+    m = (1 << 64) - 1
+    z = (seed + (counter + 1) * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    return (z >> 32) >= math.floor(p * 2 ** 32)
+
+
+@pytest.mark.parametrize("p,seed,first", [(0.3, 99, 0), (0.5, 2 ** 64 - 1, 2 ** 64 - 100),
+                                          (0.9, 12345, 10 ** 12)])
+def test_dropout_mask_follows_the_documented_rule(p, seed, first):
+    got = J.dropout_mask(p, seed, (200,), offset=first).tolist()
+    want = [_splitmix_keep(p, seed, (first + j) % 2 ** 64) for j in range(200)]
+    assert got == want, "first mismatch at j = %d" % next(
+        j for j in range(200) if got[j] != want[j])
+
+
 def test_dropout_seed_follows_torch_manual_seed():
     c = make(seed=3)
     args = (c["targets"], c["logit_lengths"], c["target_lengths"], c["blank"], c["durations"])
