@@ -311,7 +311,7 @@ static void unfused_setup(const cfg_t *c, const inputs_t *in, int threads, unfus
     u->z = xmalloc(u->N * u->O * e);
     u->dz = xmalloc(u->N * u->O * e);
     u->dh = xmalloc(u->N * c->H * e);
-    u->tmp_rows = 256;
+    u->tmp_rows = 1024;
     if (in->dt == TDT_DTYPE_BFLOAT16) {
         const size_t row = (size_t)(u->O > c->H ? u->O : c->H) * sizeof(float);
         u->tmp = xmalloc(u->tmp_rows * row);
@@ -383,18 +383,19 @@ static void mm(const unfused_t *u, int trans_a, int trans_b, int64_t M, int64_t 
     }
     if (dt == TDT_DTYPE_BFLOAT16) { /* bfloat16 operands widened to float32 a block of rows at a
                                        time, float32 products, rounded once to bfloat16 (what
-                                       OpenBLAS's sbgemm does; Debian's build has none) */
+                                       OpenBLAS's sbgemm does; Debian's build has none). The
+                                       conversions run on this thread alone: OpenMP regions
+                                       between OpenBLAS calls made the two thread pools spin
+                                       against each other (3-10x slower at 2 threads) */
         const int64_t rows = u->tmp_rows;
         if (!trans_a) { /* C = A op(B): B (W) widened whole, A and C by blocks of rows */
             const int64_t bn = trans_b ? N * ldb : K * ldb;
             for (int64_t i = 0; i < bn; ++i) u->wf[i] = bf16_to_f(((const uint16_t *)Bm)[i]);
             for (int64_t i0 = 0; i0 < M; i0 += rows) {
                 const int64_t m = M - i0 < rows ? M - i0 : rows;
-#pragma omp parallel for num_threads(u->threads)
                 for (int64_t i = 0; i < m * lda; ++i) u->af[i] = bf16_to_f(((const uint16_t *)A)[i0 * lda + i]);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, (int)m, (int)N, (int)K, 1.0f, u->af, (int)lda, u->wf,
                             (int)ldb, 0.0f, u->tmp, (int)N);
-#pragma omp parallel for num_threads(u->threads)
                 for (int64_t i = 0; i < m * N; ++i)
                     ((uint16_t *)C)[(i0 + i / N) * ldc + i % N] =
                         f_to_bf16(bias ? u->tmp[i] + u->bf16_bias[i % N] : u->tmp[i]);
@@ -404,9 +405,7 @@ static void mm(const unfused_t *u, int trans_a, int trans_b, int64_t M, int64_t 
         /* C = A^T B, A (K x M), B (K x N): float32 sums over blocks of K, rounded at the end */
         for (int64_t k0 = 0; k0 < K; k0 += rows) {
             const int64_t m = K - k0 < rows ? K - k0 : rows;
-#pragma omp parallel for num_threads(u->threads)
             for (int64_t i = 0; i < m * lda; ++i) u->af[i] = bf16_to_f(((const uint16_t *)A)[k0 * lda + i]);
-#pragma omp parallel for num_threads(u->threads)
             for (int64_t i = 0; i < m * ldb; ++i) u->bf[i] = bf16_to_f(((const uint16_t *)Bm)[k0 * ldb + i]);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)M, (int)N, (int)m, 1.0f, u->af, (int)lda, u->bf,
                         (int)ldb, k0 ? 1.0f : 0.0f, u->cf, (int)N);
