@@ -94,23 +94,24 @@ typedef double jt_vd __attribute__((vector_size(64)));
             memcpy(c + i * ldc + JT_VL_##SUF, &c1[i], sizeof(VEC));                              \
         }                                                                                        \
     }                                                                                            \
-    static void jt_edge_##SUF(int64_t M, int64_t N, int64_t K, const F *a, int64_t ars,          \
-                              int64_t acs, const F *b, int64_t ldb, F *c, int64_t ldc) {         \
-        for (int64_t i = 0; i < M; ++i)                                                          \
-            for (int64_t j = 0; j < N; ++j) {                                                    \
-                F s = c[i * ldc + j];                                                            \
-                for (int64_t k = 0; k < K; ++k) s += a[i * ars + k * acs] * b[k * ldb + j];      \
-                c[i * ldc + j] = s;                                                              \
-            }                                                                                    \
-    }                                                                                            \
+    /* Edge tiles (M or N short of a whole tile) run the same register tile on a copy of C:     \
+       A's rows and B's columns must be readable up to whole tiles (the callers pad them). */    \
     static void jt_gemm_##SUF(int64_t M, int64_t N, int64_t K, const F *a, int64_t ars,          \
                               int64_t acs, const F *b, int64_t ldb, F *c, int64_t ldc) {         \
-        const int64_t NR = 2 * JT_VL_##SUF, Mb = M - M % JT_MR, Nb = N - N % NR;                 \
-        for (int64_t j = 0; j < Nb; j += NR)                                                     \
-            for (int64_t i = 0; i < Mb; i += JT_MR)                                              \
-                jt_tile_##SUF(K, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc);       \
-        if (Nb < N) jt_edge_##SUF(Mb, N - Nb, K, a, ars, acs, b + Nb, ldb, c + Nb, ldc);         \
-        if (Mb < M) jt_edge_##SUF(M - Mb, N, K, a + Mb * ars, ars, acs, b, ldb, c + Mb * ldc, ldc); \
+        const int64_t NR = 2 * JT_VL_##SUF;                                                      \
+        for (int64_t j = 0; j < N; j += NR)                                                      \
+            for (int64_t i = 0; i < M; i += JT_MR) {                                             \
+                const int64_t m = M - i < JT_MR ? M - i : JT_MR, n = N - j < NR ? N - j : NR;    \
+                if (m == JT_MR && n == NR) {                                                     \
+                    jt_tile_##SUF(K, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc);   \
+                    continue;                                                                    \
+                }                                                                                \
+                F t[JT_MR * 2 * JT_VL_##SUF];                                                    \
+                memset(t, 0, sizeof t);                                                          \
+                for (int64_t r = 0; r < m; ++r) memcpy(t + r * NR, c + (i + r) * ldc + j, (size_t)n * sizeof(F)); \
+                jt_tile_##SUF(K, a + i * ars, ars, acs, b + j, ldb, t, NR);                      \
+                for (int64_t r = 0; r < m; ++r) memcpy(c + (i + r) * ldc + j, t + r * NR, (size_t)n * sizeof(F)); \
+            }                                                                                    \
     }
 
 JT_DEFINE_GEMM(f, float, jt_vf)
@@ -121,12 +122,13 @@ JT_DEFINE_GEMM(d, double, jt_vd)
 /* Byte offsets of the scratch's parts from its (aligned) start; acc: the accumulate type's size. */
 typedef struct jt_layout {
     size_t starts; /* int64 [B + 1]: first node of sample b in the (b, t, u) order */
-    size_t wt;     /* acc [H x O]: W^T */
-    size_t wf;     /* acc [O x H]: W widened (16-bit dtypes; else the caller's W is read) */
-    size_t bias;   /* acc [O]: the bias (0 without one) */
+    size_t wt;     /* acc [H x Op]: W^T, its columns past O zero */
+    size_t wf;     /* acc [O x Hp]: W widened and padded with zero columns (16-bit dtypes, and H
+                      not a multiple of JT_PAD; else the caller's W is read) */
+    size_t bias;   /* acc [Op]: the bias (0 without one, and past O) */
     size_t genc, gpred, gw, gbias; /* float [B T H], [B (U + 1) H], [O H], [O]: the sums of
                                       16-bit dtypes' gradients (none otherwise) */
-    size_t h, z, g; /* acc [S JT_NODES x H], [S JT_NODES x O], [S JT_NODES x H]: the slots */
+    size_t h, z, g; /* acc [S JT_NODES x Hp], [S JT_NODES x Op], [S JT_NODES x Hp]: the slots */
     size_t x;       /* acc [S x 3 H]: a slot's rows of x = enc + pred, of pred, of the mask */
     size_t nodes;   /* int32 [S JT_NODES x 3]: the slots' nodes (b, t, u) */
     size_t sync;    /* int32 [2 waves + items + 1]: the backward's completion counters */
@@ -135,6 +137,11 @@ typedef struct jt_layout {
     int slots;
     int acc;
 } jt_layout_t;
+
+/* Rows of the GEMMs' operands padded to whole register tiles (two 64-byte vectors of float32),
+ * so that every product runs on the register tile (Hp, Op: H and O padded). */
+#define JT_PAD 32
+static int64_t jt_pad(int64_t n) { return (n + JT_PAD - 1) / JT_PAD * JT_PAD; }
 
 /* The backward's slots come in two sets (one wave's tiles fill one set while the last wave's
  * sums read the other); a single slot is one set. */
@@ -162,12 +169,15 @@ static int jt_layout_of(const tdt_joint_problem_t *jp, int nthreads, jt_layout_t
     l->slots = (int)((size_t)want < tiles ? (size_t)want : tiles);
     l->acc = (int)acc;
     const size_t S = (size_t)l->slots;
-    size_t OH, SNH, SNO;
-    if (!tdt_mul_size((size_t)O, (size_t)H, &OH) || !tdt_mul_size(S * JT_NODES, (size_t)H, &SNH) ||
-        !tdt_mul_size(S * JT_NODES, (size_t)O, &SNO))
+    const int64_t Hp = jt_pad(H), Op = jt_pad(O);
+    const int wide = narrow || Hp != H; /* a widened, padded W (jt_ctx_t.w) */
+    size_t OH, OHp, HOp, SNH, SNO;
+    if (!tdt_mul_size((size_t)O, (size_t)H, &OH) || !tdt_mul_size((size_t)O, (size_t)Hp, &OHp) ||
+        !tdt_mul_size((size_t)H, (size_t)Op, &HOp) || !tdt_mul_size(S * JT_NODES, (size_t)Hp, &SNH) ||
+        !tdt_mul_size(S * JT_NODES, (size_t)Op, &SNO))
         return 0;
-    int ok = tdt_ws_take(&cur, (size_t)B + 1, 8, &l->starts) && tdt_ws_take(&cur, OH, acc, &l->wt) &&
-             tdt_ws_take(&cur, narrow ? OH : 0, acc, &l->wf) && tdt_ws_take(&cur, (size_t)O, acc, &l->bias);
+    int ok = tdt_ws_take(&cur, (size_t)B + 1, 8, &l->starts) && tdt_ws_take(&cur, HOp, acc, &l->wt) &&
+             tdt_ws_take(&cur, wide ? OHp : 0, acc, &l->wf) && tdt_ws_take(&cur, (size_t)Op, acc, &l->bias);
     if (!ok) return 0;
     size_t be = 0, bp = 0;
     if (narrow && (!tdt_mul_size((size_t)B * (size_t)T, (size_t)H, &be) ||
@@ -247,6 +257,7 @@ typedef struct jt_ctx {
     const int64_t *starts;
     int64_t nodes, tiles; /* live nodes, tiles */
     int64_t H, O, V, D;
+    int64_t Hp, Op;       /* H and O padded (jt_pad): the slots' and W^T's row lengths */
     int acc_double, narrow;
     const void *w;        /* W in the accumulate type: the caller's, or the widened copy */
     int64_t ldw;
@@ -352,30 +363,31 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
     }                                                                                            \
     /* a tile's h (JT_NODES x H; rows past cnt zero) and z = h W^T + bias (JT_NODES x O) */       \
     static void jt_hz_##SUF(const jt_ctx_t *x, const int32_t *nl, int cnt, F *h, F *z, F *tmp) { \
-        const int64_t H = x->H, O = x->O;                                                        \
+        const int64_t H = x->H, Hp = x->Hp, Op = x->Op;                                          \
         const tdt_activation_t a = x->jp->activation;                                            \
         F *m = tmp + H;                                                                          \
         for (int r = 0; r < cnt; ++r) {                                                          \
-            F *hr = h + r * H;                                                                   \
+            F *hr = h + r * Hp;                                                                  \
             jt_x_##SUF(x, nl + 3 * r, hr, tmp);                                                  \
             jt_act_row_##SUF(hr, H, a);                                                          \
             if (x->thr) {                                                                        \
                 jt_mask_##SUF(x, nl + 3 * r, m);                                                 \
                 for (int64_t k = 0; k < H; ++k) hr[k] *= m[k];                                   \
             }                                                                                    \
+            memset(hr + H, 0, (size_t)(Hp - H) * sizeof(F));                                     \
         }                                                                                        \
-        memset(h + cnt * H, 0, (size_t)(JT_NODES - cnt) * (size_t)H * sizeof(F));                \
+        memset(h + cnt * Hp, 0, (size_t)(JT_NODES - cnt) * (size_t)Hp * sizeof(F));             \
         const F *bias = JT_PTR(x, bias, const F);                                                \
-        for (int r = 0; r < JT_NODES; ++r) memcpy(z + r * O, bias, (size_t)O * sizeof(F));       \
-        jt_gemm_##SUF(JT_NODES, O, H, h, H, 1, JT_PTR(x, wt, const F), O, z, O);                 \
+        for (int r = 0; r < JT_NODES; ++r) memcpy(z + r * Op, bias, (size_t)Op * sizeof(F));     \
+        jt_gemm_##SUF(JT_NODES, Op, H, h, Hp, 1, JT_PTR(x, wt, const F), Op, z, Op);             \
     }                                                                                            \
     /* forward of tile i: the node blocks of its nodes */                                        \
     static void jt_forward_tile_##SUF(const jt_ctx_t *x, int64_t i, int slot) {                  \
-        const int64_t H = x->H, O = x->O, V = x->V, D = x->D;                                    \
+        const int64_t Hp = x->Hp, Op = x->Op, V = x->V, D = x->D;                                \
         int32_t *nl = JT_PTR(x, nodes, int32_t) + (size_t)slot * JT_NODES * 3;                    \
-        F *h = JT_PTR(x, h, F) + (size_t)slot * JT_NODES * H;                                    \
-        F *z = JT_PTR(x, z, F) + (size_t)slot * JT_NODES * O;                                    \
-        F *tmp = JT_PTR(x, g, F) + (size_t)slot * JT_NODES * H; /* unused in the forward */      \
+        F *h = JT_PTR(x, h, F) + (size_t)slot * JT_NODES * Hp;                                   \
+        F *z = JT_PTR(x, z, F) + (size_t)slot * JT_NODES * Op;                                   \
+        F *tmp = JT_PTR(x, g, F) + (size_t)slot * JT_NODES * Hp; /* unused in the forward */     \
         const int cnt = jt_tile_nodes(x, i, nl);                                                 \
         const tdt_problem_t *p = &x->c->p;                                                       \
         const double sigma = x->c->o.sigma;                                                      \
@@ -384,7 +396,7 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         double hd[TDT_MAX_DURATIONS * TDT_SOFTMAX_NODES];                                        \
         for (int r = 0; r < cnt; ++r) {                                                          \
             const int32_t *nd = nl + 3 * r;                                                      \
-            const F *zr = z + r * O;                                                             \
+            const F *zr = z + r * Op;                                                            \
             const int64_t U = p->label_lengths[nd[0]];                                           \
             const double lse = tdt_cpu_row_lse(zr, V, ACC_DOUBLE);                               \
             double *w = tdt_wblock(&x->wb, nd[0], nd[1], nd[2]);                                 \
@@ -404,13 +416,13 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
     }                                                                                            \
     /* backward (a) of tile i in slot: h, dz (in z), and with need_g, g = (dz W) act' mask */    \
     static void jt_backward_tile_##SUF(const jt_ctx_t *x, int64_t i, int slot, int need_g) {     \
-        const int64_t H = x->H, O = x->O, V = x->V, D = x->D;                                    \
+        const int64_t H = x->H, Hp = x->Hp, O = x->O, Op = x->Op, V = x->V, D = x->D;            \
         const tdt_call_t *c = x->c;                                                              \
         const tdt_problem_t *p = &c->p;                                                          \
         int32_t *nl = JT_PTR(x, nodes, int32_t) + (size_t)slot * JT_NODES * 3;                    \
-        F *h = JT_PTR(x, h, F) + (size_t)slot * JT_NODES * H;                                    \
-        F *z = JT_PTR(x, z, F) + (size_t)slot * JT_NODES * O;                                    \
-        F *g = JT_PTR(x, g, F) + (size_t)slot * JT_NODES * H;                                    \
+        F *h = JT_PTR(x, h, F) + (size_t)slot * JT_NODES * Hp;                                   \
+        F *z = JT_PTR(x, z, F) + (size_t)slot * JT_NODES * Op;                                   \
+        F *g = JT_PTR(x, g, F) + (size_t)slot * JT_NODES * Hp;                                   \
         F *tmp = JT_PTR(x, x, F) + (size_t)slot * 3 * H;                                         \
         const int cnt = jt_tile_nodes(x, i, nl);                                                 \
         jt_hz_##SUF(x, nl, cnt, h, z, g); /* g: scratch until d h */                             \
@@ -430,7 +442,7 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
                                               c->o.normalize_costs != 0, U);                     \
             for (int r = r0; r < r1; ++r) {                                                      \
                 const int64_t u = nl[3 * r + 2];                                                 \
-                F *zr = z + r * O;                                                               \
+                F *zr = z + r * Op;                                                              \
                 const double lse = tdt_wblock(&x->wb, b, t, u)[tdt_w_lse(D)];                    \
                 const int32_t label = u < U ? p->labels[b * p->max_labels + u] : -1;              \
                 tdt_cpu_token_grad(zr, zr, V, ACC_DOUBLE, c->o.blank, c->o.clamp, lse, &ng[r - r0], \
@@ -440,14 +452,14 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
             }                                                                                    \
             r0 = r1;                                                                             \
         }                                                                                        \
-        memset(z + cnt * O, 0, (size_t)(JT_NODES - cnt) * (size_t)O * sizeof(F));                \
+        memset(z + cnt * Op, 0, (size_t)(JT_NODES - cnt) * (size_t)Op * sizeof(F));              \
         if (!need_g) return;                                                                     \
-        memset(g, 0, (size_t)JT_NODES * (size_t)H * sizeof(F));                                  \
-        jt_gemm_##SUF(JT_NODES, H, O, z, O, 1, (const F *)x->w, x->ldw, g, H);                   \
+        memset(g, 0, (size_t)JT_NODES * (size_t)Hp * sizeof(F));                                 \
+        jt_gemm_##SUF(JT_NODES, Hp, O, z, Op, 1, (const F *)x->w, x->ldw, g, Hp);                \
         const tdt_activation_t a = x->jp->activation;                                            \
         F *xr = tmp, *pt = tmp + H, *m = tmp + 2 * H;                                            \
         for (int r = 0; r < cnt; ++r) {                                                          \
-            F *gr = g + r * H;                                                                   \
+            F *gr = g + r * Hp;                                                                  \
             jt_x_##SUF(x, nl + 3 * r, xr, pt);                                                   \
             jt_dact_row_##SUF(xr, H, a);                                                         \
             if (x->thr) {                                                                        \
@@ -503,29 +515,29 @@ static jt_acc_t jt_accumulators(const jt_ctx_t *x) {
        d enc / d pred hidden chunks */                                                           \
     static void jt_reduce_item_##SUF(const jt_ctx_t *x, const jt_acc_t *A, int64_t w0, int nw,   \
                                      int slot0, int64_t it, int64_t witems) {                    \
-        const int64_t H = x->H, O = x->O, K = (int64_t)nw * JT_NODES;                            \
-        const F *z = JT_PTR(x, z, const F) + (size_t)slot0 * JT_NODES * O;                       \
-        const F *h = JT_PTR(x, h, const F) + (size_t)slot0 * JT_NODES * H;                       \
+        const int64_t H = x->H, Hp = x->Hp, O = x->O, Op = x->Op, K = (int64_t)nw * JT_NODES;    \
+        const F *z = JT_PTR(x, z, const F) + (size_t)slot0 * JT_NODES * Op;                      \
+        const F *h = JT_PTR(x, h, const F) + (size_t)slot0 * JT_NODES * Hp;                      \
         if (it < witems) {                                                                       \
             const int64_t o0 = it * JT_WROWS, o1 = o0 + JT_WROWS < O ? o0 + JT_WROWS : O;        \
             if (A->w)                                                                            \
-                jt_gemm_##SUF(o1 - o0, H, K, z + o0, 1, O, h, H, (F *)A->w + o0 * A->ldw, A->ldw); \
+                jt_gemm_##SUF(o1 - o0, H, K, z + o0, 1, Op, h, Hp, (F *)A->w + o0 * A->ldw, A->ldw); \
             if (A->bias) {                                                                       \
                 F *gb = (F *)A->bias;                                                            \
                 for (int64_t n = 0; n < K; ++n)                                                  \
-                    for (int64_t o = o0; o < o1; ++o) gb[o] += z[n * O + o];                     \
+                    for (int64_t o = o0; o < o1; ++o) gb[o] += z[n * Op + o];                    \
             }                                                                                    \
             return;                                                                              \
         }                                                                                        \
         const int64_t k0 = (it - witems) * JT_HCHUNK, k1 = k0 + JT_HCHUNK < H ? k0 + JT_HCHUNK : H; \
-        const F *g = JT_PTR(x, g, const F) + (size_t)slot0 * JT_NODES * H;                       \
+        const F *g = JT_PTR(x, g, const F) + (size_t)slot0 * JT_NODES * Hp;                      \
         const int32_t *nl = JT_PTR(x, nodes, const int32_t) + (size_t)slot0 * JT_NODES * 3;      \
         for (int s = 0; s < nw; ++s) {                                                           \
             const int64_t first = (w0 + s) * JT_NODES;                                           \
             const int cnt = (int)(x->nodes - first < JT_NODES ? x->nodes - first : JT_NODES);    \
             for (int r = 0; r < cnt; ++r) {                                                      \
                 const int32_t *nd = nl + 3 * (s * JT_NODES + r);                                 \
-                const F *gr = g + (s * JT_NODES + r) * H;                                        \
+                const F *gr = g + (s * JT_NODES + r) * Hp;                                       \
                 if (A->enc) {                                                                    \
                     F *e = (F *)A->enc + nd[0] * A->enc_s[0] + nd[1] * A->enc_s[1];              \
                     for (int64_t k = k0; k < k1; ++k) e[k] += gr[k];                             \
@@ -540,12 +552,15 @@ static jt_acc_t jt_accumulators(const jt_ctx_t *x) {
     /* W^T (and W widened, for 16-bit dtypes) and the bias into the scratch, rows o0 .. o1 */    \
     static void jt_pack_##SUF(const jt_ctx_t *x, int64_t o0, int64_t o1, F *row) {               \
         const tdt_joint_problem_t *jp = x->jp;                                                   \
-        const int64_t H = x->H, O = x->O, esz = tdt_dtype_size(jp->dtype);                       \
+        const int64_t H = x->H, Hp = x->Hp, Op = x->Op, esz = tdt_dtype_size(jp->dtype);        \
         F *wt = JT_PTR(x, wt, F), *wf = JT_PTR(x, wf, F), *bias = JT_PTR(x, bias, F);            \
         for (int64_t o = o0; o < o1; ++o) {                                                      \
             jt_widen_##SUF(row, (const char *)jp->weight + o * jp->weight_stride * esz, H, jp->dtype); \
-            if (x->narrow) memcpy(wf + o * H, row, (size_t)H * sizeof(F));                       \
-            for (int64_t k = 0; k < H; ++k) wt[k * O + o] = row[k];                              \
+            if (x->w == (const void *)wf) {                                                      \
+                memcpy(wf + o * Hp, row, (size_t)H * sizeof(F));                                 \
+                memset(wf + o * Hp + H, 0, (size_t)(Hp - H) * sizeof(F));                        \
+            }                                                                                    \
+            for (int64_t k = 0; k < H; ++k) wt[k * Op + o] = row[k];                             \
             bias[o] = jp->bias ? (F)jt_load(jp->bias, o, jp->dtype) : (F)0;                      \
         }                                                                                        \
     }
@@ -602,6 +617,8 @@ tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *jc) {
     x.wb = tdt_wblocks_ws(x.ws.w, c->layout.block, p->max_frames, p->max_labels + 1);
     x.H = x.jp->hidden;
     x.O = x.jp->num_outputs;
+    x.Hp = jt_pad(x.H);
+    x.Op = jt_pad(x.O);
     x.V = p->vocab_size;
     x.D = c->num_durations;
     x.acc_double = tdt_acc_is_double(p->dtype);
@@ -615,21 +632,26 @@ tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *jc) {
     x.starts = starts;
     x.nodes = starts[p->batch];
     x.tiles = (x.nodes + JT_NODES - 1) / JT_NODES;
-    x.w = x.narrow ? (const void *)JT_PTR(&x, wf, char) : x.jp->weight;
-    x.ldw = x.narrow ? x.H : x.jp->weight_stride;
+    const int wide = x.narrow || x.Hp != x.H;
+    x.w = wide ? (const void *)JT_PTR(&x, wf, char) : x.jp->weight;
+    x.ldw = wide ? x.Hp : x.jp->weight_stride;
     const int S = x.l.slots;
     const int team = nthreads < S ? nthreads : S;
 
     if (x.tiles > 0) { /* W^T and the bias, packed once a call (in slot 0.. of h as a row) */
+        const size_t acc = x.acc_double ? 8 : 4;
+        char *wt = JT_PTR(&x, wt, char), *bias = JT_PTR(&x, bias, char);
+        for (int64_t k = 0; k < x.H; ++k) memset(wt + (size_t)(k * x.Op + x.O) * acc, 0, (size_t)(x.Op - x.O) * acc);
+        memset(bias + (size_t)x.O * acc, 0, (size_t)(x.Op - x.O) * acc);
         const int64_t blocks = (x.O + 15) / 16;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team)
         for (int64_t ib = 0; ib < blocks; ++ib) {
             const int slot = omp_get_thread_num();
             const int64_t o0 = ib * 16, o1 = o0 + 16 < x.O ? o0 + 16 : x.O;
             if (x.acc_double)
-                jt_pack_d(&x, o0, o1, JT_PTR(&x, h, double) + (size_t)slot * JT_NODES * x.H);
+                jt_pack_d(&x, o0, o1, JT_PTR(&x, h, double) + (size_t)slot * JT_NODES * x.Hp);
             else
-                jt_pack_f(&x, o0, o1, JT_PTR(&x, h, float) + (size_t)slot * JT_NODES * x.H);
+                jt_pack_f(&x, o0, o1, JT_PTR(&x, h, float) + (size_t)slot * JT_NODES * x.Hp);
         }
     }
 
