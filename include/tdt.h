@@ -565,7 +565,8 @@ typedef struct tdt_joint_problem {
                                 + i and is kept iff the top 32 bits of SplitMix64's output
                                 function of dropout_seed + (c + 1) * 0x9e3779b97f4a7c15 (all mod
                                 2^64: the (c + 1)-th output of a SplitMix64 generator seeded with
-                                dropout_seed) are >= floor(dropout * 2^32); the same on both
+                                dropout_seed) are >= floor(dropout * 2^32) (a dropout below
+                                2^-32 keeps and scales nothing); the same on both
                                 backends (tdt_joint_dropout_mask() writes it), and the backward
                                 pass regenerates it. Give each training step its own seed or
                                 offset. */

@@ -12,13 +12,16 @@
  *            for each node the same values the loss's node pass writes into the node's block
  *            (the token log-normaliser of z[0..V) by cpu.c's own row kernel, the blank and label
  *            log-probabilities, the duration log-softmax); then cpu.c's lattice pass, unchanged.
- *   backward in waves of S tiles (S slots of scratch, 2 per thread):
- *            (a) parallel over the wave's tiles: h and z again, the logits' gradient dz in place
- *                of z (cpu.c's gradient row with the loss's per-node coefficients), and
+ *   backward in waves of S / 2 tiles (S slots of scratch in two sets, waves alternating):
+ *            (a) each of the wave's tiles: h and z again, the logits' gradient dz in place of z
+ *                (cpu.c's gradient row with the loss's per-node coefficients), and
  *                d h = dz W (JT_NODES x H), times act'(x) and the dropout mask: g;
- *            (b) parallel over fixed chunks of outputs: d W[o, :] += sum_n dz[n, o] h[n, :] and
- *                d bias[o] += sum_n dz[n, o] over the wave's nodes, and d enc[b, t, :] += g[n, :],
- *                d pred[b, u, :] += g[n, :] over hidden chunks.
+ *            (b) each fixed chunk of outputs: d W[o, :] += sum_n dz[n, o] h[n, :] and
+ *                d bias[o] += sum_n dz[n, o] over the wave's nodes (64 rows a chunk), and
+ *                d enc[b, t, :] += g[n, :], d pred[b, u, :] += g[n, :] (64 hidden values a chunk).
+ *            The items (a) and (b) of all the waves form one queue in a fixed order, handed out
+ *            by one counter; an item waits only for the items it reads (tdt_cpu_joint_run), so
+ *            no thread waits at a barrier between waves.
  *
  * Determinism: every output element is one fixed chain of operations whatever the thread count:
  * the tiles are consecutive runs of JT_NODES nodes in (b, t, u) order, fixed by the shapes and
@@ -32,9 +35,12 @@
  * float64 in float64 throughout. The lattice is float64, as in the loss.
  *
  * Memory (the tiles' scratch, after the lattice's workspace): W^T in the accumulate type
- * (H x O), for 16-bit dtypes W itself widened (O x H) and float32 sums of the four gradients;
- * and S slots of JT_NODES x (O + 2 H) accumulate-type values, S from 2 a thread up to
- * JT_MAX_SLOTS (about 1/24 of the tiles). Never nodes x O.
+ * (H x O), for 16-bit dtypes (or H not a multiple of JT_PAD) W itself widened (O x H), for
+ * 16-bit dtypes float32 sums of the four gradients; and S slots of JT_NODES x (O + 2 H)
+ * accumulate-type values, S from 2 a thread up to JT_MAX_SLOTS (about 1/24 of the tiles); rows
+ * padded to JT_PAD values. Never nodes x O.
+ *
+ * The GEMMs run on one register tile (jt_tile_*) rather than a BLAS: see docs/joint.md.
  */
 #include <omp.h>
 #include <sched.h>
@@ -51,8 +57,8 @@
 /* Rows of d W an item of the backward's reduction phase; hidden values an item of d enc/pred. */
 #define JT_WROWS 64
 #define JT_HCHUNK 64
-/* The backward's waves: about JT_WAVES of them for a large problem, at most JT_MAX_SLOTS tiles
- * each (jt_layout_of). */
+/* The backward's waves: about JT_WAVES of them for a large problem, from JT_MAX_SLOTS slots at
+ * most (jt_layout_of). */
 #define JT_WAVES 24
 #define JT_MAX_SLOTS 64
 
@@ -160,9 +166,10 @@ static int jt_layout_of(const tdt_joint_problem_t *jp, int nthreads, jt_layout_t
     size_t nodes, tiles, cur = 0, n;
     if (!tdt_mul_size((size_t)B, (size_t)T, &nodes) || !tdt_mul_size(nodes, (size_t)R, &nodes)) return 0;
     tiles = nodes / JT_NODES + 1;
-    /* 2 slots a thread at least, and up to JT_MAX_SLOTS so that a large problem's backward has
-       about JT_WAVES waves (each ends in two barriers, which cost most on a loaded machine);
-       the slots' memory stays a few per cent of the logits' (docs/joint.md) */
+    /* 2 slots a thread at least (a set a thread, two sets), and up to JT_MAX_SLOTS so that a
+       large problem's backward has about JT_WAVES waves: each wave's sums load and store all of
+       d W once, so few large waves keep that traffic small, while the slots' memory stays a
+       few per cent of the logits' (docs/joint.md) */
     int64_t want = (int64_t)(tiles / JT_WAVES);
     want = want < JT_MAX_SLOTS ? want : JT_MAX_SLOTS;
     want = want > 2 * (int64_t)nthreads ? want : 2 * (int64_t)nthreads;
@@ -387,7 +394,7 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         int32_t *nl = JT_PTR(x, nodes, int32_t) + (size_t)slot * JT_NODES * 3;                    \
         F *h = JT_PTR(x, h, F) + (size_t)slot * JT_NODES * Hp;                                   \
         F *z = JT_PTR(x, z, F) + (size_t)slot * JT_NODES * Op;                                   \
-        F *tmp = JT_PTR(x, g, F) + (size_t)slot * JT_NODES * Hp; /* unused in the forward */     \
+        F *tmp = JT_PTR(x, g, F) + (size_t)slot * JT_NODES * Hp; /* g: free in the forward */    \
         const int cnt = jt_tile_nodes(x, i, nl);                                                 \
         const tdt_problem_t *p = &x->c->p;                                                       \
         const double sigma = x->c->o.sigma;                                                      \
