@@ -452,8 +452,8 @@ TEST(Joint, InfeasibleSamplesGetInfAndNoGradient) {
     jc.B = 3;
     jc.T = 5;
     jc.U = 2;
-    jc.durations = {2, 4};  // T = 5 cannot be reached from t = 0 by steps of 2 and 4... only odd ends fail
-    jc.Ts = {5, 0, 4};
+    jc.durations = {2, 4};  // every arc advances an even number of frames: T odd is infeasible
+    jc.Ts = {5, 0, 4};      // infeasible (odd), infeasible (no frame), feasible
     jc.Us = {2, 1, 1};
     JointData d = make_data(jc);
     JointRun r;
@@ -676,10 +676,10 @@ struct BadCall {
     std::vector<unsigned char> ws;
     size_t bytes = 0;
 
-    BadCall() {
-        jc.B = 2;
-        jc.T = 4;
-        jc.U = 2;
+    explicit BadCall(int64_t B = 2, int64_t T = 4, int64_t U = 2) {
+        jc.B = B;
+        jc.T = T;
+        jc.U = U;
         jc.V = 5;
         jc.H = 6;
         d = make_data(jc);
@@ -831,6 +831,32 @@ TEST(JointErrors, BackwardNeedsTheJointForwardsWorkspace) {
     std::copy(st, st + 3, lg.token_strides);
     EXPECT_EQ(tdt_backward(&lp, &c.o, nullptr, &lg, c.ws.data(), c.bytes), TDT_STATUS_INVALID_WORKSPACE);
     for (double x : gz) ASSERT_EQ(x, -7.0);
+}
+
+}  // namespace
+
+namespace {
+
+// The CPU workspace grows with the threads (the slots), and a call that needs more than it was
+// given is refused; the size for the call's own options always serves.
+TEST(JointWorkspace, SizeFollowsTheThreadsAndIsEnforced) {
+    BadCall c(4, 20, 8);  // 720 nodes: 23 tiles, more than 2 slots a thread at 1 thread
+    c.o.num_threads = 1;
+    size_t one = 0, many = 0;
+    ASSERT_EQ(tdt_joint_get_workspace_size(&c.p, &c.o, &one), TDT_STATUS_SUCCESS);
+    c.o.num_threads = 16;
+    ASSERT_EQ(tdt_joint_get_workspace_size(&c.p, &c.o, &many), TDT_STATUS_SUCCESS);
+    EXPECT_GT(many, one);
+    std::vector<unsigned char> ws(one);
+    EXPECT_EQ(tdt_joint_loss(&c.p, &c.o, c.costs.data(), &c.g, ws.data(), one), TDT_STATUS_WORKSPACE_TOO_SMALL);
+    EXPECT_TRUE(c.untouched());
+    c.o.num_threads = 1;
+    EXPECT_EQ(tdt_joint_loss(&c.p, &c.o, c.costs.data(), &c.g, ws.data(), one), TDT_STATUS_SUCCESS) << tdt_last_error();
+    c.o.num_threads = 0;  // omp_get_max_threads(), asked and used alike
+    size_t dflt = 0;
+    ASSERT_EQ(tdt_joint_get_workspace_size(&c.p, &c.o, &dflt), TDT_STATUS_SUCCESS);
+    std::vector<unsigned char> ws0(dflt);
+    EXPECT_EQ(tdt_joint_loss(&c.p, &c.o, c.costs.data(), &c.g, ws0.data(), dflt), TDT_STATUS_SUCCESS) << tdt_last_error();
 }
 
 }  // namespace

@@ -37,7 +37,7 @@
  * Memory (the tiles' scratch, after the lattice's workspace): W^T in the accumulate type
  * (H x O), for 16-bit dtypes (or H not a multiple of JT_PAD) W itself widened (O x H), for
  * 16-bit dtypes float32 sums of the four gradients; and S slots of JT_NODES x (O + 2 H)
- * accumulate-type values, S from 2 a thread up to JT_MAX_SLOTS (about 1/24 of the tiles); rows
+ * accumulate-type values, S from 2 a thread up to JT_MAX_SLOTS (about 1/48 of the tiles); rows
  * padded to JT_PAD values. Never nodes x O.
  *
  * The GEMMs run on one register tile (jt_tile_*) rather than a BLAS: see docs/joint.md.
@@ -59,7 +59,7 @@
 #define JT_HCHUNK 64
 /* The backward's waves: about JT_WAVES of them for a large problem, from JT_MAX_SLOTS slots at
  * most (jt_layout_of). */
-#define JT_WAVES 24
+#define JT_WAVES 48
 #define JT_MAX_SLOTS 64
 
 #if JT_NODES > TDT_SOFTMAX_NODES || JT_NODES % JT_MR != 0
