@@ -599,10 +599,11 @@ typedef struct tdt_joint_gradients {
  * (hidden and num_outputs included), dtype and whether the problem is TDT (num_outputs !=
  * vocab_size) of problem, and location, num_threads and num_durations of options; nothing is
  * dereferenced but the structs. The same size serves the one-shot call and the pair.
- * CPU: the scratch holds W^T in the accumulate type (num_outputs x hidden values), for 16-bit
- * dtypes also W widened and float32 sums of the four gradients, and slots of 32 nodes
- * x (num_outputs + 2 hidden) values: about one for every 48 x 32 nodes of the padded extent, at
- * most 64 by that rule but at least 2 a thread (and at most one a tile), so the size depends on
+ * CPU: the scratch holds W^T in the accumulate type (num_outputs x hidden values), W widened
+ * (16-bit dtypes, or hidden not a multiple of 32), float32 sums of the four gradients (16-bit
+ * dtypes), and slots of 24 nodes x (num_outputs + 2 hidden) values: about one for every
+ * 48 x 24 nodes of the padded extent, at most 64 by that rule but at least 2 a thread (and at
+ * most one a tile), so the size depends on
  * options->num_threads (0: omp_get_max_threads() when asked, which must then be no smaller in
  * the call: a call that needs more gets TDT_STATUS_WORKSPACE_TOO_SMALL). docs/joint.md. */
 TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,

@@ -50,10 +50,9 @@
 #include "common/joint.h"
 #include "cpu.h"
 
-/* Nodes a tile (at most TDT_SOFTMAX_NODES: one duration softmax call a tile). */
-#define JT_NODES 32
-/* Rows of a GEMM micro-tile; its columns are two vectors of 64 bytes. */
-#define JT_MR 8
+/* Nodes a tile: a whole number of every register tile's rows (8 and 6, below), at most
+ * TDT_SOFTMAX_NODES (one duration softmax call a tile). */
+#define JT_NODES 24
 /* Rows of d W an item of the backward's reduction phase; hidden values an item of d enc/pred. */
 #define JT_WROWS 64
 #define JT_HCHUNK 64
@@ -62,57 +61,60 @@
 #define JT_WAVES 48
 #define JT_MAX_SLOTS 64
 
-#if JT_NODES > TDT_SOFTMAX_NODES || JT_NODES % JT_MR != 0
-#error "JT_NODES must be a multiple of JT_MR and at most TDT_SOFTMAX_NODES"
+#if JT_NODES > TDT_SOFTMAX_NODES || JT_NODES % 8 != 0 || JT_NODES % 6 != 0
+#error "JT_NODES must be a multiple of every register tile's rows and at most TDT_SOFTMAX_NODES"
 #endif
 
 /* ---- GEMM micro-kernels --------------------------------------------------------------------------
  * C[i, j] += sum_k A(i, k) B(k, j) for i < M, j < N, with A(i, k) = a[i * ars + k * acs] (any
  * strides: its values are broadcast), B(k, j) = b[k * ldb + j] (rows contiguous), C(i, j) =
  * c[i * ldc + j]. Each element of C is one multiply-add chain over k in order, in the micro-tile
- * (JT_MR rows by two vectors, held in registers) and at the edges alike. */
+ * (MR rows by two vectors, held in registers) and at the edges alike. */
 
-typedef float jt_vf __attribute__((vector_size(64)));
-typedef double jt_vd __attribute__((vector_size(64)));
-
-#define JT_DEFINE_GEMM(SUF, F, VEC)                                                              \
-    enum { JT_VL_##SUF = (int)(sizeof(VEC) / sizeof(F)) };                                       \
-    static void jt_tile_##SUF(int64_t K, const F *a, int64_t ars, int64_t acs, const F *b,       \
-                              int64_t ldb, F *c, int64_t ldc) {                                 \
-        VEC c0[JT_MR], c1[JT_MR];                                                                \
-        TDT_UNROLL for (int i = 0; i < JT_MR; ++i) {                                             \
-            memcpy(&c0[i], c + i * ldc, sizeof(VEC));                                            \
-            memcpy(&c1[i], c + i * ldc + JT_VL_##SUF, sizeof(VEC));                              \
+/* Three register tiles, one chosen at run time from the CPU (jt_gemm_pick): MR rows by two
+ * vectors of VB bytes, its 2 MR accumulators and the operands in the vector registers: 8 rows
+ * of two 64-byte vectors with AVX-512 (32 registers), 6 rows of two 32-byte vectors with AVX2
+ * and FMA, 6 rows of two 16-byte vectors elsewhere (16 registers: SSE2; a portable build with
+ * 64-byte vectors spilled and ran 34x slower). */
+#define JT_DEFINE_GEMM(SUF, F, VB, MR, ATTR)                                                     \
+    typedef F jt_v_##SUF __attribute__((vector_size(VB)));                                       \
+    enum { JT_VL_##SUF = (int)(VB / sizeof(F)) };                                                \
+    ATTR static void jt_tile_##SUF(int64_t K, const F *a, int64_t ars, int64_t acs, const F *b,  \
+                                   int64_t ldb, F *c, int64_t ldc) {                            \
+        jt_v_##SUF c0[MR], c1[MR];                                                               \
+        TDT_UNROLL for (int i = 0; i < MR; ++i) {                                                \
+            memcpy(&c0[i], c + i * ldc, sizeof(jt_v_##SUF));                                     \
+            memcpy(&c1[i], c + i * ldc + JT_VL_##SUF, sizeof(jt_v_##SUF));                       \
         }                                                                                        \
         for (int64_t k = 0; k < K; ++k) {                                                        \
-            VEC b0, b1;                                                                          \
+            jt_v_##SUF b0, b1;                                                                   \
             memcpy(&b0, b + k * ldb, sizeof b0);                                                 \
             memcpy(&b1, b + k * ldb + JT_VL_##SUF, sizeof b1);                                   \
             const F *ak = a + k * acs;                                                           \
-            TDT_UNROLL for (int i = 0; i < JT_MR; ++i) {                                         \
+            TDT_UNROLL for (int i = 0; i < MR; ++i) {                                            \
                 const F x = ak[i * ars];                                                         \
                 c0[i] += x * b0;                                                                 \
                 c1[i] += x * b1;                                                                 \
             }                                                                                    \
         }                                                                                        \
-        TDT_UNROLL for (int i = 0; i < JT_MR; ++i) {                                             \
-            memcpy(c + i * ldc, &c0[i], sizeof(VEC));                                            \
-            memcpy(c + i * ldc + JT_VL_##SUF, &c1[i], sizeof(VEC));                              \
+        TDT_UNROLL for (int i = 0; i < MR; ++i) {                                                \
+            memcpy(c + i * ldc, &c0[i], sizeof(jt_v_##SUF));                                     \
+            memcpy(c + i * ldc + JT_VL_##SUF, &c1[i], sizeof(jt_v_##SUF));                       \
         }                                                                                        \
     }                                                                                            \
     /* Edge tiles (M or N short of a whole tile) run the same register tile on a copy of C:     \
        A's rows and B's columns must be readable up to whole tiles (the callers pad them). */    \
-    static void jt_gemm_##SUF(int64_t M, int64_t N, int64_t K, const F *a, int64_t ars,          \
-                              int64_t acs, const F *b, int64_t ldb, F *c, int64_t ldc) {         \
+    ATTR static void jt_gemm_##SUF(int64_t M, int64_t N, int64_t K, const F *a, int64_t ars,     \
+                                   int64_t acs, const F *b, int64_t ldb, F *c, int64_t ldc) {    \
         const int64_t NR = 2 * JT_VL_##SUF;                                                      \
         for (int64_t j = 0; j < N; j += NR)                                                      \
-            for (int64_t i = 0; i < M; i += JT_MR) {                                             \
-                const int64_t m = M - i < JT_MR ? M - i : JT_MR, n = N - j < NR ? N - j : NR;    \
-                if (m == JT_MR && n == NR) {                                                     \
+            for (int64_t i = 0; i < M; i += MR) {                                                \
+                const int64_t m = M - i < MR ? M - i : MR, n = N - j < NR ? N - j : NR;          \
+                if (m == MR && n == NR) {                                                        \
                     jt_tile_##SUF(K, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc);   \
                     continue;                                                                    \
                 }                                                                                \
-                F t[JT_MR * 2 * JT_VL_##SUF];                                                    \
+                F t[MR * 2 * JT_VL_##SUF];                                                       \
                 memset(t, 0, sizeof t);                                                          \
                 for (int64_t r = 0; r < m; ++r) memcpy(t + r * NR, c + (i + r) * ldc + j, (size_t)n * sizeof(F)); \
                 jt_tile_##SUF(K, a + i * ars, ars, acs, b + j, ldb, t, NR);                      \
@@ -120,8 +122,35 @@ typedef double jt_vd __attribute__((vector_size(64)));
             }                                                                                    \
     }
 
-JT_DEFINE_GEMM(f, float, jt_vf)
-JT_DEFINE_GEMM(d, double, jt_vd)
+typedef void (*jt_gemm_f_t)(int64_t, int64_t, int64_t, const float *, int64_t, int64_t,
+                            const float *, int64_t, float *, int64_t);
+typedef void (*jt_gemm_d_t)(int64_t, int64_t, int64_t, const double *, int64_t, int64_t,
+                            const double *, int64_t, double *, int64_t);
+
+JT_DEFINE_GEMM(f128, float, 16, 6, )
+JT_DEFINE_GEMM(d128, double, 16, 6, )
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define JT_X86_DISPATCH 1
+JT_DEFINE_GEMM(f256, float, 32, 6, __attribute__((target("avx2,fma"))))
+JT_DEFINE_GEMM(d256, double, 32, 6, __attribute__((target("avx2,fma"))))
+JT_DEFINE_GEMM(f512, float, 64, 8, __attribute__((target("avx512f,avx2,fma"))))
+JT_DEFINE_GEMM(d512, double, 64, 8, __attribute__((target("avx512f,avx2,fma"))))
+#endif
+
+/* The widest register tile this CPU runs. */
+static void jt_gemm_pick(jt_gemm_f_t *gf, jt_gemm_d_t *gd) {
+    *gf = jt_gemm_f128;
+    *gd = jt_gemm_d128;
+#ifdef JT_X86_DISPATCH
+    if (__builtin_cpu_supports("avx512f")) {
+        *gf = jt_gemm_f512;
+        *gd = jt_gemm_d512;
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        *gf = jt_gemm_f256;
+        *gd = jt_gemm_d256;
+    }
+#endif
+}
 
 /* ---- the scratch ----------------------------------------------------------------------------- */
 
@@ -144,8 +173,9 @@ typedef struct jt_layout {
     int acc;
 } jt_layout_t;
 
-/* Rows of the GEMMs' operands padded to whole register tiles (two 64-byte vectors of float32),
- * so that every product runs on the register tile (Hp, Op: H and O padded). */
+/* Rows of the GEMMs' operands padded to whole register tiles (a multiple of two vectors of
+ * float32 for every register tile), so that every product runs on the register tile (Hp, Op: H and O
+ * padded). */
 #define JT_PAD 32
 static int64_t jt_pad(int64_t n) { return (n + JT_PAD - 1) / JT_PAD * JT_PAD; }
 
@@ -265,6 +295,8 @@ typedef struct jt_ctx {
     int64_t nodes, tiles; /* live nodes, tiles */
     int64_t H, O, V, D;
     int64_t Hp, Op;       /* H and O padded (jt_pad): the slots' and W^T's row lengths */
+    jt_gemm_f_t gemm_f;   /* the register tile this CPU runs (jt_gemm_pick) */
+    jt_gemm_d_t gemm_d;
     int acc_double, narrow;
     const void *w;        /* W in the accumulate type: the caller's, or the widened copy */
     int64_t ldw;
@@ -386,7 +418,7 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         memset(h + cnt * Hp, 0, (size_t)(JT_NODES - cnt) * (size_t)Hp * sizeof(F));             \
         const F *bias = JT_PTR(x, bias, const F);                                                \
         for (int r = 0; r < JT_NODES; ++r) memcpy(z + r * Op, bias, (size_t)Op * sizeof(F));     \
-        jt_gemm_##SUF(JT_NODES, Op, H, h, Hp, 1, JT_PTR(x, wt, const F), Op, z, Op);             \
+        x->gemm_##SUF(JT_NODES, Op, H, h, Hp, 1, JT_PTR(x, wt, const F), Op, z, Op);             \
     }                                                                                            \
     /* forward of tile i: the node blocks of its nodes */                                        \
     static void jt_forward_tile_##SUF(const jt_ctx_t *x, int64_t i, int slot) {                  \
@@ -462,7 +494,7 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         memset(z + cnt * Op, 0, (size_t)(JT_NODES - cnt) * (size_t)Op * sizeof(F));              \
         if (!need_g) return;                                                                     \
         memset(g, 0, (size_t)JT_NODES * (size_t)Hp * sizeof(F));                                 \
-        jt_gemm_##SUF(JT_NODES, Hp, O, z, Op, 1, (const F *)x->w, x->ldw, g, Hp);                \
+        x->gemm_##SUF(JT_NODES, Hp, O, z, Op, 1, (const F *)x->w, x->ldw, g, Hp);                \
         const tdt_activation_t a = x->jp->activation;                                            \
         F *xr = tmp, *pt = tmp + H, *m = tmp + 2 * H;                                            \
         for (int r = 0; r < cnt; ++r) {                                                          \
@@ -528,7 +560,7 @@ static jt_acc_t jt_accumulators(const jt_ctx_t *x) {
         if (it < witems) {                                                                       \
             const int64_t o0 = it * JT_WROWS, o1 = o0 + JT_WROWS < O ? o0 + JT_WROWS : O;        \
             if (A->w)                                                                            \
-                jt_gemm_##SUF(o1 - o0, H, K, z + o0, 1, Op, h, Hp, (F *)A->w + o0 * A->ldw, A->ldw); \
+                x->gemm_##SUF(o1 - o0, H, K, z + o0, 1, Op, h, Hp, (F *)A->w + o0 * A->ldw, A->ldw); \
             if (A->bias) {                                                                       \
                 F *gb = (F *)A->bias;                                                            \
                 for (int64_t n = 0; n < K; ++n)                                                  \
@@ -626,6 +658,7 @@ tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *jc) {
     x.O = x.jp->num_outputs;
     x.Hp = jt_pad(x.H);
     x.Op = jt_pad(x.O);
+    jt_gemm_pick(&x.gemm_f, &x.gemm_d);
     x.V = p->vocab_size;
     x.D = c->num_durations;
     x.acc_double = tdt_acc_is_double(p->dtype);
