@@ -25,6 +25,18 @@ For each named shape of docs/performance.md, "Shapes" (or --shape B,T,U,V) and d
      host's launch of the graph then counts: the GPU idles while it is submitted), and "graph
      loop", --iters replays enqueued back to back (median of 3 such loops).
 
+With --joint NAMES (base-joint, parakeet-joint, huge-joint, long-joint, xl-joint; or
+--joint-shape B,T,U,H,V) the fused joint + loss is timed instead (bench_joint() and the functions
+after it): warp_tdt.tdt_joint_loss against the unfused path (the joint's logits in PyTorch, then
+warp_tdt.tdt_loss_joint), forward+backward through autograd on the same inputs in one run, each
+result checked first (fused against unfused costs and the four gradients). It prints ms, the
+peak extra memory of a step (CUDA: torch.cuda.max_memory_allocated() over the step, from an empty
+cache; CPU: the growth of the peak resident set (VmHWM, reset first) over one step run in a
+fresh subprocess), the fused workspace and the unfused logits' bytes, and the GEMM work's achieved
+GFLOP/s (4 passes of 2 x nodes x H x (V + D): forward, recompute, d h, d W), beside a plain GEMM
+of the same work's shape measured in the same run ("x gemm"; bfloat16 on CUDA, the run's dtype
+on the CPU).
+
 On the CPU, --threads sets torch.set_num_threads() (default: every core this process may use);
 the binding runs the library with torch.get_num_threads() threads.
 
@@ -32,11 +44,16 @@ the binding runs the library with torch.get_num_threads() threads.
         python3 benchmark/bench.py --device cuda --shapes parakeet,base --dtypes float32,bfloat16
     PYTHONPATH=pytorch_binding /usr/bin/python3 benchmark/bench.py --device cpu --shapes base \\
         --threads 2
+    PYTHONPATH=pytorch_binding /usr/bin/python3 benchmark/bench.py --device cpu \\
+        --joint base-joint --dtypes float32 --joint-threads 1,2
+    PYTHONPATH=pytorch_binding WARP_TDT_LIBRARY=build/libwarptdt.so python3 benchmark/bench.py \\
+        --device cuda --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes float32,bfloat16
 """
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -398,9 +415,21 @@ def main():
                    help="CUDA: modules to try for the kernels-community tdt-loss baseline, in "
                         "order (its functional tdt_loss); NeMo's numba loss is timed where the "
                         "nemo package imports")
+    p.add_argument("--joint", default="",
+                   help="time the fused joint + loss against the unfused path on these shapes "
+                        "(%s) instead of the loss alone" % ", ".join(JOINT_SHAPES))
+    p.add_argument("--joint-shape", help="B,T,U,H,V of one more --joint shape")
+    p.add_argument("--joint-threads", default="",
+                   help="CPU, --joint: thread counts to run in turn, e.g. 1,2 (default --threads)")
+    p.add_argument("--_joint-rss", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args._joint_rss:
+        spec, dn, path, threads = args._joint_rss
+        return _joint_rss_child(spec, dn, path, int(threads))
     global VALIDATE
     VALIDATE = not args.no_validate
+    if args.joint or args.joint_shape:
+        return joint_main(args, torch.device(args.device))
     if args.sync_validation:
         os.environ["WARP_TDT_ASYNC_VALIDATION"] = "0"
     args.baseline_shapes = set(args.baseline_shapes.split(","))
@@ -473,6 +502,269 @@ def main():
     if args.plot:
         plot(rows, args.plot, str(device))
     # the exit status is about warp_tdt; a baseline that fails its check prints FAILED, no time
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+# ---- the fused joint + loss (--joint) -----------------------------------------------------------
+
+JOINT_SHAPES = {  # name: (B, T, U, H, V, fused only: the unfused logits would not fit)
+    "base-joint": (8, 100, 20, 256, 1025, False),
+    "parakeet-joint": (4, 200, 40, 640, 8193, False),
+    "huge-joint": (8, 375, 100, 640, 8193, False),
+    "long-joint": (1, 1500, 400, 640, 1025, False),
+    "xl-joint": (32, 750, 200, 640, 8193, True),
+}
+JOINT_DTYPES_ONLY = {"xl-joint": (torch.bfloat16,)}
+
+
+def make_joint_inputs(shape, dtype, device, seed=0):
+    """enc (B, T, H), pred (B, U + 1, H), weight (V + D, H), bias (V + D), full-length labels."""
+    B, T, U, H, V = shape[:5]
+    D = len(DURATIONS)
+    g = torch.Generator().manual_seed(seed)
+    enc = torch.randn(B, T, H, generator=g).mul_(0.5).to(device=device, dtype=dtype)
+    pred = torch.randn(B, U + 1, H, generator=g).mul_(0.5).to(device=device, dtype=dtype)
+    weight = torch.randn(V + D, H, generator=g).mul_(H ** -0.5).to(device=device, dtype=dtype)
+    bias = torch.randn(V + D, generator=g).mul_(0.1).to(device=device, dtype=dtype)
+    targets = torch.randint(0, V - 1, (B, U), generator=g, dtype=torch.int64).to(device)
+    fl = torch.full((B,), T, dtype=torch.int64, device=device)
+    ll = torch.full((B,), U, dtype=torch.int64, device=device)
+    return (enc, pred, weight, bias), (targets, fl, ll)
+
+
+def joint_flops(shape):
+    """The GEMM work of a fused forward+backward: 4 passes (forward, recompute, d h, d W) of
+    2 x nodes x H x (V + D) floating-point operations."""
+    B, T, U, H, V = shape[:5]
+    return 4 * 2 * B * T * (U + 1) * H * (V + len(DURATIONS))
+
+
+def joint_step(path, params, idx, V):
+    """One forward+backward of the fused ("fused") or unfused path through autograd, gradients
+    replaced (reduction "sum")."""
+    from warp_tdt import joint as J
+
+    for x in params:
+        x.grad = None
+    fn = warp_tdt.tdt_joint_loss if path == "fused" else J.unfused_joint_loss
+    loss = fn(*params, *idx, V - 1, DURATIONS, activation="relu", reduction="sum",
+              validate=VALIDATE)
+    loss.backward()
+    return loss
+
+
+def joint_check(shape, dtype, device, params, idx):
+    """(ok, verdict): fused against unfused costs and gradients (normwise relative error), or,
+    for a fused-only shape, the dtype's fused result against float32's fused one."""
+    V = shape[4]
+    ref_dtype = torch.float32 if shape[5] else None
+
+    def grads(path, dt):
+        ps = [p.detach().to(dt).requires_grad_(True) for p in params]
+        for x in ps:
+            x.grad = None
+        from warp_tdt import joint as J
+        fn = warp_tdt.tdt_joint_loss if path == "fused" else J.unfused_joint_loss
+        loss = fn(*ps, *idx, V - 1, DURATIONS, reduction="none")
+        loss.sum().backward()
+        return [loss.detach()] + [p.grad for p in ps]
+
+    got = grads("fused", dtype)
+    want = grads("fused", ref_dtype) if ref_dtype is not None else grads("unfused", dtype)
+    tol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 3e-2)
+    worst, names = 0.0, ("costs", "enc", "pred", "weight", "bias")
+    parts = []
+    for name, a, b in zip(names, got, want):
+        a, b = a.double(), b.double()
+        err = float((a - b).norm() / (b.norm() + 1e-30))
+        worst = max(worst, err)
+        parts.append("%s %.1e" % (name, err))
+    ok = worst <= tol
+    what = "vs fused float32" if ref_dtype is not None else "vs unfused"
+    return ok, "%s %s (normwise rel: %s)" % ("ok" if ok else "FAILED", what, ", ".join(parts))
+
+
+def gemm_gflops(shape, dtype, device, iters):
+    """GFLOP/s of one plain GEMM of the joint's shape, (rows x H) @ (H x (V + D)), rows = the
+    lattice nodes (at most 65536, so it fits beside the rest): in bfloat16 on CUDA (the
+    tensor cores' rate, whatever the run's dtype), in the run's dtype on the CPU."""
+    if device.type == "cuda":
+        dtype = torch.bfloat16
+    B, T, U, H, V = shape[:5]
+    rows = min(B * T * (U + 1), 65536)
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(rows, H, generator=g).to(device=device, dtype=dtype)
+    w = torch.randn(H, V + len(DURATIONS), generator=g).to(device=device, dtype=dtype)
+    ms = time_step(lambda: torch.mm(a, w), device, max(3, iters))
+    return 2 * rows * H * (V + len(DURATIONS)) / (ms * 1e-3) * 1e-9
+
+
+def joint_peak_cuda(step, device):
+    """Extra bytes torch's allocator counts at the peak of one step (from an empty cache)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def joint_peak_cpu(name, shape, dtype, path, threads):
+    """The growth of the peak resident set (bytes) over one step of `path`, in a fresh
+    subprocess whose inputs are built (and the library loaded) before the first reading: the
+    peak extra resident memory the step needed (_joint_rss_child). None when the subprocess
+    fails."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--_joint-rss",
+           ",".join(str(int(v)) for v in shape[:5]), str(dtype).replace("torch.", ""), path,
+           str(threads)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _status_kib(key):
+    """A /proc/self/status field in KiB (VmRSS, VmHWM), or None where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _joint_rss_child(spec, dtype_name, path, threads):
+    """--_joint-rss: prints the growth (bytes) of the peak resident set over one step
+    (joint_peak_cpu): VmHWM after the step less VmRSS before it, the high-water mark reset
+    first (writing 5 to /proc/self/clear_refs); where that cannot be done, ru_maxrss's growth
+    (which misses a step whose peak stays below an earlier one)."""
+    import resource
+
+    torch.set_num_threads(threads)
+    B, T, U, H, V = (int(v) for v in spec.split(","))
+    shape = (B, T, U, H, V, False)
+    params, idx = make_joint_inputs(shape, DTYPES[dtype_name], torch.device("cpu"))
+    params = [p.requires_grad_(True) for p in params]
+    warp_tdt.library_path()  # the library loaded before the first reading
+    # a tiny step first: every lazy import and one-time allocation outside the measurement
+    small = make_joint_inputs((1, 2, 1, H, V, False), DTYPES[dtype_name], torch.device("cpu"))
+    joint_step(path, [p.requires_grad_(True) for p in small[0]], small[1], V)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status_kib("VmRSS")
+    except OSError:
+        before = None
+    if before is not None:
+        joint_step(path, params, idx, V)
+        print((_status_kib("VmHWM") - before) * 1024)
+        return 0
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    joint_step(path, params, idx, V)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print((after - before) * 1024)  # KiB on Linux
+    return 0
+
+
+def bench_joint(name, shape, dtype, device, args, threads):
+    """One row of the --joint table: fused and unfused on the same inputs."""
+    from warp_tdt import joint as J
+
+    B, T, U, H, V, fused_only = shape
+    D = len(DURATIONS)
+    params, idx = make_joint_inputs(shape, dtype, device)
+    row = {"shape": name, "dtype": str(dtype).replace("torch.", ""), "threads": threads}
+    ok, verdict = joint_check(shape, dtype, device, params, idx)
+    row["ok"], row["verdict"] = ok, verdict
+    if not ok:
+        return row
+    esize = params[0].element_size()
+    nodes = B * T * (U + 1)
+    row["logits_mb"] = nodes * (V + D) * esize / 2 ** 20
+    # the four gradients, which any path writes: the fused path's peak beyond them is its own
+    row["grads_mb"] = sum(p.numel() for p in params) * esize / 2 ** 20
+    leaves = [p.detach().clone().requires_grad_(True) for p in params]
+    row["ws_mb"] = J.workspace_bytes(B, T, U, H, V, DURATIONS, dtype, device) / 2 ** 20
+    flops = joint_flops(shape)
+    for path in ("fused",) if fused_only else ("fused", "unfused"):
+        step = lambda path=path: joint_step(path, leaves, idx, V)  # noqa: E731
+        ms = time_step(step, device, args.iters, warmup=1)
+        row[path + "_ms"] = ms
+        row[path + "_gflops"] = flops / (ms * 1e-3) * 1e-9
+        if device.type == "cuda":
+            for x in leaves:
+                x.grad = None
+            row[path + "_peak_mb"] = joint_peak_cuda(step, device) / 2 ** 20
+        else:
+            peak = joint_peak_cpu(name, shape, dtype, path, threads)
+            row[path + "_peak_mb"] = None if peak is None else peak / 2 ** 20
+    row["gemm_gflops"] = gemm_gflops(shape, dtype, device, args.iters)
+    return row
+
+
+def joint_main(args, device):
+    """The --joint table."""
+    shapes = [(n, JOINT_SHAPES[n]) for n in args.joint.split(",") if n]
+    if args.joint_shape:
+        B, T, U, H, V = (int(v) for v in args.joint_shape.split(","))
+        shapes.append(("custom", (B, T, U, H, V, False)))
+    thread_list = [0]
+    if device.type == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        thread_list = ([int(t) for t in args.joint_threads.split(",")] if args.joint_threads
+                       else [args.threads if args.threads > 0 else cores])
+    print("warp_tdt %s (library %s), torch %s, device %s" % (
+        warp_tdt.__version__, warp_tdt.library_version(), torch.__version__,
+        device if device.type == "cpu" else "%s (%s)" % (device, torch.cuda.get_device_name(device))))
+    print("fused = warp_tdt.tdt_joint_loss; unfused = the joint's logits in PyTorch, then "
+          "warp_tdt.tdt_loss_joint; forward+backward through autograd, reduction sum, relu, no "
+          "dropout; durations %s" % (DURATIONS,))
+    print("peak = extra memory of one step (%s); pk-grads = the fused peak less the four "
+          "gradients' bytes; ws = the fused workspace; logits = the unfused "
+          "logits tensor (its gradient is as large again); GFLOP/s of 4 x 2 x nodes x H x (V+D); "
+          "x gemm = against one plain GEMM of the same shape (bfloat16 on CUDA, the run's dtype on the "
+          "CPU), this run"
+          % ("torch.cuda.max_memory_allocated over the step" if device.type == "cuda"
+             else "growth of the peak resident set (VmHWM) over one step, in a fresh subprocess"))
+    head = "%-14s %-8s %3s %10s %10s %7s %10s %10s %9s %8s %8s %9s %9s %9s %7s" % (
+        "shape", "dtype", "thr", "fused ms", "unfused ms", "speedup", "fused pk", "unfused pk",
+        "pk-grads", "ws MB", "logitMB", "fused GF", "unfus GF", "gemm GF", "x gemm")
+    print(head + "  check")
+    rows = []
+    for threads in thread_list:
+        if device.type == "cpu":
+            torch.set_num_threads(threads)
+        for name, shape in shapes:
+            for dn in args.dtypes.split(","):
+                dtype = DTYPES[dn]
+                if dtype not in JOINT_DTYPES_ONLY.get(name, (dtype,)):
+                    continue
+                row = bench_joint(name, shape, dtype, device, args, threads)
+                rows.append(row)
+
+                def f(key, fmt):
+                    v = row.get(key)
+                    return fmt % v if isinstance(v, float) else "-"
+
+                beyond = (row["fused_peak_mb"] - row["grads_mb"]
+                          if isinstance(row.get("fused_peak_mb"), float) else None)
+                line = "%-14s %-8s %3s %10s %10s %7s %10s %10s %9s %8s %8s %9s %9s %9s %7s" % (
+                    name, row["dtype"], threads or "-", f("fused_ms", "%.2f"),
+                    f("unfused_ms", "%.2f"),
+                    "%.2fx" % (row["unfused_ms"] / row["fused_ms"]) if "unfused_ms" in row else "-",
+                    f("fused_peak_mb", "%.1f MB"), f("unfused_peak_mb", "%.1f MB"),
+                    "%.1f MB" % beyond if beyond is not None else "-", f("ws_mb", "%.1f"), f("logits_mb", "%.1f"), f("fused_gflops", "%.1f"),
+                    f("unfused_gflops", "%.1f"), f("gemm_gflops", "%.1f"),
+                    "%.2f" % (row["fused_gflops"] / row["gemm_gflops"])
+                    if "gemm_gflops" in row else "-")
+                print(line + "  " + row["verdict"])
+                sys.stdout.flush()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     return 0 if all(r["ok"] for r in rows) else 1
 
 

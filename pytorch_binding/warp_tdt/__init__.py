@@ -6,6 +6,8 @@ warp-tdt C library (OpenMP on the CPU, CUDA on NVIDIA GPUs), loaded with ctypes.
                              target_lengths, blank_token_id, durations, sigma=0.0,
                              reduction="mean")
 
+``tdt_joint_loss`` fuses the joint's output layer with the loss (the logits are never held;
+autograd reaches enc, pred, weight and bias); ``TDTJointLoss`` is its module, owning that layer.
 ``tdt_loss`` has the signature and semantics of ``transformers.loss.loss_tdt.tdt_loss``;
 ``rnnt_loss`` / ``RNNTLoss`` those of torchaudio's. The library is found through
 ``$WARP_TDT_LIBRARY``, next to this package, in the repository's CMake build tree
@@ -15,7 +17,8 @@ warp-tdt C library (OpenMP on the CPU, CUDA on NVIDIA GPUs), loaded with ctypes.
 from . import _lib
 from ._lib import LibraryNotFoundError, WarpTDTError, WarpTDTValueError
 from .functional import rnnt_loss, tdt_loss, tdt_loss_joint
-from .modules import RNNTLoss, TDTLoss
+from .joint import rnnt_joint_loss, tdt_joint_loss
+from .modules import RNNTLoss, TDTJointLoss, TDTLoss
 
 __version__ = "0.6.0"
 
@@ -23,7 +26,10 @@ __all__ = [
     "tdt_loss",
     "tdt_loss_joint",
     "rnnt_loss",
+    "tdt_joint_loss",
+    "rnnt_joint_loss",
     "TDTLoss",
+    "TDTJointLoss",
     "RNNTLoss",
     "cuda_available",
     "empty_cache",

@@ -80,7 +80,13 @@ MAX_DURATIONS = 32  # TDT_MAX_DURATIONS
 INDEX_INT32 = 0  # tdt_index_type_t
 INDEX_INT64 = 1
 
+ACTIVATION_RELU = 0  # tdt_activation_t
+ACTIVATION_TANH = 1
+ACTIVATION_SIGMOID = 2
+ACTIVATION_IDENTITY = 3
+
 c_int64_3 = ctypes.c_int64 * 3
+c_int64_2 = ctypes.c_int64 * 2
 
 
 class Options(ctypes.Structure):
@@ -153,6 +159,50 @@ class Indices(ctypes.Structure):
         ("labels_stride", ctypes.c_int64),
         ("frame_lengths", ctypes.c_void_p),
         ("label_lengths", ctypes.c_void_p),
+    ]
+
+
+class JointProblem(ctypes.Structure):
+    """tdt_joint_problem_t: the fused joint's inputs (enc, pred, the output layer's weight and
+    bias, element strides), its activation and dropout, labels and lengths."""
+
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("max_frames", ctypes.c_int64),
+        ("max_labels", ctypes.c_int64),
+        ("vocab_size", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("num_outputs", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("enc", ctypes.c_void_p),
+        ("enc_strides", c_int64_2),
+        ("pred", ctypes.c_void_p),
+        ("pred_strides", c_int64_2),
+        ("weight", ctypes.c_void_p),
+        ("weight_stride", ctypes.c_int64),
+        ("bias", ctypes.c_void_p),
+        ("activation", ctypes.c_int),
+        ("dropout", ctypes.c_double),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("labels", ctypes.c_void_p),
+        ("frame_lengths", ctypes.c_void_p),
+        ("label_lengths", ctypes.c_void_p),
+    ]
+
+
+class JointGradients(ctypes.Structure):
+    """tdt_joint_gradients_t: where the gradients of enc, pred, weight and bias go (NULL skips
+    one)."""
+
+    _fields_ = [
+        ("enc_grad", ctypes.c_void_p),
+        ("enc_strides", c_int64_2),
+        ("pred_grad", ctypes.c_void_p),
+        ("pred_strides", c_int64_2),
+        ("weight_grad", ctypes.c_void_p),
+        ("weight_stride", ctypes.c_int64),
+        ("bias_grad", ctypes.c_void_p),
     ]
 
 
@@ -245,6 +295,19 @@ def _declare(lib):
     if hasattr(lib, "tdt_pack_indices"):  # an older library: torch packs them
         lib.tdt_pack_indices.argtypes = [P(Problem), P(Options), P(Indices), c_void_p, c_void_p]
         lib.tdt_pack_indices.restype = c_int
+    if hasattr(lib, "tdt_joint_forward"):  # an older library: no fused joint (joint.py says so)
+        JP, JG = P(JointProblem), P(JointGradients)
+        lib.tdt_joint_get_workspace_size.argtypes = [JP, P(Options), P(c_size_t)]
+        lib.tdt_joint_get_workspace_size.restype = c_int
+        lib.tdt_joint_loss.argtypes = [JP, P(Options), c_void_p, JG, c_void_p, c_size_t]
+        lib.tdt_joint_loss.restype = c_int
+        lib.tdt_joint_forward.argtypes = [JP, P(Options), c_void_p, c_void_p, c_size_t]
+        lib.tdt_joint_forward.restype = c_int
+        lib.tdt_joint_backward.argtypes = [JP, P(Options), c_void_p, JG, c_void_p, c_size_t]
+        lib.tdt_joint_backward.restype = c_int
+        lib.tdt_joint_dropout_mask.argtypes = [ctypes.c_double, ctypes.c_uint64, ctypes.c_uint64,
+                                               ctypes.c_int64, c_void_p]
+        lib.tdt_joint_dropout_mask.restype = c_int
 
 
 def _open(path):
