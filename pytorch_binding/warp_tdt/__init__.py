@@ -17,7 +17,7 @@ from ._lib import LibraryNotFoundError, WarpTDTError, WarpTDTValueError
 from .functional import rnnt_loss, tdt_loss, tdt_loss_joint
 from .modules import RNNTLoss, TDTLoss
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "tdt_loss",
