@@ -50,7 +50,7 @@ extern "C" {
  * library that was loaded. Compare the two to catch a stale shared library.
  * ------------------------------------------------------------------------------------------- */
 #define TDT_VERSION_MAJOR 0
-#define TDT_VERSION_MINOR 6
+#define TDT_VERSION_MINOR 7
 #define TDT_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
 #define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
@@ -179,10 +179,16 @@ typedef struct tdt_indices {
 
 /* ---------------------------------------------------------------------------------------------
  * Options. Zero-initialise (tdt_options_t o = {0};) and set what you need: every zero field
- * means its documented default. The struct grows at its end from version to version and the
- * library reads all of it, so compile against the header of the library you load
- * (tdt_version() == TDT_VERSION_NUMBER); a binding that cannot (ctypes, say) appends zero bytes
- * to its copy of the struct, which a newer library reads as its new fields' defaults.
+ * means its documented default. The struct grows at its end from release to release (fields
+ * are never removed or reordered), and so may the other structs. A program compiled against an
+ * older 0.x header runs against a newer libwarptdt.so.0: a function whose struct grew gets a
+ * new symbol version, and the version older programs bind to reads only the fields their
+ * header had (docs/abi.md). A program compiled against a newer header than the library it
+ * meets does not start if it calls a function in a form the library lacks (the dynamic linker
+ * names the missing WARPTDT_0.x version). A binding that loads functions by name (ctypes,
+ * dlsym) gets their newest form, which reads the whole current struct: it appends zero bytes
+ * to its copy of the struct, which a newer library reads as its new fields' defaults, and
+ * checks tdt_version() before setting a field newer than the library.
  * ------------------------------------------------------------------------------------------- */
 typedef struct tdt_options {
     tdt_location_t location; /* default TDT_LOCATION_CPU */

@@ -41,7 +41,7 @@ gtest_flag=""
 [[ -f $GTEST_DIR/CMakeLists.txt ]] && gtest_flag="-DTDT_GTEST_SOURCE_DIR=$GTEST_DIR"
 
 if want build; then
-  step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 $gtest_flag \
+  step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTDT_CUDA_LINEINFO=ON $gtest_flag \
     && cmake --build build-gpu -j$(nproc)"
   if want tune; then
     step build_tune 240 bash -c "cmake -B build-tune -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \

@@ -20,7 +20,7 @@ from .functional import rnnt_loss, tdt_loss, tdt_loss_joint
 from .joint import rnnt_joint_loss, tdt_joint_loss
 from .modules import RNNTLoss, TDTJointLoss, TDTLoss
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "tdt_loss",

@@ -7,9 +7,10 @@ a Python exception. The library is loaded lazily, on the first call that needs i
 Search order (the first that exists wins):
 
 1. ``$WARP_TDT_LIBRARY``: a path to the shared library. When set, nothing else is tried.
-2. Next to this package: ``warp_tdt/libwarptdt.so`` (``pip install`` copies it there when it
-   finds a built library, see setup.py).
-3. The CMake build tree of the repository this package sits in: ``<repo>/build/libwarptdt.so``.
+2. Next to this package: ``warp_tdt/libwarptdt.so``, the library ``pip install`` builds (or
+   takes from WARP_TDT_LIBRARY) and ships inside the package (setup.py).
+3. The CMake build tree of the repository this package sits in: ``<repo>/build/libwarptdt.so``
+   (a source checkout used without installing, PYTHONPATH=pytorch_binding).
 4. The system's library path (``ctypes.util.find_library("warptdt")``, after ``cmake --install``).
 """
 
@@ -357,15 +358,26 @@ def load():
                         errors.append("%s: %s" % (found, e))
             if lib is None:
                 msg = ("warp_tdt: could not find the warp-tdt shared library. Looked in:\n  "
-                       + "\n  ".join(tried)
-                       + "\nand WARP_TDT_LIBRARY is not set. Build it with "
-                       "`cmake -B build && cmake --build build -j2` in the repository root, or "
-                       "set WARP_TDT_LIBRARY=/path/to/libwarptdt.so.")
+                       + "\n  ".join(tried) + "\nand WARP_TDT_LIBRARY is not set. " + _advice())
                 if errors:
                     msg += "\nFound but could not load:\n  " + "\n  ".join(errors)
                 raise LibraryNotFoundError(msg)
         _lib, _lib_path = lib, path
         return _lib
+
+
+def _advice():
+    """What to do about a missing library, for an installed package or a source checkout."""
+    if os.path.isfile(os.path.join(_REPO_ROOT, "CMakeLists.txt")):  # a source checkout
+        return ("Build it in the repository root (%s) with `cmake -B build && cmake --build "
+                "build -j --target warptdt`, or install the package with `pip install "
+                "--no-build-isolation ./pytorch_binding` there (which builds the library into "
+                "it), or set WARP_TDT_LIBRARY=/path/to/libwarptdt.so." % _REPO_ROOT)
+    return ("This installed package has no library inside (it was installed with "
+            "WARP_TDT_NO_LIBRARY set, or its library was removed). Reinstall it from a checkout "
+            "of warp-tdt with `pip install --no-build-isolation --force-reinstall "
+            "./pytorch_binding`, which builds the library with CMake and ships it, or set "
+            "WARP_TDT_LIBRARY=/path/to/libwarptdt.so.")
 
 
 def library_path():

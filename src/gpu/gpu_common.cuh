@@ -255,18 +255,30 @@ __device__ __forceinline__ void tdt_prefetch_l1(const void *p) {
  * gradient pass was bound by L2's throughput; through L1 the copies ask for what they read, and
  * large float32's pass took 1.61 ms against 1.71 (docs/performance.md, "The gradient pass"). */
 __device__ __forceinline__ void cp_async8(double *dst, const double *src) {
+#if __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+#else /* before sm_80 (no cp.async): a plain copy, complete when it returns */
+    *dst = *src;
+#endif
 }
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+#if __CUDA_ARCH__ >= 800
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+#else
+    *(uint4 *)dst = *(const uint4 *)src;
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 
 /* A row read in batches through shared memory: calls f(raw) for each batch m < nb, in order,

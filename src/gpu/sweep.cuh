@@ -592,25 +592,38 @@ const int kFusedPublish = 8;
  * scope, so shared-memory stores into another block (and global stores) before it are seen
  * after it. */
 __device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release.aligned;\n"
                  "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else /* before sm_90 a launch has no clusters: each block is a cluster of one */
+    __syncthreads();
+#endif
 }
 __device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
     return r;
 }
 __device__ __forceinline__ unsigned cluster_size() {
-    unsigned r;
+    unsigned r = 1;
+#if __CUDA_ARCH__ >= 900
     asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+#endif
     return r;
 }
 /* The address of p (this block's shared memory) in block `rank` of the cluster: a generic
  * pointer into its shared memory. */
 __device__ __forceinline__ double *cluster_map(double *p, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
     uint64_t r;
     asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
     return reinterpret_cast<double *>(r);
+#else
+    (void)rank;
+    return p;
+#endif
 }
 
 /* Block-wide: diagonal s's values of columns lo..hi, from its ring slot to the workspace (row

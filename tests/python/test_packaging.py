@@ -1,6 +1,8 @@
-"""pip builds and installs the package offline (no build isolation), shipping the library; the
-example script trains (a short run)."""
+"""pip builds and installs the package offline (no build isolation), shipping the library given
+by WARP_TDT_LIBRARY; an installed package without its library says how to get one; the example
+script trains (a short run). tests/packaging/test_wheel.py has pip build the library itself."""
 
+import ctypes.util
 import glob
 import os
 import subprocess
@@ -10,6 +12,7 @@ import zipfile
 import pytest
 
 import warp_tdt
+from warp_tdt import _lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -47,6 +50,26 @@ def test_offline_wheel_ships_the_library_and_imports_from_anywhere(tmp_path):
     path, value = r.stdout.split()
     assert path.startswith(str(tmp_path / "site" / "warp_tdt"))
     assert value == "4.15574"
+
+
+def test_missing_library_advice_for_an_installed_package(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    (site / "warp_tdt").mkdir(parents=True)
+    monkeypatch.delenv("WARP_TDT_LIBRARY", raising=False)
+    monkeypatch.setattr(_lib, "_PKG_DIR", str(site / "warp_tdt"))
+    monkeypatch.setattr(_lib, "_REPO_ROOT", str(tmp_path))  # no CMakeLists.txt: not a checkout
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    _lib._reset_for_tests()
+    try:
+        with pytest.raises(_lib.LibraryNotFoundError) as e:
+            _lib.load()
+    finally:
+        _lib._reset_for_tests()
+    msg = str(e.value)
+    assert str(site / "warp_tdt" / "libwarptdt.so") in msg, msg  # where it looked first
+    assert "pip install --no-build-isolation --force-reinstall ./pytorch_binding" in msg, msg
+    assert "WARP_TDT_LIBRARY=" in msg, msg
+    assert "cmake -B build" not in msg, msg  # no build-tree advice outside a checkout
 
 
 def test_example_trains(tmp_path):

@@ -1,0 +1,505 @@
+/*
+ * tdt.h - warp-tdt: the TDT (Token-and-Duration Transducer) and RNN-T losses, on the CPU
+ * (OpenMP) and on NVIDIA GPUs (CUDA), behind one C interface.
+ *
+ * This is the only public header. It is C (C99 and later, and C++), with every name prefixed
+ * tdt_ / TDT_ except the warp-family entry point compute_tdt_loss().
+ *
+ * The loss, in one paragraph (docs/math.md has the derivation): for sample b with T frames and
+ * U labels y_1..y_U, the lattice has nodes (t, u), 0 <= t < T, 0 <= u <= U. From node (t, u) and
+ * for every duration d_k, a label arc (u < U) emits y_{u+1} and goes to (t + d_k, u + 1); a blank
+ * arc (d_k > 0) goes to (t + d_k, u), or ends the utterance when u == U and t + d_k == T exactly.
+ * An arc's log-weight is log_softmax(token logits)[token] - sigma + log_softmax(duration
+ * logits)[k]. The cost is -log of the sum over all complete paths. Without duration logits the
+ * plain RNN-T lattice is used instead: label arcs (t, u) -> (t, u + 1), blank arcs
+ * (t, u) -> (t + 1, u), and the terminal blank from (T - 1, U).
+ *
+ * Dimension names, used throughout: B batch, T frames (padded: max_frames), U labels (padded:
+ * max_labels; the lattice has U + 1 rows), V vocabulary including blank, D = num_durations.
+ *
+ * Memory spaces: every pointer argument lives in the memory of the compute location chosen in
+ * tdt_options_t.location (host memory for TDT_LOCATION_CPU, device memory of one GPU for
+ * TDT_LOCATION_GPU), except tdt_options_t.durations, which is always a host array, and the
+ * structs themselves, which are read on the host during the call and may be freed on return.
+ *
+ * The library never allocates, never prints, never exits, and never changes global OpenMP or
+ * CUDA state (thread counts go through OpenMP's num_threads clause; the GPU path restores the
+ * caller's current device before returning).
+ */
+#ifndef TDT_H
+#define TDT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks the exported functions (the library is built with hidden visibility otherwise). */
+#if defined(_WIN32)
+#define TDT_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define TDT_API __attribute__((visibility("default")))
+#else
+#define TDT_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions. The macros give the header this program was compiled with; tdt_version() gives the
+ * library that was loaded. Compare the two to catch a stale shared library.
+ * ------------------------------------------------------------------------------------------- */
+#define TDT_VERSION_MAJOR 0
+#define TDT_VERSION_MINOR 6
+#define TDT_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, e.g. 100 for 0.1.0. */
+#define TDT_VERSION_NUMBER (TDT_VERSION_MAJOR * 10000 + TDT_VERSION_MINOR * 100 + TDT_VERSION_PATCH)
+
+/* Most durations a TDT model may use (tdt_options_t.num_durations). Parakeet-TDT uses 5. */
+#define TDT_MAX_DURATIONS 32
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. The numbers are pinned: they are never renumbered, new ones are only appended.
+ * tdt_status_string() names each; tdt_last_error() says which argument and which value.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum tdt_status {
+    TDT_STATUS_SUCCESS = 0,
+    TDT_STATUS_NULL_POINTER = 1,          /* a required pointer is NULL */
+    TDT_STATUS_INVALID_SIZE = 2,          /* batch, max_frames, max_labels < 0, or vocab_size < 1 */
+    TDT_STATUS_INVALID_BLANK = 3,         /* blank outside [0, vocab_size) */
+    TDT_STATUS_INVALID_DURATIONS = 4,     /* a negative or a duplicated duration */
+    TDT_STATUS_NO_POSITIVE_DURATION = 5,  /* no duration > 0: no blank arc can ever advance */
+    TDT_STATUS_TOO_MANY_DURATIONS = 6,    /* num_durations < 1 or > TDT_MAX_DURATIONS (TDT mode) */
+    TDT_STATUS_INVALID_STRIDES = 7,       /* negative, overflowing or overlapping strides */
+    TDT_STATUS_INVALID_DTYPE = 8,         /* dtype not one of tdt_dtype_t */
+    TDT_STATUS_WORKSPACE_TOO_SMALL = 9,   /* workspace_bytes < tdt_get_workspace_size() */
+    TDT_STATUS_BACKEND_NOT_BUILT = 10,    /* GPU asked of a library built without CUDA */
+    TDT_STATUS_INVALID_LENGTH = 11,       /* a frame length outside [0, max_frames] or a label
+                                             length outside [0, max_labels] (CPU check) */
+    TDT_STATUS_INVALID_LABEL = 12,        /* a label outside [0, vocab_size) or equal to blank
+                                             (CPU check) */
+    TDT_STATUS_INVALID_OPTION = 13,       /* location, input kind, GPU schedule, num_threads, or
+                                             a non-finite or negative sigma / fastemit_lambda /
+                                             clamp */
+    TDT_STATUS_INVALID_WORKSPACE = 14,    /* tdt_backward() on a CPU workspace that does not hold
+                                             tdt_forward() of the same problem */
+    TDT_STATUS_CUDA_ERROR = 15,           /* a CUDA call or launch failed; tdt_last_error() has
+                                             CUDA's own message */
+    TDT_STATUS_UNKNOWN_ERROR = 99
+} tdt_status_t;
+
+/* Where the computation runs and where every data pointer lives. */
+typedef enum tdt_location {
+    TDT_LOCATION_CPU = 0, /* OpenMP backend; host pointers */
+    TDT_LOCATION_GPU = 1  /* CUDA backend; device pointers of one GPU, the caller's stream */
+} tdt_location_t;
+
+/* Element type of the logits and of the gradients written. float16 and bfloat16 are read and
+ * written as their 16-bit IEEE / bfloat16 bit patterns and accumulate in float32; float32
+ * accumulates V-wide sums in float32; float64 is computed in float64 end to end (use it for
+ * gradient checking). The lattice (alpha, beta, occupancies) is float64 for every dtype. */
+typedef enum tdt_dtype {
+    TDT_DTYPE_FLOAT32 = 0,
+    TDT_DTYPE_FLOAT64 = 1,
+    TDT_DTYPE_FLOAT16 = 2,
+    TDT_DTYPE_BFLOAT16 = 3
+} tdt_dtype_t;
+
+/* What the token / duration inputs hold. */
+typedef enum tdt_input_kind {
+    TDT_INPUT_LOGITS = 0,   /* raw logits: log_softmax is fused into the loss (default) */
+    TDT_INPUT_LOG_PROBS = 1 /* already log-probabilities: used as they are, and the gradient is
+                               the derivative with respect to those log-probabilities */
+} tdt_input_kind_t;
+
+/* How the GPU backend orders its kernels (tdt_options_t.gpu_schedule). SERIAL, OVERLAP, SPLIT
+ * and TRAIL give the same costs and gradients, bit for bit; they differ only in speed. FUSED gives
+ * their costs bit for bit, and gradients that agree with theirs to float64 rounding (its
+ * gradients take log p(y|x) from the middle of the lattice: docs/math.md, section 5), so at most
+ * a last-bit difference in an element of the dtype. A schedule the device or the problem cannot
+ * take runs as TDT_GPU_SCHEDULE_SERIAL (FUSED: as OVERLAP, in a call that does not compute the
+ * gradients with the forward: other than compute_tdt_loss() with gradients and
+ * tdt_forward_ahead()). tdt_forward() and tdt_backward() of one pair must be given the same
+ * schedule (as they must be given the same options). Any schedule is deterministic: the same
+ * call gives the same bits. (The same sample in another batch may not: the GPU splits a row's
+ * log-sum-exp over lanes by V and the batch's padded node count.) */
+typedef enum tdt_gpu_schedule {
+    TDT_GPU_SCHEDULE_AUTO = 0,    /* the library picks one from the shapes and the device
+                                     (docs/math.md, section 5) */
+    TDT_GPU_SCHEDULE_SERIAL = 1,  /* forward: the per-node pass, then the alpha and beta sweeps;
+                                     backward: the gradient pass */
+    TDT_GPU_SCHEDULE_OVERLAP = 2, /* forward: the alpha and beta sweeps trail the per-node pass
+                                     as it runs (sm_90); backward: the gradient pass */
+    TDT_GPU_SCHEDULE_SPLIT = 3,   /* forward: the alpha sweep trails the per-node pass; backward:
+                                     the beta sweep, the gradient pass trailing it (sm_90) */
+    TDT_GPU_SCHEDULE_FUSED = 4,   /* compute_tdt_loss() with gradients, tdt_forward_ahead():
+                                     OVERLAP's forward, with the gradient pass trailing both
+                                     sweeps from the lattice's middle out, while they run
+                                     (sm_90); AUTO takes it for such calls where it takes
+                                     OVERLAP for long rows (sweeps split over thread-block
+                                     clusters) or for rows of at least 0.4 MB of logits a
+                                     diagonal (over the batch), and where it would take SPLIT
+                                     for a lattice of fewer than 360 diagonals of at most 64
+                                     rows (parakeet float32: 4 % faster on the H200) */
+    TDT_GPU_SCHEDULE_TRAIL = 5    /* compute_tdt_loss() with gradients, tdt_forward_ahead():
+                                     SERIAL's forward, with the gradient pass beside the sweeps
+                                     (sm_90), taking each sample once both its sweeps have
+                                     ended, samples of fewer diagonals first; at most 1024
+                                     samples. AUTO takes it for such calls where it would take
+                                     SERIAL with the sweeps' blocks leaving SMs free (ragged
+                                     batches: 21 % faster on the H200; batches of equal lengths
+                                     run 3-7 % slower by it than SERIAL). Other calls: SERIAL */
+} tdt_gpu_schedule_t;
+
+/* A reduction of the batch's costs that the forward calls also write (tdt_options_t.reduction),
+ * so that a caller whose loss is one number needs no reduction of its own after the call. */
+typedef enum tdt_reduction {
+    TDT_REDUCTION_NONE = 0, /* nothing more is written (default) */
+    TDT_REDUCTION_SUM = 1,  /* the sum of costs[0..B-1] */
+    TDT_REDUCTION_MEAN = 2  /* that sum divided by B (NaN for B = 0) */
+} tdt_reduction_t;
+
+/* Labels and lengths in the caller's integer type (tdt_pack_indices(), tdt_options_t.pack):
+ * the loss reads them as int32 (tdt_problem_t); frameworks hold int64. */
+typedef enum tdt_index_type {
+    TDT_INDEX_INT32 = 0,
+    TDT_INDEX_INT64 = 1
+} tdt_index_type_t;
+
+typedef struct tdt_indices {
+    tdt_index_type_t type;     /* of all three arrays */
+    const void *labels;        /* (batch, columns): row b starts at element b * labels_stride.
+                                  May be NULL when no label is read (columns or max_labels 0). */
+    int64_t columns;           /* labels given a sample, >= 0. Rows are zero-padded from columns
+                                  up to max_labels; beyond max_labels nothing is read. */
+    int64_t labels_stride;     /* elements between rows, >= 0 */
+    const void *frame_lengths; /* (batch), contiguous */
+    const void *label_lengths; /* (batch), contiguous */
+} tdt_indices_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Options. Zero-initialise (tdt_options_t o = {0};) and set what you need: every zero field
+ * means its documented default. The struct grows at its end from version to version and the
+ * library reads all of it, so compile against the header of the library you load
+ * (tdt_version() == TDT_VERSION_NUMBER); a binding that cannot (ctypes, say) appends zero bytes
+ * to its copy of the struct, which a newer library reads as its new fields' defaults.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tdt_options {
+    tdt_location_t location; /* default TDT_LOCATION_CPU */
+    int num_threads;         /* CPU: OpenMP threads for this call; 0 = omp_get_max_threads().
+                                Must be >= 0. Ignored on the GPU. */
+    void *stream;            /* GPU: the cudaStream_t to enqueue on; NULL = the legacy default
+                                stream. Ignored on the CPU. */
+    int blank;               /* index of the blank token in [0, vocab_size); default 0.
+                                Parakeet-TDT uses vocab_size - 1. */
+    const int *durations;    /* TDT: host array of num_durations distinct non-negative
+                                durations, any order, at least one > 0; durations[k] belongs to
+                                duration-logit k. Ignored (may be NULL) for RNN-T. */
+    int num_durations;       /* D, 1..TDT_MAX_DURATIONS for TDT */
+    double sigma;            /* logit undernormalisation: subtracted from every token log-prob
+                                (never from durations). >= 0; default 0. */
+    double fastemit_lambda;  /* FastEmit: label-arc occupancies scaled by (1 + lambda) in the
+                                token gradient; cost reported as (1 + lambda) * (-log p). >= 0. */
+    double clamp;            /* > 0: each token-gradient element clipped to [-clamp, clamp] before
+                                the upstream scale; 0 = off. Duration gradients are not clamped. */
+    tdt_input_kind_t input_kind; /* default TDT_INPUT_LOGITS */
+    int grad_costs_scalar;   /* tdt_backward(): nonzero = grad_costs points to one value, the
+                                upstream gradient of every sample (what a sum or batch-mean
+                                reduction hands back); 0 = (B) values. Ignored elsewhere. */
+    tdt_gpu_schedule_t gpu_schedule; /* GPU: default TDT_GPU_SCHEDULE_AUTO. Ignored on the CPU. */
+    int normalize_costs;     /* nonzero: per-label costs, cost_b / U_b (what NeMo's and
+                                transformers' "mean" reduction averages): costs[b] is the cost
+                                divided by the sample's label length in the accumulate type
+                                (inf or NaN when U_b = 0, as that division gives), and
+                                tdt_backward() (and tdt_forward_ahead()'s gradients) take
+                                grad_costs as the upstream of those, so a sample's upstream is
+                                grad_costs[b] / U_b, divided the same way. The bits of dividing
+                                the plain costs and upstreams in float32 (float64) yourself.
+                                tdt_scale_gradients() ignores it: its scale is a plain factor. */
+    int batch_mean;          /* nonzero: grad_costs is the upstream gradient of the batch mean of
+                                the costs (the mean over all B samples), so tdt_backward() takes
+                                a sample's upstream as grad_costs[b] / B, and tdt_forward_ahead()
+                                without grad_costs as 1 / B, before normalize_costs divides it by
+                                U_b. The division is a product with the reciprocal, 1 / B rounded
+                                to the accumulate type, then x * (1 / B) rounded: within an ulp of
+                                x / B, and the bits of torch's mean backward on CUDA. The costs
+                                are not averaged: costs[] is as without it.
+                                tdt_scale_gradients() ignores it. */
+    tdt_reduction_t reduction; /* compute_tdt_loss(), tdt_forward(), tdt_forward_ahead(): with
+                                  SUM or MEAN also write that reduction of costs[] to
+                                  *reduced_cost (after normalize_costs' division, if set). The
+                                  costs are summed in float64 in sample order, the sum divided by
+                                  B in float64 for MEAN, and the result rounded once to the
+                                  accumulate type: the same bits on both backends and, for
+                                  float32 costs of one sign (those of logits are >= 0), within
+                                  an ulp of the exact value, where a float32 sum (torch's) may
+                                  drift further. inf and NaN costs carry into it.
+                                  tdt_backward() and tdt_scale_gradients() ignore it, and it
+                                  changes no gradient (batch_mean is the backward's part). */
+    void *reduced_cost;      /* with a reduction: one value of the accumulate type, in the memory
+                                costs lives in (device memory on the GPU, written in stream
+                                order after the costs). Must not overlap costs. */
+    const tdt_indices_t *pack; /* compute_tdt_loss(), tdt_forward(), tdt_forward_ahead(): non-NULL
+                                  = the call first converts these labels and lengths (int32 or
+                                  int64, any row stride) into the problem's int32 arrays, exactly
+                                  as tdt_pack_indices(problem, options, pack, packed, pack_valid)
+                                  with packed = problem->frame_lengths, and then reads them there.
+                                  The problem's three arrays must then be that one writable
+                                  packed array: label_lengths = frame_lengths + batch and, when
+                                  max_labels > 0, labels = frame_lengths + 2 * batch
+                                  (TDT_STATUS_INVALID_OPTION otherwise). The GPU runs the packing
+                                  in the kernel that zeroes the workspace's counters, which the
+                                  overlapped schedules launch anyway, so a framework caller saves
+                                  a call and a launch. tdt_backward() and tdt_scale_gradients()
+                                  ignore it: they read the packed arrays this call wrote. CPU:
+                                  the packing precedes the data check, so a call that fails it
+                                  (TDT_STATUS_INVALID_LENGTH or _LABEL, naming the first bad
+                                  element of pack's arrays) has written the packed arrays and
+                                  *pack_valid, and nothing else. GPU: bad values are handled as
+                                  "GPU and bad data" below says, and *pack_valid reports them. */
+    int32_t *pack_valid;       /* with pack: NULL, or where tdt_pack_indices()'s verdict goes (1:
+                                  every value one the loss accepts, else 0), in the same memory
+                                  (GPU: device memory, or pinned host memory, which holds it once
+                                  the stream has passed the call's first kernel). An empty batch
+                                  gets 1. */
+    int state_in_grads;        /* nonzero: the per-node log-probabilities that the sweeps and the
+                                  gradient pass read (3 + D doubles a node: 8 (3 + D) bytes)
+                                  live at the head of each node's token-gradient row, which the
+                                  call overwrites with the gradient afterwards, instead of in the
+                                  workspace, which then holds 16 bytes a node (alpha and beta)
+                                  instead of 8 (5 + D). tdt_get_workspace_size() gives the
+                                  smaller size with it. At V = 257, D = 5 that is the gradient
+                                  plus 1.5 % of the float32 logits, or 3 % of 16-bit ones, where
+                                  the workspace held 7.6 % or 15 %. The costs and gradients are
+                                  the same bits as without it.
+                                  For compute_tdt_loss() and tdt_forward_ahead() with a token
+                                  gradient, and for the tdt_backward() that follows a
+                                  tdt_forward_ahead() that did not write the gradients (with the
+                                  same grads, whose token rows must then be left untouched in
+                                  between). Once the gradients are written the state is gone, so
+                                  no tdt_backward() may follow that call. Refused
+                                  (TDT_STATUS_INVALID_OPTION) without a token gradient (costs
+                                  only, tdt_forward()), with the token gradient written in place,
+                                  and where a token row holds fewer than 8 (3 + D) + 8 - size
+                                  bytes (V * size: 68 bytes for float32 at D = 5, V >= 17; 70 for
+                                  16-bit types, V >= 35; 64 for float64; RNN-T: D = 0). GPU: the
+                                  split and fused schedules, which write a row while a sweep may
+                                  still read its block, are not taken (asked for, they run as
+                                  SERIAL and OVERLAP do). */
+} tdt_options_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * The problem: shapes, logits, labels and lengths. All strides are in elements, not bytes.
+ *
+ * Token logits of sample b, frame t, lattice row u, token v are at
+ *     token_logits[b * token_strides[0] + t * token_strides[1] + u * token_strides[2] + v]
+ * for v in [0, vocab_size): the last dimension is contiguous, the others are free (non-negative),
+ * so the two slices of one joint tensor (B, max_frames, max_labels + 1, vocab_size + D) are
+ * passed without a copy: token_logits = joint, duration_logits = joint + vocab_size, both with
+ * the joint tensor's strides. Duration logits likewise, with k in [0, num_durations).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct tdt_problem {
+    int64_t batch;           /* B >= 0 */
+    int64_t max_frames;      /* padded T >= 0 */
+    int64_t max_labels;      /* padded U >= 0; the lattice has max_labels + 1 rows */
+    int64_t vocab_size;      /* V >= 1, blank included */
+    tdt_dtype_t dtype;       /* of both logits tensors and of both gradients */
+    const void *token_logits;    /* (B, max_frames, max_labels + 1, V), strided as above */
+    int64_t token_strides[3];
+    const void *duration_logits; /* (B, max_frames, max_labels + 1, D), or NULL for plain RNN-T */
+    int64_t duration_strides[3];
+    const int32_t *labels;        /* (B, max_labels), row-major and contiguous: the labels of
+                                     sample b are labels[b * max_labels + i], i < label_lengths[b];
+                                     the padding beyond is never read. May be NULL when
+                                     max_labels == 0. */
+    const int32_t *frame_lengths; /* (B): T_b in [0, max_frames] */
+    const int32_t *label_lengths; /* (B): U_b in [0, max_labels] */
+} tdt_problem_t;
+
+/* Where gradients go. Same layout rules as the logits: element (b, t, u, v) of the token
+ * gradient is token_grads[b * token_strides[0] + t * token_strides[1] + u * token_strides[2] + v].
+ * Every element of the (B, max_frames, max_labels + 1, V or D) extent is overwritten (nodes
+ * outside a sample's lattice, and every node of an infeasible sample, get exactly 0); nothing
+ * else is touched. The strides may differ from the logits' strides, so both gradients can be
+ * written into one joint-shaped buffer. A NULL pointer skips that gradient.
+ *
+ * In place: a gradient pointer may equal its logits pointer, with identical strides; the
+ * logits are then overwritten by their gradient. Any other overlap between a gradient and an
+ * input, or between the two gradients, is undefined. */
+typedef struct tdt_gradients {
+    void *token_grads;       /* (B, max_frames, max_labels + 1, V) or NULL */
+    int64_t token_strides[3];
+    void *duration_grads;    /* (B, max_frames, max_labels + 1, D) or NULL (always NULL-able) */
+    int64_t duration_strides[3];
+} tdt_gradients_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Costs and upstream gradients have the accumulate type of the dtype: double for
+ * TDT_DTYPE_FLOAT64, float for the three others. An infeasible sample (T_b == 0, or no path that
+ * ends exactly at T_b, or every path of probability 0) gets cost +inf and all-zero gradients.
+ *
+ * GPU and bad data: on the GPU, lengths and labels are in device memory and are not read by the
+ * host. A sample whose frame length, label length or labels are out of range gets cost NaN and
+ * all-zero gradients; no memory outside that sample's slices is read or written, and the other
+ * samples are unaffected. Check costs for NaN (torch.isnan) to catch it. NaN or inf in a
+ * sample's logits gives that sample a NaN cost (and gradient) on either backend and leaves
+ * the others alone.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Bytes of workspace that the calls below need for this problem. Reads only batch, max_frames,
+ * max_labels and whether duration_logits is NULL of problem, and num_durations and
+ * state_in_grads of options
+ * (nothing is dereferenced but the two structs), so it can be called before any tensor exists;
+ * a placeholder non-NULL duration_logits asks for the TDT size. RNN-T (duration_logits NULL)
+ * ignores num_durations; its size is never larger than TDT's for the same shapes. The same size
+ * serves the one-shot call and the forward/backward pair. Any alignment of the workspace pointer
+ * is accepted (the size includes slack for alignment). */
+TDT_API tdt_status_t tdt_get_workspace_size(const tdt_problem_t *problem, const tdt_options_t *options,
+                                    size_t *workspace_bytes);
+
+/* One-shot loss, warp-ctc style: writes costs[b] for every sample and, when grads is non-NULL
+ * and has a non-NULL gradient pointer, that gradient of sum_b costs[b] (upstream gradient 1).
+ *
+ * costs:     (B) of float / double (see above), overwritten; in the location's memory.
+ * grads:     NULL for costs only: then alpha alone is swept, since no backward follows, and
+ *            the workspace does not hold what tdt_backward() needs (the CPU refuses it there;
+ *            the GPU cannot check it: do not pass it to tdt_backward()).
+ * workspace: workspace_bytes of scratch in the location's memory, owned by the caller.
+ * CPU: returns when done. GPU: returns once the work is enqueued on options->stream; no host
+ * synchronisation, no allocation, capturable in a CUDA graph.
+ * Every argument is validated before any work; on any status but SUCCESS nothing was written. */
+TDT_API tdt_status_t compute_tdt_loss(const tdt_problem_t *problem, const tdt_options_t *options,
+                              void *costs, const tdt_gradients_t *grads, void *workspace,
+                              size_t workspace_bytes);
+
+/* Forward half of an autograd pair: writes costs[b] and keeps in the workspace what
+ * tdt_backward() needs (per-node log-probabilities and normalisers, alpha, and beta unless the
+ * GPU's split schedule leaves it to the backward). The workspace must then be left untouched
+ * until tdt_backward() of the same problem and options.
+ * Memory, streams and validation as compute_tdt_loss(). */
+TDT_API tdt_status_t tdt_forward(const tdt_problem_t *problem, const tdt_options_t *options, void *costs,
+                         void *workspace, size_t workspace_bytes);
+
+/* Backward half: writes the gradients of sum_b grad_costs[b] * costs[b], the per-sample upstream
+ * gradient folded into the one pass that writes each gradient element (no second pass).
+ * problem and options must describe the same call as the tdt_forward() that filled workspace
+ * (the logits are read again, so they must still hold the same values unless the gradient is
+ * written in place, which reads each logit before overwriting it).
+ *
+ * grad_costs: (B) of float / double in the location's memory (one value for every sample with
+ *             options->grad_costs_scalar), or NULL for all ones.
+ * It may be called again on the same workspace (the GPU's split schedule rewrites beta and
+ * its counters there each time, to the same values), but two calls on one workspace must not
+ * run concurrently (on the GPU: on one stream, or ordered by events).
+ * On the CPU a workspace that does not hold a forward pass of this problem is refused with
+ * TDT_STATUS_INVALID_WORKSPACE; the GPU cannot check it without a host synchronisation. */
+TDT_API tdt_status_t tdt_backward(const tdt_problem_t *problem, const tdt_options_t *options,
+                          const void *grad_costs, const tdt_gradients_t *grads, void *workspace,
+                          size_t workspace_bytes);
+
+/* Forward half that may run the backward ahead, for an autograd binding that knows its upstream
+ * gradient only up to a factor when the forward runs (a reduction's weights, say, but not what
+ * the rest of the graph multiplies the loss by).
+ *
+ * It does all that tdt_forward() does. Where the library's plan for a one-shot call with
+ * gradients is faster than the tdt_forward() / tdt_backward() pair, it also writes the
+ * gradients of sum_b grad_costs[b] * costs[b] into grads, in the same launch, and sets
+ * *grads_written to 1. The GPU's fused and trail schedules do: under TDT_GPU_SCHEDULE_AUTO,
+ * long rows and wide ones (fused) and batches too large for the other overlaps (trail); under
+ * TDT_GPU_SCHEDULE_FUSED or TRAIL, wherever they can run. Everywhere else (and always on the
+ * CPU) it sets *grads_written to 0 and leaves grads untouched, and tdt_backward() follows as
+ * usual.
+ *
+ * Once written, tdt_scale_gradients() applies the factor that was missing; it reads and writes
+ * nothing V-wide for a factor of exactly 1. Either way the workspace serves tdt_backward()
+ * afterwards (a second backward pass through the same loss), as after tdt_forward().
+ * The gradients written ahead are those of the schedule that wrote them: the fused schedule's
+ * agree with tdt_backward()'s to rounding (see TDT_GPU_SCHEDULE_FUSED), the trail schedule's
+ * are the same bits; the costs are the same bits.
+ *
+ * grad_costs:    as tdt_backward()'s (options->grad_costs_scalar applies), or NULL for ones.
+ * grads:         as compute_tdt_loss()'s; NULL (or no gradient pointer) writes none ahead.
+ * grads_written: non-NULL; set to 0 or 1 on success (0 on failure).
+ * Memory, streams and validation as compute_tdt_loss(). */
+TDT_API tdt_status_t tdt_forward_ahead(const tdt_problem_t *problem, const tdt_options_t *options,
+                               void *costs, const void *grad_costs, const tdt_gradients_t *grads,
+                               void *workspace, size_t workspace_bytes, int *grads_written);
+
+/* Multiplies, in place, every gradient element inside sample b's lattice (t < T_b, u <= U_b) by
+ * scale[b]: the factor tdt_forward_ahead()'s gradients were missing. Elements equal to zero stay
+ * as they are (an infeasible sample's gradient stays exactly 0, whatever its factor), as does
+ * every element outside the lattices. A sample whose factor is exactly 1 is not read at all, so
+ * the call costs no V-wide pass when every factor is 1.
+ *
+ * scale: (B) of the accumulate type (float; double for TDT_DTYPE_FLOAT64), or one value with
+ *        options->grad_costs_scalar, in the location's memory. The product is rounded once to
+ *        the dtype, so after a factor other than 1 a gradient element may differ from
+ *        tdt_backward()'s by a rounding step of the dtype.
+ * problem, options and grads: those of the call that wrote the gradients (the logits are not
+ *        read; the lengths are). No workspace.
+ * CPU: returns when done. GPU: enqueued on options->stream; no synchronisation, capturable. */
+TDT_API tdt_status_t tdt_scale_gradients(const tdt_problem_t *problem, const tdt_options_t *options,
+                                 const void *scale, const tdt_gradients_t *grads);
+
+/* Checks lengths and labels in host memory as a CPU call does: every frame length in
+ * [0, max_frames], every label length in [0, max_labels], every label a sample uses in
+ * [0, vocab_size) and not blank. For a GPU caller that keeps (or copies) them on the host too,
+ * since the GPU backend never reads device data on the host (see "GPU and bad data" above).
+ * Reads batch, max_frames, max_labels, vocab_size, labels, frame_lengths and label_lengths of
+ * problem (the logits pointers and dtype are ignored) and blank of options; writes nothing.
+ * Returns TDT_STATUS_INVALID_LENGTH or TDT_STATUS_INVALID_LABEL with tdt_last_error() naming
+ * the first bad element (e.g. "labels[1][3] = 7 equals blank 7"), or a status for a bad size,
+ * blank or NULL pointer. */
+TDT_API tdt_status_t tdt_check_data(const tdt_problem_t *problem, const tdt_options_t *options);
+
+/* ---------------------------------------------------------------------------------------------
+ * Labels and lengths in the caller's integer type (tdt_indices_t, above). The loss reads them as
+ * int32 (tdt_problem_t); frameworks hold int64 (PyTorch's default). tdt_pack_indices() converts
+ * and checks them where they live, in one pass (one small kernel on the GPU), into one int32
+ * array that a problem's three pointers then point into. A forward call can do the same itself,
+ * first (tdt_options_t.pack).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Writes packed[0 .. 2 B + B * max_labels) as int32: the frame lengths, the label lengths, then
+ * the labels row-major (B, max_labels), so that a problem takes frame_lengths = packed,
+ * label_lengths = packed + B and labels = packed + 2 B. With valid non-NULL it also writes
+ * *valid = 1 when every value is one the loss accepts (tdt_check_data's rules, plus a label
+ * length no larger than indices->columns, whose padding would otherwise be read as labels),
+ * else 0; a value outside int32 counts as bad, and its packed entry is then 0. The first bad
+ * element is not named: a caller that finds 0 looks at its own copy for the message.
+ * Reads batch, max_frames, max_labels and vocab_size of problem (nothing dereferenced) and
+ * location, stream and blank of options.
+ * CPU: returns when done. GPU: one kernel of one block on options->stream, on the device that
+ * owns packed; the indices and packed in device memory, valid in memory the device can write
+ * (device memory, or pinned host memory, which holds the flag once the stream has passed the
+ * call); no synchronisation, capturable. */
+TDT_API tdt_status_t tdt_pack_indices(const tdt_problem_t *problem, const tdt_options_t *options,
+                                      const tdt_indices_t *indices, int32_t *packed, int32_t *valid);
+
+/* A static string naming the status, e.g. "TDT_STATUS_INVALID_LABEL: a label is outside
+ * [0, vocab_size) or equals blank". Never NULL; unknown values give a generic string. */
+TDT_API const char *tdt_status_string(tdt_status_t status);
+
+/* Human-readable detail of the last failed call made from this thread, naming the argument
+ * and the value (e.g. "labels[1][3] = 7 equals blank 7"). Empty string after a successful
+ * call. The pointer is thread-local and valid until the next call from this thread. */
+TDT_API const char *tdt_last_error(void);
+
+/* Version of the loaded library: TDT_VERSION_NUMBER as it was when the library was built. */
+TDT_API int tdt_version(void);
+
+/* "MAJOR.MINOR.PATCH" of the loaded library, a static string. */
+TDT_API const char *tdt_version_string(void);
+
+/* 1 if the library was built with this backend, 0 otherwise. */
+TDT_API int tdt_backend_built(tdt_location_t location);
+
+/* Number of usable CUDA devices; TDT_STATUS_BACKEND_NOT_BUILT in a build without CUDA. A
+ * machine without a GPU or driver gives 0 and TDT_STATUS_SUCCESS. */
+TDT_API tdt_status_t tdt_gpu_device_count(int *count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TDT_H */
