@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, for a CUDA machine (the H200 of the device tool, or any): build
 # with CUDA, the GPU test suite, the binding's pytest suite, the multi-GPU checks (two GPUs or
-# more), tdt_demo, the example training, tdt_bench and benchmark/bench.py, and compute-sanitizer
-# (memcheck, racecheck, initcheck) over the GPU suite. Each step has a time limit and the whole
+# more), tdt_demo, the example training, tdt_bench and benchmark/bench.py, the fused joint's
+# checks and benchmark, and compute-sanitizer (memcheck, racecheck, initcheck) over the GPU suite. Each step has a time limit and the whole
 # run a budget (BUDGET seconds, default 540): steps past it are skipped and say so.
 # Output in $OUT (default gpu-logs/): summary.log, logs.tgz (one log per step), bench.png.
 # The exit status is the number of failed steps.
 #   PHASES: which groups of steps to run, in order (default: all of them):
-#     build tests bench tune profile pytest pybench ddp sanitize
+#     build tests bench joint tune profile pytest pybench ddp sanitize
 #   (a warm machine keeps build-gpu/ between calls, so later calls can skip build).
 #   tune: tdt_bench times with each lanes-a-node choice of the sweep (TDT_SWEEP_LANES) and with
 #   the register-prefetching ring instead of the staged sweep (TDT_SWEEP_STAGED=0), in a second
@@ -17,7 +17,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 BUDGET=${BUDGET:-540}
-PHASES=" ${PHASES:-build tests bench tune pytest pybench ddp sanitize} "  # profile: on request
+PHASES=" ${PHASES:-build tests bench joint tune pytest pybench ddp sanitize} "  # profile: on request
 want() { [[ $PHASES == *" $1 "* ]]; }
 LOGS=$(mktemp -d)
 mkdir -p "$OUT"
@@ -42,7 +42,7 @@ gtest_flag=""
 
 if want build; then
   step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTDT_CUDA_LINEINFO=ON $gtest_flag \
-    && cmake --build build-gpu -j$(nproc)"
+    && cmake --build build-gpu -j$(nproc) --target all joint_gpu_bench"
   if want tune; then
     step build_tune 240 bash -c "cmake -B build-tune -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DTDT_SWEEP_TUNING=ON $gtest_flag && cmake --build build-tune -j$(nproc) --target tdt_bench"
@@ -56,6 +56,17 @@ if want tests; then
 fi
 if want bench; then
   step tdt_bench 150 build-gpu/benchmark/tdt_bench --backend gpu --iters 30
+fi
+if want joint; then
+  # the fused joint + loss: its GPU tests under memcheck and racecheck (two of them), and its
+  # benchmark against cuBLAS's GEMM of the same size
+  san="--error-exitcode=1 --print-limit 20"
+  step joint_memcheck 120 compute-sanitizer --tool memcheck $san build-gpu/tests/tdt_gpu_tests \
+    --gtest_filter='GpuJoint.*'
+  step joint_racecheck 90 compute-sanitizer --tool racecheck --racecheck-report all $san \
+    build-gpu/tests/tdt_gpu_tests \
+    --gtest_filter='GpuJoint.BasicTdtEveryDtype:GpuJoint.RaggedDropoutTanhOddHidden'
+  step joint_bench 150 build-gpu/benchmark/joint_gpu_bench --iters 3
 fi
 if want tune; then
   # each lanes-a-node choice, and the register-prefetching ring instead of the staged sweep
