@@ -3,7 +3,8 @@
 # with CUDA, the GPU test suite, the binding's pytest suite, the multi-GPU checks (two GPUs or
 # more), tdt_demo, the example training, tdt_bench and benchmark/bench.py, the fused joint's
 # checks and benchmark, and compute-sanitizer (memcheck, racecheck, initcheck) over the GPU
-# suite. Each step has a time limit and the whole run a budget (BUDGET seconds, default 540): steps past it are skipped and say so.
+# suite. Each step has a time limit and the whole run a budget (BUDGET seconds, default 540):
+# steps past it are skipped and say so.
 # Output in $OUT (default gpu-logs/): summary.log, logs.tgz (one log per step), bench.png.
 # The exit status is the number of failed steps.
 #   PHASES: which groups of steps to run, in order (default: all of them):
