@@ -1436,7 +1436,9 @@ cudaError_t sweep_launch(const tdt_gpu_args_t &a_in, int span, const tdt_fwd_env
      * trails the normaliser, a layer is one diagonal */
     const int jobs = a.sweep_only ? 1 : 2;
     if constexpr (KD > 0) {
-        int cl = c.cl;
+        /* the cluster split needs sm_90 code (a build for older architectures runs its PTX on
+           an sm_90 device without clusters: sweep.cuh's cluster helpers are one block's there) */
+        int cl = sm90_code(sweep_cluster_kernel<KD, sweep_g<KD, 4>::V>, env.device) ? c.cl : 1;
         while (cl > 1) {
             const int64_t chunk = (a.row + cl - 1) / cl;
             const int64_t d = a.maxT < chunk ? a.maxT : chunk;

@@ -119,19 +119,24 @@ def test_matches_torchaudio_where_available(device, reduction, blank, clamp):
     targets = targets.clamp(min=0)  # torchaudio reads no padding either, but wants it in range
     x = x.float().to(device)
     a = x.clone().requires_grad_(True)
-    b = x.clone().requires_grad_(True)
+    b = x.clone()
     args = (targets.int().to(device), fl.int().to(device), ll.int().to(device))
+    # torchaudio's CPU kernel is the reference on every device: on an H100 (torch 2.11, CUDA
+    # 13) its CUDA kernel gave one ragged sample of this batch a cost 5-7 nats off both its own
+    # CPU kernel and ours, while ours on CUDA matches its CPU kernel
+    b_cpu = b.detach().cpu().requires_grad_(True)
     try:
-        theirs = F.rnnt_loss(b, *args, blank=blank, reduction=reduction, clamp=clamp)
+        theirs = F.rnnt_loss(b_cpu, *(t.cpu() for t in args), blank=blank, reduction=reduction,
+                             clamp=clamp)
     except (RuntimeError, NotImplementedError) as e:  # e.g. a build without the extension
         pytest.skip("torchaudio.functional.rnnt_loss unusable here: %s" % e)
-    ours = warp_tdt.rnnt_loss(a, *args, blank=blank, reduction=reduction, clamp=clamp)
+    ours = warp_tdt.rnnt_loss(a, *args, blank=blank, reduction=reduction, clamp=clamp).cpu()
     assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-5)
-    w = torch.linspace(0.5, 1.5, 4, device=device) if reduction == "none" else 1.0
+    w = torch.linspace(0.5, 1.5, 4) if reduction == "none" else 1.0
     (ours * w).sum().backward()
     (theirs * w).sum().backward()
-    torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(a.grad.cpu(), b_cpu.grad, atol=1e-5, rtol=1e-4)
 
 
 def test_module_matches_torchaudio_where_available(device):
