@@ -402,7 +402,7 @@ class EnvVar:
     ``os.environ.get(name, default)``, read from os.environ's own mapping of encoded names where
     CPython keeps one (every change through os.environ lands there too). A dict lookup, ~30 ns,
     where os.environ.get of an unset name takes ~0.5 us here and more on a GPU host's cold
-    step; an eager step reads four (benchmark/NOTES.md, v37). A replaced os.environ, or a
+    step; an eager step reads four (docs/performance.md, "The binding's host time"). A replaced os.environ, or a
     Python without that mapping, is read through os.environ.get."""
 
     __slots__ = ("name", "_key")
