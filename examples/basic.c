@@ -1,11 +1,8 @@
 /*
- * basic.c - computing a TDT loss and its gradients on the CPU with warp-tdt.
- *
- * A Parakeet-style setup: blank is the last token (V - 1) and the durations are {0,1,2,3,4}.
- * The joint network's output is one (B, T, U + 1, V + D) tensor; here it is filled with
- * made-up numbers, and its token and duration parts are passed as two strided slices of it.
- *
- * Build: cc -std=c99 basic.c -I include -L build -lwarptdt -lm
+ * basic.c - a TDT loss and its gradients on the CPU, Parakeet-style: blank V - 1, durations
+ * {0,1,2,3,4}, the token and duration logits two strided slices of one (B, T, U + 1, V + D)
+ * joint tensor (made-up numbers here).
+ * Build: cc -std=c99 basic.c -I include -L build -Wl,-rpath,"$PWD/build" -lwarptdt -lm
  */
 #include <math.h>
 #include <stdio.h>
