@@ -112,6 +112,38 @@ class TinyTDT(nn.Module):
         return out
 
 
+def fit(model, step_loss, opt, args, gen, device):
+    """args.steps steps of opt on step_loss(x, targets, frame_lengths, label_lengths) over
+    synthetic batches, the mean loss printed every args.log_every steps; then greedy decoding of
+    four fresh utterances, printed. Returns the first and last printed mean losses."""
+    first = last = None
+    window, start = [], time.time()
+    for step in range(1, args.steps + 1):
+        x, targets, fl, ll = make_batch(args.batch, gen, device)
+        loss = step_loss(x, targets, fl, ll)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        window.append(loss.item())
+        if step % args.log_every == 0 or step == args.steps:
+            avg = sum(window) / len(window)
+            first = avg if first is None else first
+            last = avg
+            print("step %4d  loss/label %.4f  (%.1f s)" % (step, avg, time.time() - start), flush=True)
+            window = []
+    x, targets, fl, ll = make_batch(4, gen, device)
+    model.eval()
+    hits = 0
+    for b in range(4):
+        want = targets[b, : ll[b]].tolist()
+        got = model.greedy(x[b], int(fl[b]))
+        hits += got == want
+        print("  target %-22s decoded %s" % (want, got))
+    print("loss/label %.4f -> %.4f; %d/4 decoded exactly; %.1f s"
+          % (first, last, hits, time.time() - start))
+    return first, last
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
@@ -135,34 +167,12 @@ def main():
           % (warp_tdt.__version__, warp_tdt.library_version(), warp_tdt.library_path(),
              torch.__version__, device))
 
-    first = last = None
-    window, start = [], time.time()
-    for step in range(1, args.steps + 1):
-        x, targets, fl, ll = make_batch(args.batch, gen, device)
+    def step_loss(x, targets, fl, ll):
         joint = model(x, targets)
-        loss = warp_tdt.tdt_loss(joint[..., :VOCAB], joint[..., VOCAB:], targets, fl, ll, BLANK,
+        return warp_tdt.tdt_loss(joint[..., :VOCAB], joint[..., VOCAB:], targets, fl, ll, BLANK,
                                  DURATIONS, sigma=0.05)  # mean over the batch of loss_b / U_b
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        window.append(loss.item())
-        if step % args.log_every == 0 or step == args.steps:
-            avg = sum(window) / len(window)
-            first = avg if first is None else first
-            last = avg
-            print("step %4d  loss/label %.4f  (%.1f s)" % (step, avg, time.time() - start), flush=True)
-            window = []
 
-    x, targets, fl, ll = make_batch(4, gen, device)
-    model.eval()
-    hits = 0
-    for b in range(4):
-        want = targets[b, : ll[b]].tolist()
-        got = model.greedy(x[b], int(fl[b]))
-        hits += got == want
-        print("  target %-22s decoded %s" % (want, got))
-    print("loss/label %.4f -> %.4f; %d/4 decoded exactly; %.1f s"
-          % (first, last, hits, time.time() - start))
+    first, last = fit(model, step_loss, opt, args, gen, device)
     if args.check and not last < 0.5 * first:
         print("FAIL: the loss did not halve", file=sys.stderr)
         return 1

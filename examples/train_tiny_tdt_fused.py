@@ -25,7 +25,6 @@ transformers (or its ParakeetForTDT) is not importable.
 import argparse
 import os
 import sys
-import time
 
 import torch
 from torch import nn
@@ -38,7 +37,7 @@ except ImportError:  # run from a checkout: use the package in pytorch_binding/
     sys.path.insert(0, os.path.join(HERE, "..", "pytorch_binding"))
     import warp_tdt
 
-from train_tiny_tdt import BLANK, DURATIONS, NUM_TOKENS, VOCAB, make_batch  # noqa: E402
+from train_tiny_tdt import BLANK, DURATIONS, NUM_TOKENS, VOCAB, fit, make_batch  # noqa: E402
 
 
 class TinyParakeetTDT(nn.Module):
@@ -134,32 +133,7 @@ def train(args, device):
             print("FAIL: the fused path disagrees with the unfused one", file=sys.stderr)
             return 1
     step_loss = model.unfused_loss if args.unfused else model.forward
-    first = last = None
-    window, start = [], time.time()
-    for step in range(1, args.steps + 1):
-        x, targets, fl, ll = make_batch(args.batch, gen, device)
-        loss = step_loss(x, targets, fl, ll)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        window.append(loss.item())
-        if step % args.log_every == 0 or step == args.steps:
-            avg = sum(window) / len(window)
-            first = avg if first is None else first
-            last = avg
-            print("step %4d  loss/label %.4f  (%.1f s)" % (step, avg, time.time() - start),
-                  flush=True)
-            window = []
-    x, targets, fl, ll = make_batch(4, gen, device)
-    model.eval()
-    hits = 0
-    for b in range(4):
-        want = targets[b, : ll[b]].tolist()
-        got = model.greedy(x[b], int(fl[b]))
-        hits += got == want
-        print("  target %-22s decoded %s" % (want, got))
-    print("loss/label %.4f -> %.4f; %d/4 decoded exactly; %.1f s"
-          % (first, last, hits, time.time() - start))
+    first, last = fit(model, step_loss, opt, args, gen, device)
     if args.check and not last < 0.7 * first:
         print("FAIL: the loss did not fall to 70 %% of its first value (%.4f -> %.4f)"
               % (first, last), file=sys.stderr)
