@@ -53,10 +53,6 @@ unsigned long long *timeline_buffer() {
 }
 #endif
 
-tdt_status_t cuda_fail(cudaError_t e, const char *what) {
-    tdt_set_error("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    return TDT_STATUS_CUDA_ERROR;
-}
 
 /* The kernels' argument block from the validated call. */
 void build_args(const tdt_call_t *c, tdt_gpu_args_t *a) {
@@ -130,7 +126,7 @@ tdt_status_t enqueue_reduction(const tdt_call_t *c, const tdt_gpu_args_t *a) {
         c->costs, tdt_acc_is_double(c->p.dtype), c->p.batch, c->o.reduction == TDT_REDUCTION_MEAN,
         c->o.reduced_cost);
     const cudaError_t e = cudaGetLastError();
-    return e != cudaSuccess ? cuda_fail(e, "reduce_costs_kernel launch") : TDT_STATUS_SUCCESS;
+    return e != cudaSuccess ? tdt_gpu_cuda_fail(e, "reduce_costs_kernel launch") : TDT_STATUS_SUCCESS;
 }
 
 /* tdt_pack_indices()'s sizes and blank, for the packing kernel. */
@@ -156,7 +152,7 @@ tdt_status_t enqueue_empty(const tdt_call_t *c, int) {
     tdt_gpu_prologue_t pro;
     if (prologue_of(c, &pro) && pro.valid) {
         const cudaError_t e = tdt_launch_prologue(pro, NULL, 0, (cudaStream_t)c->o.stream);
-        if (e != cudaSuccess) return cuda_fail(e, "the packing kernel's launch");
+        if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "the packing kernel's launch");
     }
     return enqueue_reduction(c, NULL);
 }
@@ -164,28 +160,11 @@ tdt_status_t enqueue_empty(const tdt_call_t *c, int) {
 /* The device that owns ptr (named `what` in errors): 0 and *device set, or a status. Host
  * memory is refused (the GPU location takes device memory); registered or managed memory names
  * its device too. */
-tdt_status_t owning_device(const void *ptr, const char *what, int *device) {
-    cudaPointerAttributes attr;
-    cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
-    if (e != cudaSuccess) {
-        tdt_set_error("cudaPointerGetAttributes(%s): %s (%s)", what, cudaGetErrorString(e),
-                      cudaGetErrorName(e));
-        return TDT_STATUS_CUDA_ERROR;
-    }
-    if (attr.type == cudaMemoryTypeUnregistered || attr.device < 0) {
-        tdt_set_error("%s %p is not GPU-accessible memory (TDT_LOCATION_GPU takes device "
-                      "pointers)", what, ptr);
-        return TDT_STATUS_INVALID_OPTION;
-    }
-    *device = attr.device;
-    return TDT_STATUS_SUCCESS;
-}
-
 tdt_status_t enqueue(const tdt_call_t *c, int device) {
     cudaStream_t stream = (cudaStream_t)c->o.stream;
     int num_sms = 0;
     cudaError_t e = tdt_device_attribute(cudaDevAttrMultiProcessorCount, device, &num_sms);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
+    if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
     if (num_sms < 1) num_sms = 1;
 
     tdt_gpu_args_t a;
@@ -195,7 +174,7 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
         tdt_gpu_prologue_t pro;
         e = tdt_launch_forward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream,
                                c->do_backward ? &bwd_done : NULL, prologue_of(c, &pro));
-        if (e != cudaSuccess) return cuda_fail(e, "launching the normalize and sweep kernels");
+        if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the normalize and sweep kernels");
         const tdt_status_t st = enqueue_reduction(c, &a);
         if (st != TDT_STATUS_SUCCESS) return st;
         a.reduce = 0; /* the forward's alone */
@@ -206,7 +185,7 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
     }
     if (c->do_backward && !bwd_done) {
         e = tdt_launch_backward(a, c->p.dtype, num_sms, c->o.gpu_schedule, stream);
-        if (e != cudaSuccess) return cuda_fail(e, "launching the backward's kernels");
+        if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the backward's kernels");
     }
     return TDT_STATUS_SUCCESS;
 }
@@ -214,33 +193,14 @@ tdt_status_t enqueue(const tdt_call_t *c, int device) {
 tdt_status_t enqueue_scale(const tdt_call_t *c, int device) {
     int num_sms = 0;
     cudaError_t e = tdt_device_attribute(cudaDevAttrMultiProcessorCount, device, &num_sms);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
+    if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
     tdt_gpu_args_t a;
     build_args(c, &a);
     e = tdt_launch_scale(a, c->p.dtype, num_sms < 1 ? 1 : num_sms, (cudaStream_t)c->o.stream);
-    return e != cudaSuccess ? cuda_fail(e, "launching the scale kernel") : TDT_STATUS_SUCCESS;
+    return e != cudaSuccess ? tdt_gpu_cuda_fail(e, "launching the scale kernel") : TDT_STATUS_SUCCESS;
 }
 
 /* Runs body(call, device) on the device owning ptr, restoring the caller's current device. */
-tdt_status_t on_device(const tdt_call_t *call, const void *ptr, const char *what,
-                       tdt_status_t (*body)(const tdt_call_t *, int)) {
-    int prev = 0, device = 0;
-    cudaError_t e = cudaGetDevice(&prev);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
-    tdt_status_t st = owning_device(ptr, what, &device);
-    if (st != TDT_STATUS_SUCCESS) return st;
-    if (device != prev) {
-        e = cudaSetDevice(device);
-        if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
-    }
-    st = body(call, device);
-    if (device != prev) {
-        e = cudaSetDevice(prev);
-        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");
-    }
-    return st;
-}
-
 /* The kept answers (gpu_common.cuh): a table of the process. An entry is claimed by a
  * compare-and-swap of its state from free to being written, filled, and published by a release
  * store of the state "kept"; entries are claimed in index order, so the first free one ends a
@@ -272,6 +232,32 @@ __global__ void prologue_kernel(const tdt_indices_t in, const tdt_pack_shape_t s
 }
 
 } /* namespace */
+
+/* ================================================================================================
+ * failures and the caller's device (gpu_common.cuh)
+ * ============================================================================================== */
+
+tdt_status_t tdt_gpu_cuda_fail(cudaError_t e, const char *what) {
+    tdt_set_error("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return TDT_STATUS_CUDA_ERROR;
+}
+
+tdt_status_t tdt_gpu_owning_device(const void *ptr, const char *what, int *device) {
+    cudaPointerAttributes attr;
+    cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
+    if (e != cudaSuccess) {
+        tdt_set_error("cudaPointerGetAttributes(%s): %s (%s)", what, cudaGetErrorString(e),
+                      cudaGetErrorName(e));
+        return TDT_STATUS_CUDA_ERROR;
+    }
+    if (attr.type == cudaMemoryTypeUnregistered || attr.device < 0) {
+        tdt_set_error("%s %p is not GPU-accessible memory (TDT_LOCATION_GPU takes device "
+                      "pointers)", what, ptr);
+        return TDT_STATUS_INVALID_OPTION;
+    }
+    *device = attr.device;
+    return TDT_STATUS_SUCCESS;
+}
 
 /* ================================================================================================
  * kept answers (gpu_common.cuh)
@@ -329,16 +315,16 @@ extern "C" tdt_status_t tdt_gpu_run(const tdt_call_t *call) {
                                  options.pack's verdict */
         if (!call->do_forward) return TDT_STATUS_SUCCESS;
         if (call->o.reduction != TDT_REDUCTION_NONE)
-            return on_device(call, call->o.reduced_cost, "options->reduced_cost", enqueue_empty);
+            return tdt_on_device(call, call->o.reduced_cost, "options->reduced_cost", enqueue_empty);
         return call->o.pack && call->o.pack_valid ? enqueue_empty(call, 0) : TDT_STATUS_SUCCESS;
     }
-    return on_device(call, call->workspace, "workspace", enqueue);
+    return tdt_on_device(call, call->workspace, "workspace", enqueue);
 }
 
 extern "C" tdt_status_t tdt_gpu_scale(const tdt_call_t *call) {
     /* no workspace: the gradient names the device */
     const void *g = call->g.token_grads ? call->g.token_grads : call->g.duration_grads;
-    return on_device(call, g, call->g.token_grads ? "grads->token_grads" : "grads->duration_grads",
+    return tdt_on_device(call, g, call->g.token_grads ? "grads->token_grads" : "grads->duration_grads",
                      enqueue_scale);
 }
 
@@ -348,20 +334,20 @@ extern "C" tdt_status_t tdt_gpu_pack(const tdt_problem_t *problem, const tdt_opt
     if (n == 0 && !valid) return TDT_STATUS_SUCCESS; /* nothing to write */
     int prev = 0, device = 0;
     cudaError_t e = cudaGetDevice(&prev);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
+    if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaGetDevice");
     device = prev; /* no element: the flag alone, on the current device */
     if (n > 0) {
-        tdt_status_t st = owning_device(packed, "packed", &device);
+        tdt_status_t st = tdt_gpu_owning_device(packed, "packed", &device);
         if (st != TDT_STATUS_SUCCESS) return st;
     }
-    if (device != prev && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+    if (device != prev && (e = cudaSetDevice(device)) != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaSetDevice");
     const tdt_gpu_prologue_t pro = {*indices, prologue_shape(problem, options), packed, valid};
     tdt_status_t st = TDT_STATUS_SUCCESS;
     e = tdt_launch_prologue(pro, NULL, 0, (cudaStream_t)options->stream);
-    if (e != cudaSuccess) st = cuda_fail(e, "the packing kernel's launch");
+    if (e != cudaSuccess) st = tdt_gpu_cuda_fail(e, "the packing kernel's launch");
     if (device != prev) {
         e = cudaSetDevice(prev);
-        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");
+        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = tdt_gpu_cuda_fail(e, "cudaSetDevice(restore)");
     }
     return st;
 }
@@ -377,7 +363,7 @@ extern "C" tdt_status_t tdt_gpu_count(int *count) {
     }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return cuda_fail(e, "cudaGetDeviceCount");
+        return tdt_gpu_cuda_fail(e, "cudaGetDeviceCount");
     }
     *count = n;
     return TDT_STATUS_SUCCESS;

@@ -596,6 +596,35 @@ template <int G> __device__ __forceinline__ unsigned tdt_group_mask() {
     return ((1u << (G & 31)) - 1u) << (lane & ~(unsigned)(G - 1));
 }
 
+/* ---- CUDA failures and the caller's device (gpu.cu) ---------------------------------------------
+ * tdt_gpu_cuda_fail: TDT_STATUS_CUDA_ERROR, with CUDA's own name and message after `what` in
+ * tdt_last_error(). tdt_gpu_owning_device: the device that owns ptr (`what` names it in the
+ * error), TDT_STATUS_INVALID_OPTION for host memory. tdt_on_device: body(call, device) with
+ * the calling thread's current device switched to the one that owns ptr and restored after,
+ * on every path: the one device switch of every GPU entry point. */
+tdt_status_t tdt_gpu_cuda_fail(cudaError_t e, const char *what);
+tdt_status_t tdt_gpu_owning_device(const void *ptr, const char *what, int *device);
+
+template <typename Call>
+tdt_status_t tdt_on_device(const Call *call, const void *ptr, const char *what,
+                           tdt_status_t (*body)(const Call *, int)) {
+    int prev = 0, device = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaGetDevice");
+    tdt_status_t st = tdt_gpu_owning_device(ptr, what, &device);
+    if (st != TDT_STATUS_SUCCESS) return st;
+    if (device != prev) {
+        e = cudaSetDevice(device);
+        if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaSetDevice");
+    }
+    st = body(call, device);
+    if (device != prev) {
+        e = cudaSetDevice(prev);
+        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = tdt_gpu_cuda_fail(e, "cudaSetDevice(restore)");
+    }
+    return st;
+}
+
 /* ---- CUDA's answers, kept (gpu.cu) ------------------------------------------------------------
  * The answers of CUDA queries that depend on nothing but the device and what is asked (a device
  * attribute; a kernel's PTX version or its occupancy at a block size fixed by the code), kept

@@ -782,10 +782,6 @@ template <int DT> __global__ void joint_dw_out_kernel(const __grid_constant__ jo
  * host
  * ============================================================================================== */
 
-tdt_status_t cuda_fail(cudaError_t e, const char *what) {
-    tdt_set_error("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    return TDT_STATUS_CUDA_ERROR;
-}
 
 /* Blocks of a grid-striding elementwise kernel over n elements. */
 inline unsigned flat_blocks(int64_t n, int num_sms) {
@@ -994,9 +990,9 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     cudaStream_t stream = (cudaStream_t)c.o.stream;
     int num_sms = 0, smem_max = 0;
     cudaError_t e = tdt_device_attribute(cudaDevAttrMultiProcessorCount, device, &num_sms);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
+    if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaDeviceGetAttribute(MultiProcessorCount)");
     e = tdt_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &smem_max);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
     if (num_sms < 1) num_sms = 1;
     const int T = tile_of(p.dtype, p.hidden, smem_max > 0 ? (size_t)smem_max : 0);
     if (T == 0) {
@@ -1016,7 +1012,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     joint_run run{call, args_of(call, plan), num_sms, stream};
     if (c.do_forward) {
         e = with_dtype_tile(p.dtype, T, fwd_go{run});
-        if (e != cudaSuccess) return cuda_fail(e, "launching the joint's forward kernel");
+        if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the joint's forward kernel");
         /* the lattice: its sweeps (the node blocks are written), costs, reduction */
         tdt_call_t lat = c;
         lat.do_backward = 0;
@@ -1027,7 +1023,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     }
     if (c.do_backward) {
         e = with_dtype_tile(p.dtype, T, bwd_go{run, plan});
-        if (e != cudaSuccess) return cuda_fail(e, "launching the joint's backward kernels");
+        if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the joint's backward kernels");
     }
     return TDT_STATUS_SUCCESS;
 }
@@ -1047,27 +1043,5 @@ extern "C" size_t tdt_gpu_joint_scratch_bytes(const tdt_joint_problem_t *problem
 }
 
 extern "C" tdt_status_t tdt_gpu_joint_run(const tdt_joint_call_t *call) {
-    int prev = 0, device = 0;
-    cudaError_t e = cudaGetDevice(&prev);
-    if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
-    device = prev;
-    const void *owner = call->c.workspace;
-    if (owner) {
-        cudaPointerAttributes attr;
-        e = cudaPointerGetAttributes(&attr, owner);
-        if (e != cudaSuccess) return cuda_fail(e, "cudaPointerGetAttributes(workspace)");
-        if (attr.type == cudaMemoryTypeUnregistered || attr.device < 0) {
-            tdt_set_error("workspace %p is not GPU-accessible memory (TDT_LOCATION_GPU takes device "
-                          "pointers)", owner);
-            return TDT_STATUS_INVALID_OPTION;
-        }
-        device = attr.device;
-    }
-    if (device != prev && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
-    tdt_status_t st = joint_body(call, device);
-    if (device != prev) {
-        e = cudaSetDevice(prev);
-        if (e != cudaSuccess && st == TDT_STATUS_SUCCESS) st = cuda_fail(e, "cudaSetDevice(restore)");
-    }
-    return st;
+    return tdt_on_device(call, call->c.workspace, "workspace", joint_body);
 }
