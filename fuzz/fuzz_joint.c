@@ -21,7 +21,8 @@
  *   - SUCCESS: costs finite or exactly +inf (then that sample's d enc / d pred exactly 0); no
  *     NaN or inf in any gradient; the costs and the four gradients agree with the naive
  *     float64 reference (fuzz/naive_ref.c's loss of the joint's logits computed here, the chain
- *     rule here): 1e-9 relative for float64, a dtype tolerance otherwise;
+ *     rule here): 1e-9 relative for float64, a dtype tolerance otherwise, plus a rounding bound
+ *     for sums that cancel (outs_t below);
  *   - the same bits for 1 thread and for num_threads, and for the one-shot call and the pair;
  *   - the inputs are left unchanged (ASan catches any access out of the exact-size buffers).
  */
@@ -122,8 +123,18 @@ typedef struct prob {
     double *gc;                    /* upstream gradients (B), or NULL for ones */
 } prob_t;
 
+/* The reference's values, and per value the scale of its rounding error in the library's
+ * accumulation dtype. A float32 gradient of a saturated sample (one path of probability ~1) is a
+ * sum of terms that cancel exactly: p - 1 at the path's outputs, with p = exp(z - lse). Its
+ * rounding error is not relative to the (tiny) result but to the logits' own size: z - lse is
+ * off by about eps * (T + U + 1) * zabs, where zabs bounds |W h| + |bias| term by term, and that
+ * error reaches the gradient through sum |W| (or |h|) over the nodes that hold it. So each
+ * gradient's error bound is eps times its mag[]: the sum over its nodes of
+ * |g| * 2 (1 + FastEmit) * zabs * (T + U + 1) times sum |W| (d enc, d pred), |h| (d W) or 1 (d bias),
+ * with the node's sample's zabs, T and U; a cost's is eps * zabs * (T + U + 1). */
 typedef struct outs {
     double *costs, *denc, *dpred, *dW, *dbias;
+    double *cost_err, *denc_mag, *dpred_mag, *dW_mag, *dbias_mag;
 } outs_t;
 
 static void reference(const prob_t *p, outs_t *o) {
@@ -136,9 +147,14 @@ static void reference(const prob_t *p, outs_t *o) {
     memset(o->dpred, 0, sizeof(double) * (size_t)(p->B * R * H));
     memset(o->dW, 0, sizeof(double) * (size_t)(O * H));
     memset(o->dbias, 0, sizeof(double) * (size_t)O);
+    memset(o->denc_mag, 0, sizeof(double) * (size_t)(p->B * p->T * H));
+    memset(o->dpred_mag, 0, sizeof(double) * (size_t)(p->B * R * H));
+    memset(o->dW_mag, 0, sizeof(double) * (size_t)(O * H));
+    memset(o->dbias_mag, 0, sizeof(double) * (size_t)O);
     nref_config_t cfg = {p->V, p->blank, p->tdt ? p->durations : NULL, p->tdt ? p->D : 0, p->sigma, p->fastemit, p->clamp, 0};
     for (int64_t b = 0; b < p->B; ++b) {
         const int64_t T = p->Ts[b], U = p->Us[b];
+        double zabs = 1;
         for (int64_t t = 0; t < T; ++t)
             for (int64_t u = 0; u <= U; ++u) {
                 const int64_t n = t * R + u;
@@ -151,8 +167,12 @@ static void reference(const prob_t *p, outs_t *o) {
                     h[n * H + k] = act(x, p->activation) * m[n * H + k];
                 }
                 for (int64_t oo = 0; oo < O; ++oo) {
-                    double s = p->bias[oo];
-                    for (int64_t k = 0; k < H; ++k) s += p->W[oo * p->ldw + k] * h[n * H + k];
+                    double s = p->bias[oo], sa = fabs(p->bias[oo]);
+                    for (int64_t k = 0; k < H; ++k) {
+                        s += p->W[oo * p->ldw + k] * h[n * H + k];
+                        sa += fabs(p->W[oo * p->ldw + k] * h[n * H + k]);
+                    }
+                    zabs = fmax(zabs, sa);
                     if (oo < p->V)
                         tok[(t * (U + 1) + u) * p->V + oo] = s;
                     else
@@ -163,22 +183,32 @@ static void reference(const prob_t *p, outs_t *o) {
         const double g = p->gc ? p->gc[b] : 1.0;
         if (nref_sample(&cfg, T, U, p->labels + b * p->U, tok, dur, g, &r, gt, p->tdt ? gd : NULL) != 0) abort();
         o->costs[b] = r.cost;
+        const double steps = (double)(T + U + 1), w = 2 * fabs(g) * (1 + p->fastemit) * zabs * steps;
+        o->cost_err[b] = zabs * steps;
         for (int64_t t = 0; t < T; ++t)
             for (int64_t u = 0; u <= U; ++u) {
                 const int64_t n = t * R + u, nn = t * (U + 1) + u;
                 for (int64_t oo = 0; oo < O; ++oo) {
                     const double e = oo < p->V ? gt[nn * p->V + oo] : gd[nn * p->D + (oo - p->V)];
                     o->dbias[oo] += e;
-                    for (int64_t k = 0; k < H; ++k) o->dW[oo * H + k] += e * h[n * H + k];
+                    o->dbias_mag[oo] += w;
+                    for (int64_t k = 0; k < H; ++k) {
+                        o->dW[oo * H + k] += e * h[n * H + k];
+                        o->dW_mag[oo * H + k] += w * fabs(h[n * H + k]);
+                    }
                 }
                 for (int64_t k = 0; k < H; ++k) {
-                    double dh = 0;
-                    for (int64_t oo = 0; oo < O; ++oo)
+                    double dh = 0, wabs = 0;
+                    for (int64_t oo = 0; oo < O; ++oo) {
                         dh += (oo < p->V ? gt[nn * p->V + oo] : gd[nn * p->D + (oo - p->V)]) * p->W[oo * p->ldw + k];
+                        wabs += fabs(p->W[oo * p->ldw + k]);
+                    }
                     const double x = p->enc[(b * p->T + t) * H + k] + p->pred[(b * R + u) * H + k];
-                    const double gk = dh * dact(x, p->activation) * m[n * H + k];
-                    o->denc[(b * p->T + t) * H + k] += gk;
-                    o->dpred[(b * R + u) * H + k] += gk;
+                    const double da = dact(x, p->activation) * m[n * H + k];
+                    o->denc[(b * p->T + t) * H + k] += dh * da;
+                    o->dpred[(b * R + u) * H + k] += dh * da;
+                    o->denc_mag[(b * p->T + t) * H + k] += w * wabs * fabs(da);
+                    o->dpred_mag[(b * R + u) * H + k] += w * wabs * fabs(da);
                 }
             }
     }
@@ -286,14 +316,18 @@ static tdt_status_t lib_call(lib_t *L, int pair, int with_gc) {
 
 /* ---- comparisons ------------------------------------------------------------------------------------ */
 
-static void compare(const char *what, const void *got, const double *want, size_t n, tdt_dtype_t d, double tol) {
+/* |got - want| <= tol (1 + max |want|) + eps * mag (outs_t says why) */
+static void compare(const char *what, const void *got, const double *want, const double *mag, size_t n, tdt_dtype_t d,
+                    double tol, double eps) {
     double scale = 0;
     for (size_t i = 0; i < n; ++i) scale = fmax(scale, fabs(want[i]));
     for (size_t i = 0; i < n; ++i) {
         const double x = get(got, i, d);
         if (!isfinite(x)) violation("%s[%zu] = %g is not finite", what, i, x);
-        if (fabs(x - want[i]) > tol * (1.0 + scale))
-            violation("%s[%zu] = %.17g, reference %.17g (scale %g, tolerance %g, dtype %d)", what, i, x, want[i], scale, tol, (int)d);
+        const double err = eps * mag[i];
+        if (fabs(x - want[i]) > tol * (1.0 + scale) + err)
+            violation("%s[%zu] = %.17g, reference %.17g (scale %g, tolerance %g, rounding bound %g, dtype %d)", what, i, x,
+                      want[i], scale, tol, err, (int)d);
     }
 }
 
@@ -427,9 +461,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ref.dpred = malloc(sizeof(double) * (L.n_pred + 1));
         ref.dW = malloc(sizeof(double) * (size_t)(p.O * p.H + 1));
         ref.dbias = malloc(sizeof(double) * (size_t)(p.O + 1));
+        ref.cost_err = malloc(sizeof(double) * (size_t)(p.B + 1));
+        ref.denc_mag = malloc(sizeof(double) * (L.n_enc + 1));
+        ref.dpred_mag = malloc(sizeof(double) * (L.n_pred + 1));
+        ref.dW_mag = malloc(sizeof(double) * (size_t)(p.O * p.H + 1));
+        ref.dbias_mag = malloc(sizeof(double) * (size_t)(p.O + 1));
         reference(&p, &ref);
         const tdt_dtype_t acc = dt == TDT_DTYPE_FLOAT64 ? TDT_DTYPE_FLOAT64 : TDT_DTYPE_FLOAT32;
         const double tol = dt == TDT_DTYPE_FLOAT64 ? 1e-9 : dt == TDT_DTYPE_FLOAT32 ? 1e-4 : 0.1;
+        const double eps = acc == TDT_DTYPE_FLOAT64 ? 0x1p-53 : 0x1p-24; /* the accumulation's unit roundoff */
         for (int64_t b = 0; b < p.B; ++b) {
             const double c = get(L.costs, (size_t)b, acc);
             if (isinf(ref.costs[b]) || isinf(c)) {
@@ -438,23 +478,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     for (int64_t k = 0; k < p.T * p.H; ++k)
                         if (get(L.genc, (size_t)(b * p.T * p.H + k), dt) != 0.0)
                             violation("infeasible sample %lld has a nonzero d enc", (long long)b);
-            } else if (!(fabs(c - ref.costs[b]) <= tol * (1 + fabs(ref.costs[b])))) {
-                violation("costs[%lld] = %.17g, reference %.17g", (long long)b, c, ref.costs[b]);
+            } else if (!(fabs(c - ref.costs[b]) <= tol * (1 + fabs(ref.costs[b])) + eps * ref.cost_err[b])) {
+                violation("costs[%lld] = %.17g, reference %.17g (rounding bound %g)", (long long)b, c, ref.costs[b],
+                          eps * ref.cost_err[b]);
             }
         }
-        if (L.genc) compare("d enc", L.genc, ref.denc, L.n_enc, dt, tol);
-        if (L.gpred) compare("d pred", L.gpred, ref.dpred, L.n_pred, dt, tol);
+        if (L.genc) compare("d enc", L.genc, ref.denc, ref.denc_mag, L.n_enc, dt, tol, eps);
+        if (L.gpred) compare("d pred", L.gpred, ref.dpred, ref.dpred_mag, L.n_pred, dt, tol, eps);
         if (L.gW) {
             double *w2 = malloc(sizeof(double) * (size_t)(p.O * p.H + 1));
             void *g2 = malloc((size_t)(p.O * p.H) * esz(dt) + 1);
             for (int64_t oo = 0; oo < p.O; ++oo)
                 for (int64_t k = 0; k < p.H; ++k) put(g2, (size_t)(oo * p.H + k), dt, get(L.gW, (size_t)(oo * p.ldw + k), dt));
             for (int64_t i = 0; i < p.O * p.H; ++i) w2[i] = ref.dW[i];
-            compare("d W", g2, w2, (size_t)(p.O * p.H), dt, tol);
+            compare("d W", g2, w2, ref.dW_mag, (size_t)(p.O * p.H), dt, tol, eps);
             free(w2);
             free(g2);
         }
-        if (L.gbias) compare("d bias", L.gbias, ref.dbias, L.n_b, dt, tol);
+        if (L.gbias) compare("d bias", L.gbias, ref.dbias, ref.dbias_mag, L.n_b, dt, tol, eps);
         /* the same bits at one thread, and by the other call form */
         lib_t L1;
         lib_setup(&p, 1, want, &L1);
@@ -474,6 +515,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(ref.dpred);
         free(ref.dW);
         free(ref.dbias);
+        free(ref.cost_err);
+        free(ref.denc_mag);
+        free(ref.dpred_mag);
+        free(ref.dW_mag);
+        free(ref.dbias_mag);
     }
     /* the inputs are as they were */
     for (size_t i = 0; i < L.n_enc; ++i)

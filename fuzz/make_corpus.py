@@ -228,6 +228,34 @@ def regressions():
     return r
 
 
+def encode_joint(tdt, T, U, H, D, blank=0, activation=0, pair=0, upstream=0,
+                 durations=(0, 1, 2, 3), labels=(), enc=127, pred=127, weight=127, bias=(), gc=()):
+    """One fuzz_joint input (the layout in fuzz_joint.c's opening comment): float32, B = 1,
+    V = 9, all frames and labels used, no fault, all four gradients, one thread; enc, pred and
+    W filled with one byte each (int8 / 16 times a scale); labels, bias and upstream gradient
+    as bytes."""
+    flags = (1 if tdt else 0) | (pair << 1) | (activation << 2) | (upstream << 7)
+    b = bytes([flags, 0, 1, T, U, 8, H - 1, blank, D - 1]) + bytes(durations[:D])
+    b += bytes([0, 0, 0, 0, 0, 0, 0, 0])  # options, threads, gradients, fault, seed, offset
+    b += bytes([T, U]) + bytes(labels)
+    O = 9 + (D if tdt else 0)
+    b += bytes([enc]) * (T * H) + bytes([pred]) * ((U + 1) * H) + bytes([weight]) * (O * H)
+    return b + bytes(bias) + bytes(gc)
+
+
+def joint_regressions():
+    r = {}
+    # 1. (the harness) every row of W equal: d h = W sum(dz) is exactly 0, and the float32
+    #    library leaves sum(dz) at the rounding of its lse of logits near 800 (1e-4 in d pred,
+    #    5e-5 relative to the logits): the tolerance now has a rounding term for sums that
+    #    cancel (fuzz_joint.c, outs_t).
+    r["equal_weight_rows_float32_lse"] = encode_joint(
+        tdt=False, T=5, U=3, H=1, D=1, blank=5, activation=3, pair=1, durations=(4,),
+        labels=(7, 3, 4), bias=(255, 68, 247, 154, 39, 132, 160, 155, 170),
+        gc=(100, 156, 127, 128))
+    return r
+
+
 def write(dirname, files):
     path = os.path.join(HERE, dirname)
     if os.path.isdir(path):
@@ -244,3 +272,4 @@ def write(dirname, files):
 if __name__ == "__main__":
     write("corpus", seeds())
     write("regressions", regressions())
+    write(os.path.join("regressions", "joint"), joint_regressions())

@@ -69,10 +69,26 @@ if [ "$rc" -ne 0 ] || [ -n "$crashes" ]; then
 fi
 [ "$status" -eq 0 ] && echo "== fuzz_tdt: no violations"
 
-# fuzz_joint: the fused joint + loss, from an empty corpus, for the same time
-echo "== building fuzz_joint and fuzzing it for ${secs}s"
+# fuzz_joint: the fused joint + loss; its reproducers replayed, then fuzzed from them for the
+# same time
+echo "== building fuzz_joint"
 cmake --build "$build" --target fuzz_joint -j"$(nproc)" >/dev/null
 mkdir -p "$work/joint_corpus"
+jregs=("$root"/fuzz/regressions/joint/*.bin)
+if [ -e "${jregs[0]}" ]; then
+  echo "== replaying ${#jregs[@]} reproducers from fuzz/regressions/joint"
+  for f in "${jregs[@]}"; do
+    if "$build/fuzz_joint" "$f" >"$work/jreg.log" 2>&1; then
+      echo "   ok    $(basename "$f")"
+    else
+      echo "   FAIL  $(basename "$f"):"
+      grep -E -A2 "VIOLATION|runtime error|ERROR: AddressSanitizer" "$work/jreg.log" | head -6 | sed 's/^/         /'
+      status=1
+    fi
+    cp "$f" "$work/joint_corpus/"
+  done
+fi
+echo "== fuzzing fuzz_joint for ${secs}s"
 set +e
 "$build/fuzz_joint" "$work/joint_corpus" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 \
   -max_len=2048 -print_final_stats=1 -artifact_prefix="$work/joint-" >"$work/joint.log" 2>&1
