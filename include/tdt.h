@@ -537,6 +537,11 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count);
  * grad_costs_scalar, num_threads, location, stream), the same infeasible-sample policy. Not
  * taken here (TDT_STATUS_INVALID_OPTION when set): input_kind TDT_INPUT_LOG_PROBS, pack,
  * state_in_grads; gpu_schedule is ignored.
+ * On the GPU the environment variable TDT_GPU_JOINT, read at every call, picks the schedule:
+ * unset or "tiles" (the default: the logits recomputed in shared memory, never in device
+ * memory), or "gemm" (chunks of nodes through cuBLASLt's matrix products, the chunk's logits in
+ * the workspace; cuBLASLt is loaded at run time, TDT_STATUS_CUDA_ERROR where it cannot be);
+ * anything else gives TDT_STATUS_INVALID_OPTION. docs/joint.md compares the two.
  * ------------------------------------------------------------------------------------------- */
 
 /* The joint's activation, applied to enc + pred before the output layer (NeMo's three, and
@@ -622,7 +627,10 @@ typedef struct tdt_joint_gradients {
  * 48 x 24 nodes of the padded extent, at most 64 by that rule but at least 2 a thread (and at
  * most one a tile), so the size depends on
  * options->num_threads (0: omp_get_max_threads() when asked, which must then be no smaller in
- * the call: a call that needs more gets TDT_STATUS_WORKSPACE_TOO_SMALL). docs/joint.md. */
+ * the call: a call that needs more gets TDT_STATUS_WORKSPACE_TOO_SMALL). GPU: the larger of
+ * the two schedules' scratch (src/gpu/joint_plan.h): for a Parakeet joint (H 640, V + D 8198)
+ * at most about 60 MB plus d pred's sums (B x (U + 1) x H accumulate-type values), whatever
+ * max_frames is. docs/joint.md. */
 TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
                                                   const tdt_options_t *options,
                                                   size_t *workspace_bytes);

@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -555,6 +556,26 @@ TEST(GpuJoint, GraphCaptureMatchesDirectCall) {
         ASSERT_EQ(graphed.st, TDT_STATUS_SUCCESS) << graphed.err;
         EXPECT_EQ(graphed.raw, direct.raw) << "captured in a graph, " << tdt_test::dtype_name(dt);
     }
+}
+
+// TDT_GPU_JOINT picks the schedule: "tiles" (the default), "gemm", anything else is refused.
+TEST(GpuJoint, ScheduleVariable) {
+    REQUIRE_GPU();
+    const char *was = std::getenv("TDT_GPU_JOINT");
+    const std::string saved = was ? was : "";
+    Case c = basic();
+    const Data d = make_data(c, TDT_DTYPE_FLOAT32);
+    setenv("TDT_GPU_JOINT", "fastest", 1);
+    const Out bad = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU);
+    EXPECT_EQ(bad.st, TDT_STATUS_INVALID_OPTION) << bad.err;
+    EXPECT_NE(bad.err.find("TDT_GPU_JOINT"), std::string::npos) << bad.err;
+    for (const char *sched : {"tiles", "gemm"}) {
+        setenv("TDT_GPU_JOINT", sched, 1);
+        SCOPED_TRACE(sched);
+        check_case(c, TDT_DTYPE_FLOAT32);
+    }
+    if (was) setenv("TDT_GPU_JOINT", saved.c_str(), 1);
+    else unsetenv("TDT_GPU_JOINT");
 }
 
 TEST(GpuJoint, DeterministicAcrossRuns) {

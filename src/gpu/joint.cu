@@ -2,9 +2,11 @@
  * joint.cu - the fused joint + loss on the GPU (tdt_gpu_joint_run, internal.h): the costs and
  * the gradients of enc, pred, W and bias from the joint's inputs, never holding the
  * (nodes x (V + D)) logits. include/tdt.h ("The fused joint + loss") states the semantics,
- * docs/joint.md the algorithm; this file is its GPU form.
+ * docs/joint.md the algorithm; this file is its GPU form, in two schedules: the tiles below
+ * (the default), and with TDT_GPU_JOINT=gemm the chunked cuBLASLt products of joint_gemm.cu;
+ * joint_common.cuh holds what they share.
  *
- * Kernels, in the order a one-shot call enqueues them on the caller's stream:
+ * The tiles' kernels, in the order a one-shot call enqueues them on the caller's stream:
  *   joint_fwd_kernel     per tile of T lattice nodes (padded (b, t, u) order): h = dropout(act(
  *                        enc + pred)) into shared memory, then W's rows T at a time (staged kKC
  *                        columns of H at a time), z = W h + bias accumulated per (node, row), a
@@ -49,43 +51,18 @@
  * No allocation, no host synchronisation, nothing but launches and one memset on the caller's
  * stream (capturable in a CUDA graph); the caller's current device is restored.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include <type_traits>
 
-#include "common/joint.h"
-#include "gpu_common.cuh"
-#include "joint_plan.h"
+#include "joint_common.cuh"
 
 namespace {
 
 const int kThreads = 256;
 const int kKC = 32; /* columns of H in one staged chunk of W's rows */
 
-/* Everything the joint's kernels read, by value. */
-struct joint_args {
-    int64_t B, maxT, maxU, row, V, O, H, nodes;
-    int D, blank, act;
-    int dropout;            /* 0: none */
-    uint32_t drop_thr;      /* tdt_dropout_threshold */
-    double drop_scale;      /* tdt_dropout_scale */
-    uint64_t seed, offset;
-    double sigma, lambda, clamp;
-    const void *enc, *pred, *W, *bias;
-    int64_t enc_s[2], pred_s[2], W_s;
-    const int32_t *labels, *frame_lengths, *label_lengths;
-    tdt_arcs_t arcs;
-    tdt_ws_t ws;
-    tdt_wblocks_t wb;
-    tdt_gpu_args_t lat;     /* what gpu_common.cuh's tdt_sample_lattice reads (D, wb, row, maxT) */
-    const void *grad_costs;
-    int acc_double, grad_costs_scalar, normalize_costs, batch_mean;
-    void *enc_g, *pred_g, *W_g, *bias_g;
-    int64_t enc_gs[2], pred_gs[2], W_gs;
-    void *dx, *pred_acc, *w_part, *b_part; /* the scratch (joint_plan.h) */
-    int64_t parts;
-    int64_t chunk_row0, chunk_rows; /* the backward's current chunk of (b, t) rows */
-};
-
-template <int DT> using acc_t = typename tdt_elem<DT>::Acc;
 
 /* 16 bytes of the accumulate type: the vector the tiles' loops read shared memory in. */
 template <typename A> struct vec16;
@@ -137,87 +114,6 @@ template <int DT, int T> struct smem_layout {
     }
 };
 
-template <int DT> __device__ __forceinline__ acc_t<DT> ld(const void *p, int64_t i) {
-    return tdt_elem<DT>::to_acc(static_cast<const typename tdt_elem<DT>::T *>(p)[i]);
-}
-template <int DT> __device__ __forceinline__ void st(void *p, int64_t i, acc_t<DT> x) {
-    static_cast<typename tdt_elem<DT>::T *>(p)[i] = tdt_elem<DT>::from_acc(x);
-}
-
-/* NaN-keeping max (lattice.h's tdt_lse_max) in the accumulate type. */
-template <typename A> __device__ __forceinline__ A max_nan(A m, A x) { return (x > m || x != x) ? x : m; }
-
-/* The activation and its derivative from x and y = act(x). */
-template <typename A> __device__ __forceinline__ A act_of(int act, A x) {
-    switch (act) {
-    case TDT_ACTIVATION_RELU: return x > (A)0 ? x : (A)0;
-    case TDT_ACTIVATION_TANH: return tanh(x);
-    case TDT_ACTIVATION_SIGMOID: return (A)1 / ((A)1 + exp(-x));
-    default: return x;
-    }
-}
-template <typename A> __device__ __forceinline__ A act_grad(int act, A x, A y) {
-    switch (act) {
-    case TDT_ACTIVATION_RELU: return x > (A)0 ? (A)1 : (A)0;
-    case TDT_ACTIVATION_TANH: return (A)1 - y * y;
-    case TDT_ACTIVATION_SIGMOID: return y * ((A)1 - y);
-    default: return (A)1;
-    }
-}
-
-/* A node of a tile, in shared memory. */
-struct node_info {
-    int64_t b, t, u;
-    uint64_t ctr; /* dropout counter of its element 0 */
-    int valid;    /* forward: inside its lattice, lengths in range; backward: and feasible */
-    int y;        /* its label when it has one in [0, V) other than blank, else -1 */
-    int has_label; /* u < U_b */
-};
-
-/* Node n of the padded (b, t, u) order into ni; valid as the forward takes it (lengths in range,
- * t < T_b, u <= U_b), n < limit. */
-__device__ __forceinline__ void node_decode(const joint_args &a, int64_t n, int64_t limit,
-                                            node_info *ni, int64_t *Tb, int64_t *Ub) {
-    ni->valid = 0;
-    ni->y = -1;
-    ni->has_label = 0;
-    ni->b = ni->t = ni->u = 0;
-    ni->ctr = 0;
-    *Tb = *Ub = 0;
-    if (n >= limit) return;
-    const int64_t per = a.maxT * a.row;
-    ni->b = n / per;
-    const int64_t r = n - ni->b * per;
-    ni->t = r / a.row;
-    ni->u = r - ni->t * a.row;
-    const int64_t tb = a.frame_lengths[ni->b], ub = a.label_lengths[ni->b];
-    if (tb < 0 || tb > a.maxT || ub < 0 || ub > a.maxU || ni->t >= tb || ni->u > ub) return;
-    *Tb = tb;
-    *Ub = ub;
-    ni->valid = 1;
-    ni->has_label = ni->u < ub;
-    if (ni->has_label) {
-        const int32_t y = a.labels[ni->b * a.maxU + ni->u];
-        ni->y = (y >= 0 && y < a.V && y != a.blank) ? y : -1;
-    }
-    ni->ctr = tdt_dropout_counter(a.offset, ni->b, ni->t, ni->u, a.maxT, a.maxU, a.H);
-}
-
-/* x = enc + pred at element k of node ni, and h = dropout(act(x)), in the accumulate type (as
- * the CPU backend has it); *keep the dropout's factor (0, or its scale) for the backward. */
-template <int DT>
-__device__ __forceinline__ acc_t<DT> hidden(const joint_args &a, const node_info &ni, int64_t k,
-                                            acc_t<DT> *x_out, acc_t<DT> *keep_out) {
-    typedef acc_t<DT> A;
-    const A x = ld<DT>(a.enc, ni.b * a.enc_s[0] + ni.t * a.enc_s[1] + k) +
-                ld<DT>(a.pred, ni.b * a.pred_s[0] + ni.u * a.pred_s[1] + k);
-    A y = act_of(a.act, x);
-    A keep = (A)1;
-    if (a.dropout) keep = tdt_dropout_keep(a.seed, ni.ctr + (uint64_t)k, a.drop_thr) ? (A)a.drop_scale : (A)0;
-    *x_out = x;
-    *keep_out = keep;
-    return y * keep;
-}
 
 /* The tile's h into hs (T rows of pitch hsp), zeros for nodes that are not valid and in the
  * padding; in h's type (tc_path). */
@@ -504,35 +400,6 @@ __global__ void __launch_bounds__(kThreads) joint_fwd_kernel(const __grid_consta
  * backward
  * ============================================================================================== */
 
-/* A node's gradient coefficients, in shared memory. */
-struct node_coef {
-    double lse, gb;
-    tdt_node_grad_t g;
-    double q[TDT_MAX_DURATIONS]; /* the duration softmax */
-};
-
-/* Node n (n < limit) of the padded order: ni as node_decode, valid only where its sample is
- * feasible (state OK, log p(y|x) > -inf), and then its coefficients (lattice.h). */
-__device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int64_t limit,
-                                            node_info *ni, node_coef *nc) {
-    int64_t Tb, Ub;
-    node_decode(a, n, limit, ni, &Tb, &Ub);
-    if (!ni->valid) return;
-    const int64_t b = ni->b;
-    const double ll = a.ws.ll[b];
-    if (a.ws.state[b] != TDT_GPU_STATE_OK || ll == -TDT_INF) {
-        ni->valid = 0;
-        return;
-    }
-    const tdt_lattice_t L = tdt_sample_lattice(a.lat, b, Tb, Ub);
-    const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
-    tdt_node_grad(&L, &a.arcs, a.ws.alpha + off, a.ws.beta + off, ni->t, ni->u, ll, a.lambda, &nc->g);
-    nc->gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b, a.batch_mean ? a.B : 0,
-                          a.normalize_costs, Ub);
-    const double *w = tdt_node_block(&L, ni->t, ni->u);
-    nc->lse = w[tdt_w_lse(a.D)];
-    for (int k = 0; k < a.D; ++k) nc->q[k] = exp(w[TDT_W_DUR + k]);
-}
 
 /* dz of the thread's elements of the tile at o0 into dzs (T rows of pitch dzp): upstream times
  * tdt_token_grad / tdt_duration_grad, 0 for nodes that are not valid and rows past O. Ends with a
@@ -644,53 +511,6 @@ __global__ void __launch_bounds__(kThreads) joint_dnode_kernel(const __grid_cons
     }
 }
 
-/* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx. */
-template <int DT> __global__ void joint_denc_kernel(const __grid_constant__ joint_args a) {
-    const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
-    const int64_t n = a.chunk_rows * a.H;
-    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = idx / a.H, k = idx - r * a.H;
-        const int64_t rr = a.chunk_row0 + r, b = rr / a.maxT, t = rr - b * a.maxT;
-        acc_t<DT> s = 0;
-        for (int64_t u = 0; u < a.row; ++u) s += dx[(r * a.row + u) * a.H + k];
-        st<DT>(a.enc_g, b * a.enc_gs[0] + t * a.enc_gs[1] + k, s);
-    }
-}
-
-/* d pred: each (b, u, k) of the chunk's samples gets the sum over the chunk's frames (t
- * ascending) added to its accumulator. */
-template <int DT> __global__ void joint_dpred_kernel(const __grid_constant__ joint_args a) {
-    const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
-    acc_t<DT> *accp = static_cast<acc_t<DT> *>(a.pred_acc);
-    const int64_t n = a.row * a.H;
-    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t u = idx / a.H, k = idx - u * a.H;
-        int64_t cur = a.chunk_row0 / a.maxT;
-        acc_t<DT> s = 0;
-        for (int64_t r = 0; r < a.chunk_rows; ++r) {
-            const int64_t b = (a.chunk_row0 + r) / a.maxT;
-            if (b != cur) {
-                accp[(cur * a.row + u) * a.H + k] += s;
-                s = 0;
-                cur = b;
-            }
-            s += dx[(r * a.row + u) * a.H + k];
-        }
-        accp[(cur * a.row + u) * a.H + k] += s;
-    }
-}
-
-template <int DT> __global__ void joint_pred_out_kernel(const __grid_constant__ joint_args a) {
-    const acc_t<DT> *accp = static_cast<const acc_t<DT> *>(a.pred_acc);
-    const int64_t n = a.B * a.row * a.H;
-    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t k = idx % a.H, bu = idx / a.H, b = bu / a.row, u = bu - b * a.row;
-        st<DT>(a.pred_g, b * a.pred_gs[0] + u * a.pred_gs[1] + k, accp[idx]);
-    }
-}
 
 /* d W and d bias of W's rows o0 = blockIdx.x * T .. o0 + T - 1 over the node tiles
  * blockIdx.y, blockIdx.y + P, ... (in order), into partition blockIdx.y's scratch. */
@@ -756,40 +576,11 @@ __global__ void __launch_bounds__(kThreads) joint_dw_kernel(const __grid_constan
     if (threadIdx.x < T && o0 + threadIdx.x < a.O) bp[o0 + threadIdx.x] = db[threadIdx.x];
 }
 
-/* d W and d bias: the P partitions summed in order, written in the dtype. */
-template <int DT> __global__ void joint_dw_out_kernel(const __grid_constant__ joint_args a) {
-    const acc_t<DT> *wp = static_cast<const acc_t<DT> *>(a.w_part);
-    const acc_t<DT> *bp = static_cast<const acc_t<DT> *>(a.b_part);
-    const int64_t n = a.O * a.H;
-    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n + a.O;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        acc_t<DT> s = 0;
-        if (idx < n) {
-            if (!a.W_g) continue;
-            for (int64_t p = 0; p < a.parts; ++p) s += wp[p * n + idx];
-            const int64_t o = idx / a.H, k = idx - o * a.H;
-            st<DT>(a.W_g, o * a.W_gs + k, s);
-        } else {
-            if (!a.bias_g) continue;
-            const int64_t o = idx - n;
-            for (int64_t p = 0; p < a.parts; ++p) s += bp[p * a.O + o];
-            st<DT>(a.bias_g, o, s);
-        }
-    }
-}
-
 /* ================================================================================================
  * host
  * ============================================================================================== */
 
 
-/* Blocks of a grid-striding elementwise kernel over n elements. */
-inline unsigned flat_blocks(int64_t n, int num_sms) {
-    int64_t blocks = (n + 255) / 256;
-    const int64_t cap = (int64_t)num_sms * 16;
-    if (blocks > cap) blocks = cap;
-    return blocks < 1 ? 1u : (unsigned)blocks;
-}
 
 /* A tile kernel's dynamic shared memory allowed: beyond what the kernel takes by default (48 KB
  * less its static shared memory, which the node tables make 10-20 KB here), so that a launch of
@@ -879,73 +670,6 @@ struct joint_run {
     }
 };
 
-/* The kernels' arguments from the validated call, the scratch carved by plan. */
-joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &plan) {
-    const tdt_joint_problem_t &p = call->jp;
-    const tdt_call_t &c = call->c;
-    joint_args a;
-    memset(&a, 0, sizeof a);
-    a.B = p.batch;
-    a.maxT = p.max_frames;
-    a.maxU = p.max_labels;
-    a.row = p.max_labels + 1;
-    a.V = p.vocab_size;
-    a.O = p.num_outputs;
-    a.H = p.hidden;
-    a.nodes = c.layout.nodes;
-    a.D = c.tdt_mode ? c.num_durations : 0;
-    a.blank = c.o.blank;
-    a.act = (int)p.activation;
-    a.dropout = tdt_dropout_threshold(p.dropout) != 0; /* as the CPU: no mask, no scale */
-    a.drop_thr = tdt_dropout_threshold(p.dropout);
-    a.drop_scale = tdt_dropout_scale(p.dropout);
-    a.seed = p.dropout_seed;
-    a.offset = p.dropout_offset;
-    a.sigma = c.o.sigma;
-    a.lambda = c.o.fastemit_lambda;
-    a.clamp = c.o.clamp;
-    a.enc = p.enc;
-    a.pred = p.pred;
-    a.W = p.weight;
-    a.bias = p.bias;
-    for (int i = 0; i < 2; ++i) {
-        a.enc_s[i] = p.enc_strides[i];
-        a.pred_s[i] = p.pred_strides[i];
-        a.enc_gs[i] = call->jg.enc_strides[i];
-        a.pred_gs[i] = call->jg.pred_strides[i];
-    }
-    a.W_s = p.weight_stride;
-    a.labels = p.labels;
-    a.frame_lengths = p.frame_lengths;
-    a.label_lengths = p.label_lengths;
-    a.arcs = c.arcs;
-    if (c.workspace) {
-        tdt_workspace_carve(&c.layout, c.workspace, &a.ws);
-        a.wb = tdt_wblocks_ws(a.ws.w, c.layout.block, p.max_frames, p.max_labels + 1);
-        a.lat.D = a.D;
-        a.lat.wb = a.wb;
-        a.lat.row = a.row;
-        a.lat.maxT = a.maxT;
-        char *const base = (char *)tdt_align_up((size_t)(uintptr_t)c.workspace) + call->scratch_offset;
-        char *const s = base + ((TDT_WS_ALIGN - ((uintptr_t)base & (TDT_WS_ALIGN - 1))) & (TDT_WS_ALIGN - 1));
-        a.dx = s + plan.dx;
-        a.pred_acc = s + plan.pred_acc;
-        a.w_part = s + plan.w_part;
-        a.b_part = s + plan.b_part;
-    }
-    a.grad_costs = c.grad_costs;
-    a.acc_double = tdt_acc_is_double(p.dtype);
-    a.grad_costs_scalar = c.o.grad_costs_scalar != 0;
-    a.normalize_costs = c.o.normalize_costs != 0;
-    a.batch_mean = c.o.batch_mean != 0;
-    a.enc_g = call->jg.enc_grad;
-    a.pred_g = call->jg.pred_grad;
-    a.W_g = call->jg.weight_grad;
-    a.W_gs = call->jg.weight_stride;
-    a.bias_g = call->jg.bias_grad;
-    a.parts = plan.parts;
-    return a;
-}
 
 struct fwd_go {
     const joint_run &r;
@@ -994,8 +718,16 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     e = tdt_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &smem_max);
     if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
     if (num_sms < 1) num_sms = 1;
+    /* the schedule: the tiles below, or TDT_GPU_JOINT=gemm (joint_gemm.cu) */
+    const char *sched = getenv("TDT_GPU_JOINT");
+    const bool gemm = sched && strcmp(sched, "gemm") == 0;
+    if (sched && *sched && !gemm && strcmp(sched, "tiles") != 0) {
+        tdt_set_error("TDT_GPU_JOINT = \"%s\": the GPU joint's schedule is \"tiles\" (the default) or \"gemm\"",
+                      sched);
+        return TDT_STATUS_INVALID_OPTION;
+    }
     const int T = tile_of(p.dtype, p.hidden, smem_max > 0 ? (size_t)smem_max : 0);
-    if (T == 0) {
+    if (T == 0 && !gemm) {
         tdt_set_error("problem->hidden = %lld: the GPU joint's tiles of its hidden values do not fit "
                       "this device's %d bytes of shared memory a block",
                       (long long)p.hidden, smem_max);
@@ -1003,16 +735,21 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     }
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
-                            tdt_acc_is_double(p.dtype) ? 8 : 4, &plan) ||
-        (c.do_backward && call->scratch_bytes < plan.bytes)) {
+                            tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), &plan) ||
+        ((c.do_backward || gemm) && call->scratch_bytes < plan.bytes)) {
         tdt_set_error("the joint's GPU scratch (%zu bytes) is smaller than its plan needs (%zu)",
                       call->scratch_bytes, plan.bytes);
         return TDT_STATUS_WORKSPACE_TOO_SMALL;
     }
     joint_run run{call, args_of(call, plan), num_sms, stream};
     if (c.do_forward) {
-        e = with_dtype_tile(p.dtype, T, fwd_go{run});
-        if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the joint's forward kernel");
+        if (gemm) {
+            const tdt_status_t st = tdt_gpu_joint_gemm(call, &plan, device, num_sms, 0);
+            if (st != TDT_STATUS_SUCCESS) return st;
+        } else {
+            e = with_dtype_tile(p.dtype, T, fwd_go{run});
+            if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the joint's forward kernel");
+        }
         /* the lattice: its sweeps (the node blocks are written), costs, reduction */
         tdt_call_t lat = c;
         lat.do_backward = 0;
@@ -1022,6 +759,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
         if (st != TDT_STATUS_SUCCESS) return st;
     }
     if (c.do_backward) {
+        if (gemm) return tdt_gpu_joint_gemm(call, &plan, device, num_sms, 1);
         e = with_dtype_tile(p.dtype, T, bwd_go{run, plan});
         if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the joint's backward kernels");
     }
@@ -1037,7 +775,7 @@ extern "C" size_t tdt_gpu_joint_scratch_bytes(const tdt_joint_problem_t *problem
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(problem->batch, problem->max_frames, problem->max_labels,
                             problem->num_outputs, problem->hidden,
-                            tdt_acc_is_double(problem->dtype) ? 8 : 4, &plan))
+                            tdt_acc_is_double(problem->dtype) ? 8 : 4, tdt_dtype_size(problem->dtype), &plan))
         return SIZE_MAX; /* the dispatch layer refuses it */
     return plan.bytes;
 }

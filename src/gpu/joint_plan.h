@@ -11,10 +11,24 @@
  *   w_part   [P * O * H]        d W of each of P node partitions (summed in order after)
  *   b_part   [P * O]            d bias likewise
  * R and P are functions of the shapes alone, so the size query (which sees no device) and the
- * kernels agree: R keeps dx near kJointDxBytes, P gives d W's kernel about kJointWBlocks
- * blocks (each owns kJointPlanTile rows of W over its partition of the nodes) while w_part
- * stays near kJointWPartBytes (at least one partition, whatever its size). At B 8, T 375,
- * U 100, H 640, V + D 8198 (float32): 32 + 2 + 21 MB.
+ * kernels agree: R keeps dx near TDT_JOINT_DX_BYTES, P gives d W's kernel about
+ * TDT_JOINT_W_BLOCKS blocks (each owns TDT_JOINT_PLAN_TILE rows of W over its partition of the
+ * nodes) while w_part stays near TDT_JOINT_WPART_BYTES (at least one partition, whatever its
+ * size). At B 8, T 375, U 100, H 640, V + D 8198 (float32): 32 + 2 + 21 MB.
+ *
+ * The GEMM schedule (joint_gemm.cu) lays out the same scratch its own way (a call takes one
+ * schedule, so the scratch is the larger of the two layouts), for chunks of G consecutive
+ * (b, t) rows, N = G (U + 1) nodes:
+ *   g_z      [N * ldz]          the chunk's logits z (accumulate type, O rows of pitch ldz,
+ *                               O rounded up to 8), then in place its dz (in the dtype)
+ *   g_h      [N * ldh]          the chunk's h (the dtype: the products' operand; pitch ldh, H
+ *                               rounded up to 16 bytes)
+ *   g_dx     [N * H]            d h, then in place d(enc + pred) (accumulate type)
+ *   g_pred   [B * (U + 1) * H]  as pred_acc
+ *   g_w, g_b [O * H], [O]       d W and d bias summed over the chunks so far
+ *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
+ * G keeps g_z, g_h and g_dx together near TDT_JOINT_Z_BYTES (at least one row). At the shapes
+ * above in bfloat16: 29 + 1 + 2 (G 9) + 2 + 21 + 4 MB.
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
@@ -25,18 +39,22 @@
 #define TDT_JOINT_WPART_BYTES ((size_t)32 << 20)
 #define TDT_JOINT_W_BLOCKS 512
 #define TDT_JOINT_PLAN_TILE 32
+#define TDT_JOINT_Z_BYTES ((size_t)32 << 20)
+#define TDT_JOINT_LT_BYTES ((size_t)4 << 20)
 
 typedef struct tdt_gpu_joint_plan {
     int64_t rows;   /* R: (b, t) rows of nodes a backward chunk, >= 1 */
     int64_t parts;  /* P: node partitions of d W, >= 1 */
     size_t dx, pred_acc, w_part, b_part; /* byte offsets from the scratch's (aligned) start */
+    int64_t g_rows, g_ldz, g_ldh;        /* the GEMM schedule: G, and its pitches (elements) */
+    size_t g_z, g_h, g_dx, g_pred, g_w, g_b, g_lt; /* its byte offsets */
     size_t bytes;   /* the scratch's size, TDT_WS_ALIGN slack included */
 } tdt_gpu_joint_plan_t;
 
-/* The plan for B, max_frames, max_labels, num_outputs O, hidden H and an accumulate type of
- * acc bytes (4 or 8). 0 on overflow. */
+/* The plan for B, max_frames, max_labels, num_outputs O, hidden H, an accumulate type of acc
+ * bytes (4 or 8) and a dtype of elem bytes (2, 4 or 8). 0 on overflow. */
 TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels, int64_t O,
-                              int64_t H, int64_t acc, tdt_gpu_joint_plan_t *p) {
+                              int64_t H, int64_t acc, int64_t elem, tdt_gpu_joint_plan_t *p) {
     size_t row_elems, oh, cursor = 0, n;
     const int64_t row = max_labels + 1;
     if (!tdt_mul_size((size_t)row, (size_t)H, &row_elems)) return 0;
@@ -64,6 +82,28 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
         return 0;
     if (!tdt_mul_size((size_t)P, (size_t)O, &n) || !tdt_ws_take(&cursor, n, (size_t)acc, &p->b_part))
         return 0;
+    /* the GEMM schedule's layout, from the same start */
+    size_t g = 0, zrow, nodes, zb, hb, db;
+    if (O > INT64_MAX / 16 || H > INT64_MAX / 16 / elem) return 0;
+    p->g_ldz = (O + 7) / 8 * 8;
+    p->g_ldh = (H * elem + 15) / 16 * 16 / elem;
+    /* a node's z, h and d h */
+    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)acc, &zb) || !tdt_mul_size((size_t)p->g_ldh, (size_t)elem, &hb) ||
+        !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 4 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
+        return 0;
+    if (!tdt_mul_size((size_t)row, zb + hb + db, &zrow)) return 0;
+    int64_t G = zrow > 0 ? (int64_t)(TDT_JOINT_Z_BYTES / zrow) : 1;
+    if (G > all_rows) G = all_rows;
+    if (G < 1) G = 1;
+    p->g_rows = G;
+    if (!tdt_mul_size((size_t)G, (size_t)row, &nodes)) return 0;
+    if (!tdt_mul_size(nodes, (size_t)p->g_ldz, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_z)) return 0;
+    if (!tdt_mul_size(nodes, (size_t)p->g_ldh, &n) || !tdt_ws_take(&g, n, (size_t)elem, &p->g_h)) return 0;
+    if (!tdt_mul_size(nodes, (size_t)H, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_dx)) return 0;
+    if (!tdt_mul_size((size_t)B, row_elems, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_pred)) return 0;
+    if (!tdt_ws_take(&g, oh, (size_t)acc, &p->g_w) || !tdt_ws_take(&g, (size_t)O, (size_t)acc, &p->g_b)) return 0;
+    if (!tdt_ws_take(&g, TDT_JOINT_LT_BYTES, 1, &p->g_lt)) return 0;
+    if (g > cursor) cursor = g;
     if (cursor > (size_t)INT64_MAX - TDT_WS_ALIGN) return 0;
     p->bytes = cursor + TDT_WS_ALIGN;
     return 1;

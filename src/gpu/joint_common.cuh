@@ -1,0 +1,314 @@
+/*
+ * joint_common.cuh - what the GPU fused joint's two schedules share (joint.cu: tiles of nodes
+ * against tiles of W's rows, the logits never leaving the chip; joint_gemm.cu: chunks of nodes
+ * through cuBLASLt's matrix products, the chunk's logits in the scratch): the kernels'
+ * arguments, the per-node setup of the forward and the backward, the hidden values, and the
+ * reductions of d(enc + pred) into d enc and d pred. Included by those two files only.
+ */
+#ifndef TDT_GPU_JOINT_COMMON_CUH
+#define TDT_GPU_JOINT_COMMON_CUH
+
+#include "common/joint.h"
+#include "gpu_common.cuh"
+#include "joint_plan.h"
+
+namespace {
+
+/* Everything the joint's kernels read, by value. */
+struct joint_args {
+    int64_t B, maxT, maxU, row, V, O, H, nodes;
+    int D, blank, act;
+    int dropout;            /* 0: none */
+    uint32_t drop_thr;      /* tdt_dropout_threshold */
+    double drop_scale;      /* tdt_dropout_scale */
+    uint64_t seed, offset;
+    double sigma, lambda, clamp;
+    const void *enc, *pred, *W, *bias;
+    int64_t enc_s[2], pred_s[2], W_s;
+    const int32_t *labels, *frame_lengths, *label_lengths;
+    tdt_arcs_t arcs;
+    tdt_ws_t ws;
+    tdt_wblocks_t wb;
+    tdt_gpu_args_t lat;     /* what gpu_common.cuh's tdt_sample_lattice reads (D, wb, row, maxT) */
+    const void *grad_costs;
+    int acc_double, grad_costs_scalar, normalize_costs, batch_mean;
+    void *enc_g, *pred_g, *W_g, *bias_g;
+    int64_t enc_gs[2], pred_gs[2], W_gs;
+    void *dx, *pred_acc, *w_part, *b_part; /* the scratch (joint_plan.h) */
+    int64_t parts;
+    int64_t chunk_row0, chunk_rows; /* the backward's current chunk of (b, t) rows */
+};
+
+template <int DT> using acc_t = typename tdt_elem<DT>::Acc;
+
+template <int DT> __device__ __forceinline__ acc_t<DT> ld(const void *p, int64_t i) {
+    return tdt_elem<DT>::to_acc(static_cast<const typename tdt_elem<DT>::T *>(p)[i]);
+}
+template <int DT> __device__ __forceinline__ void st(void *p, int64_t i, acc_t<DT> x) {
+    static_cast<typename tdt_elem<DT>::T *>(p)[i] = tdt_elem<DT>::from_acc(x);
+}
+
+/* NaN-keeping max (lattice.h's tdt_lse_max) in the accumulate type. */
+template <typename A> __device__ __forceinline__ A max_nan(A m, A x) { return (x > m || x != x) ? x : m; }
+
+/* The activation and its derivative from x and y = act(x). */
+template <typename A> __device__ __forceinline__ A act_of(int act, A x) {
+    switch (act) {
+    case TDT_ACTIVATION_RELU: return x > (A)0 ? x : (A)0;
+    case TDT_ACTIVATION_TANH: return tanh(x);
+    case TDT_ACTIVATION_SIGMOID: return (A)1 / ((A)1 + exp(-x));
+    default: return x;
+    }
+}
+template <typename A> __device__ __forceinline__ A act_grad(int act, A x, A y) {
+    switch (act) {
+    case TDT_ACTIVATION_RELU: return x > (A)0 ? (A)1 : (A)0;
+    case TDT_ACTIVATION_TANH: return (A)1 - y * y;
+    case TDT_ACTIVATION_SIGMOID: return y * ((A)1 - y);
+    default: return (A)1;
+    }
+}
+
+/* A node of a tile, in shared memory. */
+struct node_info {
+    int64_t b, t, u;
+    uint64_t ctr; /* dropout counter of its element 0 */
+    int valid;    /* forward: inside its lattice, lengths in range; backward: and feasible */
+    int y;        /* its label when it has one in [0, V) other than blank, else -1 */
+    int has_label; /* u < U_b */
+};
+
+/* Node n of the padded (b, t, u) order into ni; valid as the forward takes it (lengths in range,
+ * t < T_b, u <= U_b), n < limit. */
+__device__ __forceinline__ void node_decode(const joint_args &a, int64_t n, int64_t limit,
+                                            node_info *ni, int64_t *Tb, int64_t *Ub) {
+    ni->valid = 0;
+    ni->y = -1;
+    ni->has_label = 0;
+    ni->b = ni->t = ni->u = 0;
+    ni->ctr = 0;
+    *Tb = *Ub = 0;
+    if (n >= limit) return;
+    const int64_t per = a.maxT * a.row;
+    ni->b = n / per;
+    const int64_t r = n - ni->b * per;
+    ni->t = r / a.row;
+    ni->u = r - ni->t * a.row;
+    const int64_t tb = a.frame_lengths[ni->b], ub = a.label_lengths[ni->b];
+    if (tb < 0 || tb > a.maxT || ub < 0 || ub > a.maxU || ni->t >= tb || ni->u > ub) return;
+    *Tb = tb;
+    *Ub = ub;
+    ni->valid = 1;
+    ni->has_label = ni->u < ub;
+    if (ni->has_label) {
+        const int32_t y = a.labels[ni->b * a.maxU + ni->u];
+        ni->y = (y >= 0 && y < a.V && y != a.blank) ? y : -1;
+    }
+    ni->ctr = tdt_dropout_counter(a.offset, ni->b, ni->t, ni->u, a.maxT, a.maxU, a.H);
+}
+
+/* x = enc + pred at element k of node ni, and h = dropout(act(x)), in the accumulate type (as
+ * the CPU backend has it); *keep the dropout's factor (0, or its scale) for the backward. */
+template <int DT>
+__device__ __forceinline__ acc_t<DT> hidden(const joint_args &a, const node_info &ni, int64_t k,
+                                            acc_t<DT> *x_out, acc_t<DT> *keep_out) {
+    typedef acc_t<DT> A;
+    const A x = ld<DT>(a.enc, ni.b * a.enc_s[0] + ni.t * a.enc_s[1] + k) +
+                ld<DT>(a.pred, ni.b * a.pred_s[0] + ni.u * a.pred_s[1] + k);
+    A y = act_of(a.act, x);
+    A keep = (A)1;
+    if (a.dropout) keep = tdt_dropout_keep(a.seed, ni.ctr + (uint64_t)k, a.drop_thr) ? (A)a.drop_scale : (A)0;
+    *x_out = x;
+    *keep_out = keep;
+    return y * keep;
+}
+
+/* A node's gradient coefficients, in shared memory. */
+struct node_coef {
+    double lse, gb;
+    tdt_node_grad_t g;
+    double q[TDT_MAX_DURATIONS]; /* the duration softmax */
+};
+
+/* Node n (n < limit) of the padded order: ni as node_decode, valid only where its sample is
+ * feasible (state OK, log p(y|x) > -inf), and then its coefficients (lattice.h). */
+__device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int64_t limit,
+                                            node_info *ni, node_coef *nc) {
+    int64_t Tb, Ub;
+    node_decode(a, n, limit, ni, &Tb, &Ub);
+    if (!ni->valid) return;
+    const int64_t b = ni->b;
+    const double ll = a.ws.ll[b];
+    if (a.ws.state[b] != TDT_GPU_STATE_OK || ll == -TDT_INF) {
+        ni->valid = 0;
+        return;
+    }
+    const tdt_lattice_t L = tdt_sample_lattice(a.lat, b, Tb, Ub);
+    const int64_t off = tdt_sample_offset(b, a.maxT, a.row);
+    tdt_node_grad(&L, &a.arcs, a.ws.alpha + off, a.ws.beta + off, ni->t, ni->u, ll, a.lambda, &nc->g);
+    nc->gb = tdt_upstream(a.grad_costs, a.acc_double, a.grad_costs_scalar, b, a.batch_mean ? a.B : 0,
+                          a.normalize_costs, Ub);
+    const double *w = tdt_node_block(&L, ni->t, ni->u);
+    nc->lse = w[tdt_w_lse(a.D)];
+    for (int k = 0; k < a.D; ++k) nc->q[k] = exp(w[TDT_W_DUR + k]);
+}
+
+/* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx. */
+template <int DT> __global__ void joint_denc_kernel(const __grid_constant__ joint_args a) {
+    const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
+    const int64_t n = a.chunk_rows * a.H;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = idx / a.H, k = idx - r * a.H;
+        const int64_t rr = a.chunk_row0 + r, b = rr / a.maxT, t = rr - b * a.maxT;
+        acc_t<DT> s = 0;
+        for (int64_t u = 0; u < a.row; ++u) s += dx[(r * a.row + u) * a.H + k];
+        st<DT>(a.enc_g, b * a.enc_gs[0] + t * a.enc_gs[1] + k, s);
+    }
+}
+
+/* d pred: each (b, u, k) of the chunk's samples gets the sum over the chunk's frames (t
+ * ascending) added to its accumulator. */
+template <int DT> __global__ void joint_dpred_kernel(const __grid_constant__ joint_args a) {
+    const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
+    acc_t<DT> *accp = static_cast<acc_t<DT> *>(a.pred_acc);
+    const int64_t n = a.row * a.H;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t u = idx / a.H, k = idx - u * a.H;
+        int64_t cur = a.chunk_row0 / a.maxT;
+        acc_t<DT> s = 0;
+        for (int64_t r = 0; r < a.chunk_rows; ++r) {
+            const int64_t b = (a.chunk_row0 + r) / a.maxT;
+            if (b != cur) {
+                accp[(cur * a.row + u) * a.H + k] += s;
+                s = 0;
+                cur = b;
+            }
+            s += dx[(r * a.row + u) * a.H + k];
+        }
+        accp[(cur * a.row + u) * a.H + k] += s;
+    }
+}
+
+template <int DT> __global__ void joint_pred_out_kernel(const __grid_constant__ joint_args a) {
+    const acc_t<DT> *accp = static_cast<const acc_t<DT> *>(a.pred_acc);
+    const int64_t n = a.B * a.row * a.H;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = idx % a.H, bu = idx / a.H, b = bu / a.row, u = bu - b * a.row;
+        st<DT>(a.pred_g, b * a.pred_gs[0] + u * a.pred_gs[1] + k, accp[idx]);
+    }
+}
+
+/* d W and d bias: the P partitions summed in order, written in the dtype. */
+template <int DT> __global__ void joint_dw_out_kernel(const __grid_constant__ joint_args a) {
+    const acc_t<DT> *wp = static_cast<const acc_t<DT> *>(a.w_part);
+    const acc_t<DT> *bp = static_cast<const acc_t<DT> *>(a.b_part);
+    const int64_t n = a.O * a.H;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n + a.O;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        acc_t<DT> s = 0;
+        if (idx < n) {
+            if (!a.W_g) continue;
+            for (int64_t p = 0; p < a.parts; ++p) s += wp[p * n + idx];
+            const int64_t o = idx / a.H, k = idx - o * a.H;
+            st<DT>(a.W_g, o * a.W_gs + k, s);
+        } else {
+            if (!a.bias_g) continue;
+            const int64_t o = idx - n;
+            for (int64_t p = 0; p < a.parts; ++p) s += bp[p * a.O + o];
+            st<DT>(a.bias_g, o, s);
+        }
+    }
+}
+
+/* Blocks of a grid-striding elementwise kernel over n elements. */
+inline unsigned flat_blocks(int64_t n, int num_sms) {
+    int64_t blocks = (n + 255) / 256;
+    const int64_t cap = (int64_t)num_sms * 16;
+    if (blocks > cap) blocks = cap;
+    return blocks < 1 ? 1u : (unsigned)blocks;
+}
+
+/* The scratch's start: scratch_offset bytes past the aligned workspace, aligned again. */
+inline char *joint_scratch(const tdt_joint_call_t *call) {
+    char *const base = (char *)tdt_align_up((size_t)(uintptr_t)call->c.workspace) + call->scratch_offset;
+    return base + ((TDT_WS_ALIGN - ((uintptr_t)base & (TDT_WS_ALIGN - 1))) & (TDT_WS_ALIGN - 1));
+}
+
+/* The kernels' arguments from the validated call, the tiles' scratch carved by plan. */
+joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &plan) {
+    const tdt_joint_problem_t &p = call->jp;
+    const tdt_call_t &c = call->c;
+    joint_args a;
+    memset(&a, 0, sizeof a);
+    a.B = p.batch;
+    a.maxT = p.max_frames;
+    a.maxU = p.max_labels;
+    a.row = p.max_labels + 1;
+    a.V = p.vocab_size;
+    a.O = p.num_outputs;
+    a.H = p.hidden;
+    a.nodes = c.layout.nodes;
+    a.D = c.tdt_mode ? c.num_durations : 0;
+    a.blank = c.o.blank;
+    a.act = (int)p.activation;
+    a.dropout = tdt_dropout_threshold(p.dropout) != 0; /* as the CPU: no mask, no scale */
+    a.drop_thr = tdt_dropout_threshold(p.dropout);
+    a.drop_scale = tdt_dropout_scale(p.dropout);
+    a.seed = p.dropout_seed;
+    a.offset = p.dropout_offset;
+    a.sigma = c.o.sigma;
+    a.lambda = c.o.fastemit_lambda;
+    a.clamp = c.o.clamp;
+    a.enc = p.enc;
+    a.pred = p.pred;
+    a.W = p.weight;
+    a.bias = p.bias;
+    for (int i = 0; i < 2; ++i) {
+        a.enc_s[i] = p.enc_strides[i];
+        a.pred_s[i] = p.pred_strides[i];
+        a.enc_gs[i] = call->jg.enc_strides[i];
+        a.pred_gs[i] = call->jg.pred_strides[i];
+    }
+    a.W_s = p.weight_stride;
+    a.labels = p.labels;
+    a.frame_lengths = p.frame_lengths;
+    a.label_lengths = p.label_lengths;
+    a.arcs = c.arcs;
+    if (c.workspace) {
+        tdt_workspace_carve(&c.layout, c.workspace, &a.ws);
+        a.wb = tdt_wblocks_ws(a.ws.w, c.layout.block, p.max_frames, p.max_labels + 1);
+        a.lat.D = a.D;
+        a.lat.wb = a.wb;
+        a.lat.row = a.row;
+        a.lat.maxT = a.maxT;
+        char *const s = joint_scratch(call);
+        a.dx = s + plan.dx;
+        a.pred_acc = s + plan.pred_acc;
+        a.w_part = s + plan.w_part;
+        a.b_part = s + plan.b_part;
+    }
+    a.grad_costs = c.grad_costs;
+    a.acc_double = tdt_acc_is_double(p.dtype);
+    a.grad_costs_scalar = c.o.grad_costs_scalar != 0;
+    a.normalize_costs = c.o.normalize_costs != 0;
+    a.batch_mean = c.o.batch_mean != 0;
+    a.enc_g = call->jg.enc_grad;
+    a.pred_g = call->jg.pred_grad;
+    a.W_g = call->jg.weight_grad;
+    a.W_gs = call->jg.weight_stride;
+    a.bias_g = call->jg.bias_grad;
+    a.parts = plan.parts;
+    return a;
+}
+
+} /* namespace */
+
+/* joint_gemm.cu: the GEMM schedule's forward (the node blocks, for the sweeps the caller runs
+ * next) or its backward (the four gradients), on the call's stream. */
+tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
+                                int num_sms, int backward);
+
+#endif /* TDT_GPU_JOINT_COMMON_CUH */

@@ -1,0 +1,532 @@
+/*
+ * joint_gemm.cu - the GPU fused joint's GEMM schedule (TDT_GPU_JOINT=gemm; joint.cu picks it):
+ * the lattice's nodes in chunks of G consecutive (b, t) rows (joint_plan.h), each chunk's
+ * matrix products on cuBLASLt's kernels (tensor cores for float16 and bfloat16), the chunk's
+ * logits held in the scratch (about 32 MB), never the whole problem's.
+ *
+ * Per chunk of N = G (U + 1) nodes, in the padded (b, t, u) order:
+ *   forward   h = dropout(act(enc + pred)) into g_h (the dtype, zero rows for the nodes that
+ *             are not valid); z = h W^T (cuBLASLt, accumulate type) into g_z; per node, from
+ *             z + bias, the node's block as joint_fwd_kernel writes it (the log-normaliser over
+ *             the V token rows, the blank and label logits, the duration log-softmax). Then the
+ *             sweeps (joint.cu).
+ *   backward  h and z again; per node dz (its coefficients by node_setup_bwd, the formula of
+ *             joint.cu's dz_tile) written in place over z, in the dtype (an operand again; zero
+ *             rows for nodes outside a feasible lattice); d W += dz^T h (cuBLASLt, beta 1, in
+ *             g_w) and d bias += the column sums of dz (nodes ascending); d h = dz W (cuBLASLt)
+ *             into g_dx, then d(enc + pred) = d h * the dropout's factor * act' in place, and
+ *             joint_common.cuh's reductions into d enc (u ascending) and d pred (chunks, then
+ *             t, ascending). At the end d pred, d W and d bias are written in the dtype.
+ * So four products of 2 N H (V + D) a chunk, forward and backward together, as the tiles'
+ * schedule has five; cuBLASLt picks each product's kernel for the device, once a call (every
+ * chunk has the same shapes and buffers).
+ *
+ * Precision: z and the products' sums in the accumulate type, as the tiles' schedule; h and dz
+ * rounded to the dtype where it is float16 or bfloat16 (the tensor cores' operands). The
+ * node's values and dz's formula in float64.
+ *
+ * Deterministic: cuBLASLt gives the same bits for the same problem, kernel and device; d W
+ * and d bias add the chunks in order (no atomics anywhere).
+ *
+ * cuBLASLt is loaded with dlopen at the first call of this schedule (libcublasLt.so of the
+ * toolkit's major version): the library does not link it, so a build with CUDA loads and runs
+ * where it is missing, and this schedule then fails with TDT_STATUS_CUDA_ERROR saying so. One
+ * cuBLASLt handle a device is kept for the process. No allocation (cuBLASLt's workspace is
+ * g_lt), no host synchronisation; capturable in a CUDA graph.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <mutex>
+
+#include <cublasLt.h>
+
+#include "joint_common.cuh"
+
+namespace {
+
+/* ---- cuBLASLt, loaded once ------------------------------------------------------------------- */
+
+struct lt_api {
+    decltype(&cublasLtCreate) create;
+    decltype(&cublasLtMatmulDescCreate) desc_create;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+    decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+    decltype(&cublasLtMatmul) matmul;
+    int ok;
+    char why[256]; /* when not ok */
+};
+
+lt_api lt_load() {
+    lt_api a;
+    memset(&a, 0, sizeof a);
+    /* the loader's search path first (the toolkit's or a wheel's copy, already loaded by
+     * PyTorch), then the toolkit's default place */
+    char name[64], full[96];
+    snprintf(name, sizeof name, "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
+    snprintf(full, sizeof full, "/usr/local/cuda/lib64/%s", name);
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(a.why, sizeof a.why, "%s", e ? e : name);
+        h = dlopen(full, RTLD_NOW | RTLD_LOCAL);
+        if (!h) return a;
+    }
+    int missing = 0;
+#define TDT_LT_SYM(field, sym)                                                                   \
+    a.field = reinterpret_cast<decltype(a.field)>(dlsym(h, #sym));                               \
+    if (!a.field && !missing) {                                                                  \
+        snprintf(a.why, sizeof a.why, "%s has no %s", name, #sym);                               \
+        missing = 1;                                                                             \
+    }
+    TDT_LT_SYM(create, cublasLtCreate)
+    TDT_LT_SYM(desc_create, cublasLtMatmulDescCreate)
+    TDT_LT_SYM(desc_destroy, cublasLtMatmulDescDestroy)
+    TDT_LT_SYM(desc_set, cublasLtMatmulDescSetAttribute)
+    TDT_LT_SYM(layout_create, cublasLtMatrixLayoutCreate)
+    TDT_LT_SYM(layout_destroy, cublasLtMatrixLayoutDestroy)
+    TDT_LT_SYM(pref_create, cublasLtMatmulPreferenceCreate)
+    TDT_LT_SYM(pref_destroy, cublasLtMatmulPreferenceDestroy)
+    TDT_LT_SYM(pref_set, cublasLtMatmulPreferenceSetAttribute)
+    TDT_LT_SYM(heuristic, cublasLtMatmulAlgoGetHeuristic)
+    TDT_LT_SYM(matmul, cublasLtMatmul)
+#undef TDT_LT_SYM
+    a.ok = !missing; /* the library stays loaded for the process */
+    return a;
+}
+
+const lt_api &lt() {
+    static const lt_api api = lt_load(); /* thread-safe initialisation */
+    return api;
+}
+
+/* The process's handle for device (created at its first use), or NULL with *s set. */
+cublasLtHandle_t lt_handle(int device, cublasStatus_t *s) {
+    enum { kDevices = 64 };
+    static std::mutex mu;
+    static cublasLtHandle_t handles[kDevices];
+    *s = CUBLAS_STATUS_SUCCESS;
+    if (device < 0 || device >= kDevices) {
+        *s = CUBLAS_STATUS_NOT_SUPPORTED;
+        return NULL;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!handles[device]) *s = lt().create(&handles[device]);
+    return *s == CUBLAS_STATUS_SUCCESS ? handles[device] : NULL;
+}
+
+tdt_status_t lt_fail(cublasStatus_t s, const char *what) {
+    tdt_set_error("the GPU joint's GEMM schedule: %s failed (cuBLAS status %d)", what, (int)s);
+    return TDT_STATUS_CUDA_ERROR;
+}
+
+/* The largest power of two (at most 256) that divides p's address: cuBLASLt's alignment. */
+uint32_t align_of(const void *p) {
+    uint32_t a = 256;
+    while (a > 1 && ((uintptr_t)p & (a - 1))) a >>= 1;
+    return a;
+}
+
+/* One product D = alpha op(A) op(B) + beta D of column-major matrices (cuBLASLt's view: a
+ * row-major (rows, cols) array of pitch ld is a column-major (cols, rows) one), its kernel
+ * chosen once. */
+struct lt_gemm {
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws_need = 0;
+
+    /* m x n = op(A) (m x k) op(B) (k x n); A stored as (ta ? k x m : m x k) with pitch lda,
+     * B as (tb ? n x k : k x n) with pitch ldb, D as m x n with pitch ldd. */
+    cublasStatus_t init(cublasLtHandle_t h, cublasComputeType_t compute, cudaDataType_t scale, cudaDataType_t ab,
+                        cudaDataType_t dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A,
+                        int64_t lda, const void *B, int64_t ldb, const void *D, int64_t ldd, size_t ws_bytes,
+                        const void *ws) {
+        const lt_api &L = lt();
+        cublasStatus_t s;
+        if ((s = L.desc_create(&desc, compute, scale)) != CUBLAS_STATUS_SUCCESS) return s;
+        const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        if ((s = L.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) != CUBLAS_STATUS_SUCCESS) return s;
+        if ((s = L.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)) != CUBLAS_STATUS_SUCCESS) return s;
+        if ((s = L.layout_create(&la, ab, ta ? k : m, ta ? m : k, lda)) != CUBLAS_STATUS_SUCCESS) return s;
+        if ((s = L.layout_create(&lb, ab, tb ? n : k, tb ? k : n, ldb)) != CUBLAS_STATUS_SUCCESS) return s;
+        if ((s = L.layout_create(&ld, dt, m, n, ldd)) != CUBLAS_STATUS_SUCCESS) return s;
+        cublasLtMatmulPreference_t pref = NULL;
+        if ((s = L.pref_create(&pref)) != CUBLAS_STATUS_SUCCESS) return s;
+        const uint64_t wsb = ws_bytes;
+        const uint32_t aa = align_of(A), ab_ = align_of(B), ad = align_of(D), aw = align_of(ws);
+        (void)aw;
+        s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof ab_);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad);
+        cublasLtMatmulHeuristicResult_t r;
+        memset(&r, 0, sizeof r);
+        int found = 0;
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.heuristic(h, desc, la, lb, ld, ld, pref, 1, &r, &found);
+        L.pref_destroy(pref);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+        if (found < 1 || r.state != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_NOT_SUPPORTED;
+        algo = r.algo;
+        ws_need = r.workspaceSize;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    cublasStatus_t run(cublasLtHandle_t h, const void *alpha, const void *A, const void *B, const void *beta, void *D,
+                       void *ws, size_t ws_bytes, cudaStream_t stream) const {
+        return lt().matmul(h, desc, alpha, A, la, B, lb, beta, D, ld, D, ld, &algo, ws, ws_bytes, stream);
+    }
+    ~lt_gemm() {
+        if (!lt().ok) return;
+        if (ld) lt().layout_destroy(ld);
+        if (lb) lt().layout_destroy(lb);
+        if (la) lt().layout_destroy(la);
+        if (desc) lt().desc_destroy(desc);
+    }
+};
+
+template <int DT> struct lt_types;
+template <> struct lt_types<TDT_DTYPE_FLOAT32> {
+    static const cudaDataType_t ab = CUDA_R_32F, d = CUDA_R_32F, scale = CUDA_R_32F;
+    static const cublasComputeType_t compute = CUBLAS_COMPUTE_32F; /* never TF32 */
+};
+template <> struct lt_types<TDT_DTYPE_FLOAT64> {
+    static const cudaDataType_t ab = CUDA_R_64F, d = CUDA_R_64F, scale = CUDA_R_64F;
+    static const cublasComputeType_t compute = CUBLAS_COMPUTE_64F;
+};
+template <> struct lt_types<TDT_DTYPE_FLOAT16> {
+    static const cudaDataType_t ab = CUDA_R_16F, d = CUDA_R_32F, scale = CUDA_R_32F;
+    static const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+};
+template <> struct lt_types<TDT_DTYPE_BFLOAT16> {
+    static const cudaDataType_t ab = CUDA_R_16BF, d = CUDA_R_32F, scale = CUDA_R_32F;
+    static const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+};
+
+/* ---- kernels --------------------------------------------------------------------------------- */
+
+const int kRowThreads = 128; /* a node's row of H or O values a block */
+
+/* Whether node n (n < limit) enters the backward: valid as node_decode has it, in a feasible
+ * sample (node_setup_bwd's rule, without its coefficients). */
+__device__ __forceinline__ bool node_bwd(const joint_args &a, int64_t n, int64_t limit, node_info *ni) {
+    int64_t Tb, Ub;
+    node_decode(a, n, limit, ni, &Tb, &Ub);
+    return ni->valid && a.ws.state[ni->b] == TDT_GPU_STATE_OK && a.ws.ll[ni->b] != -TDT_INF;
+}
+
+/* Block j: node first + j's h into row j of hs (pitch ldh, the dtype), zero where the node is
+ * not taken (backward: not in a feasible lattice) and past H. */
+template <int DT>
+__global__ void __launch_bounds__(kRowThreads) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                               int64_t limit, typename tdt_elem<DT>::T *hs,
+                                                               int64_t ldh, int backward) {
+    __shared__ node_info ni;
+    __shared__ int take;
+    if (threadIdx.x == 0) {
+        const int64_t n = first + blockIdx.x;
+        if (backward) {
+            take = node_bwd(a, n, limit, &ni);
+        } else {
+            int64_t Tb, Ub;
+            node_decode(a, n, limit, &ni, &Tb, &Ub);
+            take = ni.valid;
+        }
+    }
+    __syncthreads();
+    typename tdt_elem<DT>::T *row = hs + (int64_t)blockIdx.x * ldh;
+    for (int64_t k = threadIdx.x; k < ldh; k += blockDim.x) {
+        acc_t<DT> h = 0, x, keep;
+        if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
+        row[k] = tdt_elem<DT>::from_acc(h);
+    }
+}
+
+/* Warp w of block j: node first + 8 j + w's block of the workspace from its row of z (pitch
+ * ldz) plus bias, as joint_fwd_kernel writes it. */
+template <int DT>
+__global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                        int64_t limit, const acc_t<DT> *z, int64_t ldz) {
+    typedef acc_t<DT> A;
+    const int lane = threadIdx.x & 31;
+    const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    node_info ni;
+    int64_t Tb, Ub;
+    node_decode(a, first + j, limit, &ni, &Tb, &Ub);
+    if (!ni.valid) return; /* warp-uniform */
+    const A *zr = z + j * ldz;
+    const A ninf = -(A)INFINITY;
+    A m = ninf, s = 0;
+    for (int64_t o = lane; o < a.V; o += 32) {
+        A v = zr[o];
+        if (a.bias) v += ld<DT>(a.bias, o);
+        const A mn = max_nan(m, v);
+        s = (m == ninf ? (A)0 : s * tdt_exp_acc<DT>(m - mn)) + (v != ninf ? tdt_exp_acc<DT>(v - mn) : (A)0);
+        m = mn;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+        const A m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+        const A mn = max_nan(m, m2);
+        s = (m == ninf ? (A)0 : s * tdt_exp_acc<DT>(m - mn)) + (m2 == ninf ? (A)0 : s2 * tdt_exp_acc<DT>(m2 - mn));
+        m = mn;
+    }
+    if (lane != 0) return;
+    auto zo = [&](int64_t o) {
+        A v = zr[o];
+        if (a.bias) v += ld<DT>(a.bias, o);
+        return v;
+    };
+    const double lse = m == ninf ? -TDT_INF : (double)m + log((double)s);
+    double *const w = tdt_wblock(&a.wb, ni.b, ni.t, ni.u);
+    w[tdt_w_lse(a.D)] = lse;
+    w[TDT_W_BLANK] = (double)zo(a.blank) - lse - a.sigma;
+    /* u == U_b: no label arc; a bad label: NaN, never indexed (the sweep flags it) */
+    w[TDT_W_LABEL] = !ni.has_label ? -TDT_INF : ni.y >= 0 ? (double)zo(ni.y) - lse - a.sigma : (double)NAN;
+    if (a.D > 0) {
+        for (int k = 0; k < a.D; ++k) w[TDT_W_DUR + k] = (double)zo(a.V + k);
+        tdt_log_softmax_small(w + TDT_W_DUR, a.D, 1, 1);
+    }
+}
+
+/* Block j: node first + j's dz from its row of z (pitch ldz, accumulate type) plus bias, written
+ * over that row in the dtype: element o at o of the row seen as dtype values (for a 16-bit
+ * dtype the row's first half). Each pass reads kRowThreads values, waits, then writes them:
+ * a 16-bit write of pass c lands on values of passes before c, or of c itself for c = 0,
+ * already read. Zero for nodes outside a feasible lattice and past limit. */
+template <int DT>
+__global__ void __launch_bounds__(kRowThreads) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                                int64_t limit, acc_t<DT> *z, int64_t ldz) {
+    typedef acc_t<DT> A;
+    __shared__ node_info ni;
+    __shared__ node_coef nc;
+    if (threadIdx.x == 0) node_setup_bwd(a, first + blockIdx.x, limit, &ni, &nc);
+    __syncthreads();
+    A *const zr = z + (int64_t)blockIdx.x * ldz;
+    typename tdt_elem<DT>::T *const dr = reinterpret_cast<typename tdt_elem<DT>::T *>(zr);
+    for (int64_t c = 0; c < a.O; c += blockDim.x) { /* block-uniform */
+        const int64_t o = c + threadIdx.x;
+        double d = 0.0;
+        if (ni.valid && o < a.O) {
+            A v = zr[o];
+            if (a.bias) v += ld<DT>(a.bias, o);
+            if (o < a.V) {
+                const double p = exp((double)v - nc.lse);
+                d = nc.gb * tdt_token_grad(&nc.g, p, o == a.blank, o == ni.y, a.clamp);
+            } else {
+                const int k = (int)(o - a.V);
+                d = nc.gb * tdt_duration_grad(&nc.g, nc.q[k], k);
+            }
+        }
+        __syncthreads();
+        if (o < a.O) dr[o] = tdt_elem<DT>::from_acc((A)d);
+    }
+}
+
+/* Block j (j < count): node first + j's d(enc + pred) = d h * the dropout's factor * act', in
+ * place over its row of dx (pitch H); zero outside a feasible lattice. */
+template <int DT>
+__global__ void __launch_bounds__(kRowThreads) gemm_dx_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                                int64_t limit, acc_t<DT> *dx) {
+    typedef acc_t<DT> A;
+    __shared__ node_info ni;
+    __shared__ int take;
+    if (threadIdx.x == 0) take = node_bwd(a, first + blockIdx.x, limit, &ni);
+    __syncthreads();
+    A *const row = dx + (int64_t)blockIdx.x * a.H;
+    for (int64_t k = threadIdx.x; k < a.H; k += blockDim.x) {
+        A g = 0;
+        if (take) {
+            A x, keep;
+            (void)hidden<DT>(a, ni, k, &x, &keep);
+            g = row[k] * keep * act_grad(a.act, x, act_of(a.act, x));
+        }
+        row[k] = g;
+    }
+}
+
+/* d bias[o] += sum over the chunk's N nodes (ascending) of dz[n][o] (rows of pitch lddz). */
+template <int DT>
+__global__ void gemm_dbias_kernel(const __grid_constant__ joint_args a, const typename tdt_elem<DT>::T *dz,
+                                  int64_t lddz, int64_t N, acc_t<DT> *bacc) {
+    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < a.O; o += (int64_t)gridDim.x * blockDim.x) {
+        acc_t<DT> s = 0;
+        for (int64_t n = 0; n < N; ++n) s += tdt_elem<DT>::to_acc(dz[n * lddz + o]);
+        bacc[o] += s;
+    }
+}
+
+/* ---- host ------------------------------------------------------------------------------------ */
+
+template <int DT> struct gemm_run {
+    typedef acc_t<DT> A;
+    typedef typename tdt_elem<DT>::T E;
+    const tdt_joint_call_t *call;
+    const tdt_gpu_joint_plan_t &plan;
+    joint_args a;
+    cudaStream_t stream;
+    int num_sms;
+    cublasLtHandle_t h;
+    char *s; /* the scratch */
+
+    A *z() const { return reinterpret_cast<A *>(s + plan.g_z); }
+    E *hs() const { return reinterpret_cast<E *>(s + plan.g_h); }
+    void *ws() const { return s + plan.g_lt; }
+    int64_t nodes() const { return plan.g_rows * a.row; }
+    /* dz's pitch in dtype elements: the rows of z (A) reused */
+    int64_t lddz() const { return plan.g_ldz * (int64_t)(sizeof(A) / sizeof(E)); }
+
+    tdt_status_t cuda(cudaError_t e, const char *what) const {
+        return e == cudaSuccess ? TDT_STATUS_SUCCESS : tdt_gpu_cuda_fail(e, what);
+    }
+
+    /* g_h and g_z for the chunk of rows [r0, r0 + rows) */
+    tdt_status_t hz(const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
+        const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
+        gemm_h_kernel<DT><<<(unsigned)nodes(), kRowThreads, 0, stream>>>(a, first, limit, hs(), plan.g_ldh, backward);
+        tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
+        if (st != TDT_STATUS_SUCCESS) return st;
+        const A one = 1, zero = 0;
+        const cublasStatus_t c = zg.run(h, &one, a.W, hs(), &zero, z(), ws(), TDT_JOINT_LT_BYTES, stream);
+        return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "cublasLtMatmul (z = W h)");
+    }
+
+    tdt_status_t zgemm(lt_gemm *zg) const {
+        const cublasStatus_t c =
+            zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, true, false,
+                     a.O, nodes(), a.H, a.W, a.W_s, hs(), plan.g_ldh, z(), plan.g_ldz, TDT_JOINT_LT_BYTES, ws());
+        return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
+    }
+
+    tdt_status_t forward() const {
+        lt_gemm zg;
+        tdt_status_t st = zgemm(&zg);
+        if (st != TDT_STATUS_SUCCESS) return st;
+        const int64_t all = a.B * a.maxT;
+        for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows) {
+            const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
+            if ((st = hz(zg, r0, rows, 0)) != TDT_STATUS_SUCCESS) return st;
+            const int64_t count = rows * a.row;
+            gemm_node_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(a, r0 * a.row, (r0 + rows) * a.row,
+                                                                               z(), plan.g_ldz);
+            if ((st = cuda(cudaGetLastError(), "launching the joint's node kernel")) != TDT_STATUS_SUCCESS) return st;
+        }
+        return TDT_STATUS_SUCCESS;
+    }
+
+    tdt_status_t backward() const {
+        const bool want_w = a.W_g || a.bias_g, want_x = a.enc_g || a.pred_g;
+        A *const wacc = reinterpret_cast<A *>(s + plan.g_w);
+        A *const bacc = reinterpret_cast<A *>(s + plan.g_b);
+        A *const dx = reinterpret_cast<A *>(s + plan.g_dx);
+        const E *const dz = reinterpret_cast<const E *>(z());
+        lt_gemm zg, wg, hg;
+        tdt_status_t st = zgemm(&zg);
+        if (st != TDT_STATUS_SUCCESS) return st;
+        cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
+        if (want_w) /* d W (H x O, column-major) += h (H x N) dz^T (N x O) */
+            c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, true,
+                        a.H, a.O, nodes(), hs(), plan.g_ldh, dz, lddz(), wacc, a.H, TDT_JOINT_LT_BYTES, ws());
+        if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
+        if (want_x) /* d h (H x N) = W (H x O) dz (O x N) */
+            c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, false,
+                        a.H, nodes(), a.O, a.W, a.W_s, dz, lddz(), dx, a.H, TDT_JOINT_LT_BYTES, ws());
+        if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d h = dz W");
+        if (want_w) {
+            if ((st = cuda(cudaMemsetAsync(wacc, 0, (size_t)(a.O * a.H) * sizeof(A), stream), "clearing d W")) !=
+                TDT_STATUS_SUCCESS)
+                return st;
+            if ((st = cuda(cudaMemsetAsync(bacc, 0, (size_t)a.O * sizeof(A), stream), "clearing d bias")) !=
+                TDT_STATUS_SUCCESS)
+                return st;
+        }
+        if (a.pred_g && (st = cuda(cudaMemsetAsync(a.pred_acc, 0, (size_t)(a.B * a.row * a.H) * sizeof(A), stream),
+                                   "clearing d pred")) != TDT_STATUS_SUCCESS)
+            return st;
+        const A one = 1, zero = 0;
+        joint_args ch = a;
+        const int64_t all = a.B * a.maxT;
+        for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows) {
+            const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
+            const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
+            if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
+            gemm_dz_kernel<DT><<<(unsigned)nodes(), kRowThreads, 0, stream>>>(a, first, limit, z(), plan.g_ldz);
+            if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
+            if (want_w) {
+                c = wg.run(h, &one, hs(), dz, &one, wacc, ws(), TDT_JOINT_LT_BYTES, stream);
+                if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d W += dz^T h)");
+                gemm_dbias_kernel<DT><<<flat_blocks(a.O, num_sms), 256, 0, stream>>>(a, dz, lddz(), nodes(), bacc);
+                if ((st = cuda(cudaGetLastError(), "launching the joint's d bias kernel")) != TDT_STATUS_SUCCESS)
+                    return st;
+            }
+            if (!want_x) continue;
+            c = hg.run(h, &one, a.W, dz, &zero, dx, ws(), TDT_JOINT_LT_BYTES, stream);
+            if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d h = dz W)");
+            gemm_dx_kernel<DT><<<(unsigned)(rows * a.row), kRowThreads, 0, stream>>>(a, first, limit, dx);
+            if ((st = cuda(cudaGetLastError(), "launching the joint's dx kernel")) != TDT_STATUS_SUCCESS) return st;
+            ch.chunk_row0 = r0;
+            ch.chunk_rows = rows;
+            if (a.enc_g) {
+                joint_denc_kernel<DT><<<flat_blocks(rows * a.H, num_sms), 256, 0, stream>>>(ch);
+                if ((st = cuda(cudaGetLastError(), "launching the joint's d enc kernel")) != TDT_STATUS_SUCCESS)
+                    return st;
+            }
+            if (a.pred_g) {
+                joint_dpred_kernel<DT><<<flat_blocks(a.row * a.H, num_sms), 256, 0, stream>>>(ch);
+                if ((st = cuda(cudaGetLastError(), "launching the joint's d pred kernel")) != TDT_STATUS_SUCCESS)
+                    return st;
+            }
+        }
+        if (a.pred_g) {
+            joint_pred_out_kernel<DT><<<flat_blocks(a.B * a.row * a.H, num_sms), 256, 0, stream>>>(a);
+            if ((st = cuda(cudaGetLastError(), "launching the joint's d pred output")) != TDT_STATUS_SUCCESS) return st;
+        }
+        if (want_w) {
+            joint_dw_out_kernel<DT><<<flat_blocks(a.O * a.H + a.O, num_sms), 256, 0, stream>>>(a);
+            if ((st = cuda(cudaGetLastError(), "launching the joint's d W output")) != TDT_STATUS_SUCCESS) return st;
+        }
+        return TDT_STATUS_SUCCESS;
+    }
+};
+
+template <int DT>
+tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &plan, cublasLtHandle_t h, int num_sms,
+                     int backward) {
+    char *const s = joint_scratch(call);
+    gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s};
+    /* the reductions of joint_common.cuh read the GEMM schedule's buffers */
+    r.a.dx = s + plan.g_dx;
+    r.a.pred_acc = s + plan.g_pred;
+    r.a.w_part = s + plan.g_w;
+    r.a.b_part = s + plan.g_b;
+    r.a.parts = 1;
+    return backward ? r.backward() : r.forward();
+}
+
+} /* namespace */
+
+tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
+                                int num_sms, int backward) {
+    if (!lt().ok) {
+        tdt_set_error("the GPU joint's GEMM schedule (TDT_GPU_JOINT=gemm) needs cuBLASLt: %s", lt().why);
+        return TDT_STATUS_CUDA_ERROR;
+    }
+    cublasStatus_t cs;
+    const cublasLtHandle_t h = lt_handle(device, &cs);
+    if (!h) return lt_fail(cs, "cublasLtCreate");
+    switch (call->jp.dtype) {
+    case TDT_DTYPE_FLOAT32: return gemm_go<TDT_DTYPE_FLOAT32>(call, *plan, h, num_sms, backward);
+    case TDT_DTYPE_FLOAT64: return gemm_go<TDT_DTYPE_FLOAT64>(call, *plan, h, num_sms, backward);
+    case TDT_DTYPE_FLOAT16: return gemm_go<TDT_DTYPE_FLOAT16>(call, *plan, h, num_sms, backward);
+    case TDT_DTYPE_BFLOAT16: return gemm_go<TDT_DTYPE_BFLOAT16>(call, *plan, h, num_sms, backward);
+    }
+    tdt_set_error("problem->dtype = %d", (int)call->jp.dtype);
+    return TDT_STATUS_INVALID_DTYPE;
+}
