@@ -725,9 +725,12 @@ def joint_main(args, device):
     print("warp_tdt %s (library %s), torch %s, device %s" % (
         warp_tdt.__version__, warp_tdt.library_version(), torch.__version__,
         device if device.type == "cpu" else "%s (%s)" % (device, torch.cuda.get_device_name(device))))
-    print("fused = warp_tdt.tdt_joint_loss; unfused = the joint's logits in PyTorch, then "
+    print("fused = warp_tdt.tdt_joint_loss%s; unfused = the joint's logits in PyTorch, then "
           "warp_tdt.tdt_loss_joint; forward+backward through autograd, reduction sum, relu, no "
-          "dropout; durations %s" % (DURATIONS,))
+          "dropout; durations %s"
+          % ("" if device.type == "cpu" else
+             " (GPU schedule %s: TDT_GPU_JOINT)" % (os.environ.get("TDT_GPU_JOINT") or "tiles"),
+             DURATIONS))
     print("peak = extra memory of one step (%s); pk-grads = the fused peak less the four "
           "gradients' bytes; ws = the fused workspace; logits = the unfused "
           "logits tensor (its gradient is as large again); GFLOP/s of 4 x 2 x nodes x H x (V+D); "

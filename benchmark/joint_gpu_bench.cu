@@ -14,8 +14,12 @@
  * shape within 2 % of each other (their correctness against the CPU backend is
  * tests/test_gpu_joint.cc's). A failure prints FAILED and the exit status is 1.
  *
- *   joint_gpu_bench                                  every shape, bfloat16 and float32
+ * The schedule is the library's (TDT_GPU_JOINT: tiles, the default, or gemm); the header line
+ * names it.
+ *
+ *   joint_gpu_bench                                  every shape but xl-joint, bfloat16 and float32
  *   joint_gpu_bench --shapes parakeet-joint --dtypes bf16 --iters 5
+ *   TDT_GPU_JOINT=gemm joint_gpu_bench --shapes huge-joint,xl-joint --dtypes bf16
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -43,6 +47,7 @@ const Shape kShapes[] = {
     {"parakeet-joint", 4, 200, 40, 640, 8193, 5},
     {"huge-joint", 8, 375, 100, 640, 8193, 5},
     {"long-joint", 1, 1500, 400, 640, 1025, 5},
+    {"xl-joint", 32, 750, 200, 640, 8193, 5}, /* only when named: its logits would be 79 GB */
 };
 
 int failures = 0;
@@ -85,9 +90,12 @@ struct Result {
     std::vector<double> costs;
 };
 
-/* cuBLAS: C (nodes x O) = h (nodes x H) W^T, dtype in, float32 accumulation; median ms. */
-double gemm_ms(const Shape &s, tdt_dtype_t dt, int iters) {
-    const int64_t nodes = s.B * s.T * (s.U + 1), O = s.V + s.D;
+/* cuBLAS: C (nodes x O) = h (nodes x H) W^T, dtype in, float32 accumulation, for at most
+ * kGemmRows nodes (the rate no longer grows with the rows there); median ms and the rows. */
+const int64_t kGemmRows = 65536;
+double gemm_ms(const Shape &s, tdt_dtype_t dt, int iters, int64_t *rows) {
+    const int64_t nodes = std::min(s.B * s.T * (s.U + 1), kGemmRows), O = s.V + s.D;
+    *rows = nodes;
     const size_t es = dt == TDT_DTYPE_FLOAT32 ? 4 : 2;
     void *A = nullptr, *W = nullptr, *C = nullptr;
     CK(cudaMalloc(&A, (size_t)(nodes * s.H) * es));
@@ -250,8 +258,9 @@ Result bench(const Shape &s, tdt_dtype_t dt, int iters) {
     cudaEventDestroy(e1);
     for (void *q : {enc, pred, W, bias, genc, gpred, gW, gbias, costs, work, (void *)idx}) cudaFree(q);
     if (r.ok) {
-        const double ms = gemm_ms(s, dt, iters);
-        r.gemm_tflops = 2.0 * (double)nodes * (double)s.H * (double)O / (ms * 1e-3) / 1e12;
+        int64_t rows = 0;
+        const double ms = gemm_ms(s, dt, iters, &rows);
+        r.gemm_tflops = 2.0 * (double)rows * (double)s.H * (double)O / (ms * 1e-3) / 1e12;
     }
     return r;
 }
@@ -259,11 +268,12 @@ Result bench(const Shape &s, tdt_dtype_t dt, int iters) {
 void usage() {
     std::printf("joint_gpu_bench [--shapes a,b] [--dtypes bf16,f32] [--iters N]\n"
                 "shapes: parakeet-joint (B 4, T 200, U 40, H 640, V 8193, D 5), huge-joint (B 8,\n"
-                "T 375, U 100, H 640, V 8193, D 5), long-joint (B 1, T 1500, U 400, H 640, V 1025, D 5)\n");
+                "T 375, U 100, H 640, V 8193, D 5), long-joint (B 1, T 1500, U 400, H 640, V 1025, D 5);\n"
+                "xl-joint (B 32, T 750, U 200, H 640, V 8193, D 5) only when named\n");
 }
 
 bool listed(const std::string &list, const char *name) {
-    if (list.empty()) return true;
+    if (list.empty()) return std::strcmp(name, "xl-joint") != 0;
     size_t i = 0;
     while (i <= list.size()) {
         const size_t j = std::min(list.find(',', i), list.size());
@@ -296,8 +306,9 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&prop, dev));
-    std::printf("joint_gpu_bench: %s, warp-tdt %s, median of %d after a warm-up\n", prop.name,
-                tdt_version_string(), iters);
+    const char *sched = std::getenv("TDT_GPU_JOINT");
+    std::printf("joint_gpu_bench: %s, warp-tdt %s, schedule %s, median of %d after a warm-up\n", prop.name,
+                tdt_version_string(), sched && *sched ? sched : "tiles", iters);
     std::printf("%-15s %-5s %9s %9s %9s %9s %11s %7s\n", "shape", "dtype", "fwd ms", "f+b ms",
                 "ws MB", "TFLOP/s", "GEMM TF/s", "ratio");
     for (const Shape &s : kShapes) {
