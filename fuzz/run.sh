@@ -35,11 +35,13 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/fuzz/lsan.supp}
 
 status=0
-regs=("$root"/fuzz/regressions/*.bin)
-if [ -e "${regs[0]}" ]; then
-  echo "== replaying ${#regs[@]} reproducers from fuzz/regressions (FUZZ_TDT_AVOID='${FUZZ_TDT_AVOID:-}')"
+# replay BINARY DIR [NOTE]: run BINARY on each DIR/*.bin, one line each; status=1 on a failure
+replay() {
+  local regs=("$2"/*.bin) f
+  [ -e "${regs[0]}" ] || return 0
+  echo "== replaying ${#regs[@]} reproducers from ${2#"$root"/}${3:+ ($3)}"
   for f in "${regs[@]}"; do
-    if "$bin" "$f" >"$work/reg.log" 2>&1; then
+    if "$1" "$f" >"$work/reg.log" 2>&1; then
       echo "   ok    $(basename "$f")"
     else
       echo "   FAIL  $(basename "$f"):"
@@ -47,7 +49,8 @@ if [ -e "${regs[0]}" ]; then
       status=1
     fi
   done
-fi
+}
+replay "$bin" "$root/fuzz/regressions" "FUZZ_TDT_AVOID='${FUZZ_TDT_AVOID:-}'"
 
 echo "== fuzzing for ${secs}s (corpus copy in $work/corpus)"
 cp -r "$root/fuzz/corpus" "$work/corpus"
@@ -74,20 +77,10 @@ fi
 echo "== building fuzz_joint"
 cmake --build "$build" --target fuzz_joint -j"$(nproc)" >/dev/null
 mkdir -p "$work/joint_corpus"
-jregs=("$root"/fuzz/regressions/joint/*.bin)
-if [ -e "${jregs[0]}" ]; then
-  echo "== replaying ${#jregs[@]} reproducers from fuzz/regressions/joint"
-  for f in "${jregs[@]}"; do
-    if "$build/fuzz_joint" "$f" >"$work/jreg.log" 2>&1; then
-      echo "   ok    $(basename "$f")"
-    else
-      echo "   FAIL  $(basename "$f"):"
-      grep -E -A2 "VIOLATION|runtime error|ERROR: AddressSanitizer" "$work/jreg.log" | head -6 | sed 's/^/         /'
-      status=1
-    fi
-    cp "$f" "$work/joint_corpus/"
-  done
-fi
+before=$status
+status=0
+replay "$build/fuzz_joint" "$root/fuzz/regressions/joint"
+cp "$root"/fuzz/regressions/joint/*.bin "$work/joint_corpus/" 2>/dev/null || true
 echo "== fuzzing fuzz_joint for ${secs}s"
 set +e
 "$build/fuzz_joint" "$work/joint_corpus" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 \
@@ -101,7 +94,8 @@ if [ "$rc" -ne 0 ] || [ -n "$crashes" ]; then
   grep -E -A3 "VIOLATION|runtime error|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)" "$work/joint.log" | head -20
   for c in $crashes; do cp "$work/$c" "$artifacts/" && echo "   kept $artifacts/$c"; done
   status=1
-else
+elif [ "$status" -eq 0 ]; then
   echo "== fuzz_joint: no violations"
 fi
+[ "$before" -eq 0 ] || status=1
 exit "$status"
