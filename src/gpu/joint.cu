@@ -381,16 +381,7 @@ __global__ void __launch_bounds__(kThreads) joint_fwd_kernel(const __grid_consta
         if (threadIdx.x < T && ni[threadIdx.x].valid) {
             const int m = threadIdx.x;
             const node_info &n = ni[m];
-            const double lse = s_lse[m];
-            double *const w = tdt_wblock(&a.wb, n.b, n.t, n.u);
-            w[tdt_w_lse(a.D)] = lse;
-            w[TDT_W_BLANK] = (double)s_zb[m] - lse - a.sigma;
-            /* u == U_b: no label arc; a bad label: NaN, never indexed (the sweep flags it) */
-            w[TDT_W_LABEL] = !n.has_label ? -TDT_INF : n.y >= 0 ? (double)s_zy[m] - lse - a.sigma : (double)NAN;
-            if (a.D > 0) {
-                for (int k = 0; k < a.D; ++k) w[TDT_W_DUR + k] = (double)s_zd[m][k];
-                tdt_log_softmax_small(w + TDT_W_DUR, a.D, 1, 1);
-            }
+            node_block<A>(a, n, s_lse[m], s_zb[m], n.has_label && n.y >= 0 ? s_zy[m] : (A)0, s_zd[m]);
         }
         __syncthreads(); /* the tile's shared values read before the next tile's */
     }
@@ -418,14 +409,7 @@ __device__ __forceinline__ void dz_tile(const joint_args &a, const node_info *ni
         if (ni[m].valid && o < a.O) {
             acc_t<DT> z = acc[i];
             if (a.bias) z += ld<DT>(a.bias, o);
-            const node_coef &c = nc[m];
-            if (o < a.V) {
-                const double p = exp((double)z - c.lse);
-                d = c.gb * tdt_token_grad(&c.g, p, o == a.blank, o == ni[m].y, a.clamp);
-            } else {
-                const int k = (int)(o - a.V);
-                d = c.gb * tdt_duration_grad(&c.g, c.q[k], k);
-            }
+            d = node_dz(a, ni[m], nc[m], o, z);
         }
         dzs[m * dzp + S::o(i)] = (acc_t<DT>)d;
     }

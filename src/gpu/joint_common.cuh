@@ -130,8 +130,13 @@ struct node_coef {
     double q[TDT_MAX_DURATIONS]; /* the duration softmax */
 };
 
+/* Whether sample b enters the backward: its lattice's state OK and log p(y|x) > -inf. */
+__device__ __forceinline__ bool sample_feasible(const joint_args &a, int64_t b) {
+    return a.ws.state[b] == TDT_GPU_STATE_OK && a.ws.ll[b] != -TDT_INF;
+}
+
 /* Node n (n < limit) of the padded order: ni as node_decode, valid only where its sample is
- * feasible (state OK, log p(y|x) > -inf), and then its coefficients (lattice.h). */
+ * feasible, and then its coefficients (lattice.h). */
 __device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int64_t limit,
                                             node_info *ni, node_coef *nc) {
     int64_t Tb, Ub;
@@ -139,7 +144,7 @@ __device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int6
     if (!ni->valid) return;
     const int64_t b = ni->b;
     const double ll = a.ws.ll[b];
-    if (a.ws.state[b] != TDT_GPU_STATE_OK || ll == -TDT_INF) {
+    if (!sample_feasible(a, b)) {
         ni->valid = 0;
         return;
     }
@@ -151,6 +156,36 @@ __device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int6
     const double *w = tdt_node_block(&L, ni->t, ni->u);
     nc->lse = w[tdt_w_lse(a.D)];
     for (int k = 0; k < a.D; ++k) nc->q[k] = exp(w[TDT_W_DUR + k]);
+}
+
+/* Node n's block of the workspace, as the loss's normaliser writes it, from its token
+ * log-normaliser lse and its blank, label and D duration logits (bias included; zy is read
+ * only where the node has a label arc). */
+template <typename A>
+__device__ __forceinline__ void node_block(const joint_args &a, const node_info &n, double lse, A zb, A zy,
+                                           const A *zd) {
+    double *const w = tdt_wblock(&a.wb, n.b, n.t, n.u);
+    w[tdt_w_lse(a.D)] = lse;
+    w[TDT_W_BLANK] = (double)zb - lse - a.sigma;
+    /* u == U_b: no label arc; a bad label: NaN, never indexed (the sweep flags it) */
+    w[TDT_W_LABEL] = !n.has_label ? -TDT_INF : n.y >= 0 ? (double)zy - lse - a.sigma : (double)NAN;
+    if (a.D > 0) {
+        for (int k = 0; k < a.D; ++k) w[TDT_W_DUR + k] = (double)zd[k];
+        tdt_log_softmax_small(w + TDT_W_DUR, a.D, 1, 1);
+    }
+}
+
+/* dz of node ni at output o < O from its logit z (bias included): the upstream gradient times
+ * lattice.h's tdt_token_grad or tdt_duration_grad. */
+template <typename A>
+__device__ __forceinline__ double node_dz(const joint_args &a, const node_info &ni, const node_coef &c, int64_t o,
+                                          A z) {
+    if (o < a.V) {
+        const double p = exp((double)z - c.lse);
+        return c.gb * tdt_token_grad(&c.g, p, o == a.blank, o == ni.y, a.clamp);
+    }
+    const int k = (int)(o - a.V);
+    return c.gb * tdt_duration_grad(&c.g, c.q[k], k);
 }
 
 /* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx. */

@@ -219,7 +219,7 @@ const int kRowThreads = 128; /* a node's row of H or O values a block */
 __device__ __forceinline__ bool node_bwd(const joint_args &a, int64_t n, int64_t limit, node_info *ni) {
     int64_t Tb, Ub;
     node_decode(a, n, limit, ni, &Tb, &Ub);
-    return ni->valid && a.ws.state[ni->b] == TDT_GPU_STATE_OK && a.ws.ll[ni->b] != -TDT_INF;
+    return ni->valid && sample_feasible(a, ni->b);
 }
 
 /* Block j: node first + j's h into row j of hs (pitch ldh, the dtype), zero where the node is
@@ -284,16 +284,10 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
         if (a.bias) v += ld<DT>(a.bias, o);
         return v;
     };
-    const double lse = m == ninf ? -TDT_INF : (double)m + log((double)s);
-    double *const w = tdt_wblock(&a.wb, ni.b, ni.t, ni.u);
-    w[tdt_w_lse(a.D)] = lse;
-    w[TDT_W_BLANK] = (double)zo(a.blank) - lse - a.sigma;
-    /* u == U_b: no label arc; a bad label: NaN, never indexed (the sweep flags it) */
-    w[TDT_W_LABEL] = !ni.has_label ? -TDT_INF : ni.y >= 0 ? (double)zo(ni.y) - lse - a.sigma : (double)NAN;
-    if (a.D > 0) {
-        for (int k = 0; k < a.D; ++k) w[TDT_W_DUR + k] = (double)zo(a.V + k);
-        tdt_log_softmax_small(w + TDT_W_DUR, a.D, 1, 1);
-    }
+    A zd[TDT_MAX_DURATIONS];
+    for (int k = 0; k < a.D; ++k) zd[k] = zo(a.V + k);
+    node_block<A>(a, ni, m == ninf ? -TDT_INF : (double)m + log((double)s), zo(a.blank),
+                  ni.has_label && ni.y >= 0 ? zo(ni.y) : (A)0, zd);
 }
 
 /* Block j: node first + j's dz from its row of z (pitch ldz, accumulate type) plus bias, written
@@ -317,13 +311,7 @@ __global__ void __launch_bounds__(kRowThreads) gemm_dz_kernel(const __grid_const
         if (ni.valid && o < a.O) {
             A v = zr[o];
             if (a.bias) v += ld<DT>(a.bias, o);
-            if (o < a.V) {
-                const double p = exp((double)v - nc.lse);
-                d = nc.gb * tdt_token_grad(&nc.g, p, o == a.blank, o == ni.y, a.clamp);
-            } else {
-                const int k = (int)(o - a.V);
-                d = nc.gb * tdt_duration_grad(&nc.g, nc.q[k], k);
-            }
+            d = node_dz(a, ni, nc, o, v);
         }
         __syncthreads();
         if (o < a.O) dr[o] = tdt_elem<DT>::from_acc((A)d);
