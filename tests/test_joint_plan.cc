@@ -1,0 +1,117 @@
+// test_joint_plan.cc - the GPU fused joint's scratch plan (src/gpu/joint_plan.h, plain C, host
+// and device): its two layouts (the tiles' and the GEMM schedule's) hold their buffers without
+// overlap inside the size it reports, stay bounded as the problem grows, and refuse sizes that
+// overflow. Runs on the CPU: the plan is the one arithmetic of the GPU backend that needs no GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/joint_plan.h"
+
+namespace {
+
+struct Shape {
+    const char *name;
+    int64_t B, T, U, O, H, acc, elem;
+};
+
+const Shape kShapes[] = {
+    {"huge-joint bf16", 8, 375, 100, 8198, 640, 4, 2},
+    {"huge-joint f32", 8, 375, 100, 8198, 640, 4, 4},
+    {"parakeet-joint f64", 4, 200, 40, 8198, 640, 8, 8},
+    {"long-joint bf16", 1, 1500, 400, 1030, 640, 4, 2},
+    {"xl-joint bf16", 32, 750, 200, 8198, 640, 4, 2},
+    {"two outputs, a million rows", 1000, 1000, 0, 2, 640, 4, 2},
+    {"one node", 1, 1, 0, 1, 1, 4, 4},
+    {"odd hidden", 3, 7, 5, 13, 37, 4, 2},
+    {"empty batch", 0, 5, 3, 9, 16, 4, 4},
+};
+
+const size_t MB = size_t(1) << 20;
+
+// [offset, offset + bytes) of each buffer: inside plan.bytes less the alignment slack, 256-byte
+// aligned, and disjoint.
+void expect_disjoint(std::vector<std::pair<size_t, size_t>> parts, const tdt_gpu_joint_plan_t &p,
+                     const std::string &what) {
+    std::sort(parts.begin(), parts.end());
+    for (size_t i = 0; i < parts.size(); ++i) {
+        EXPECT_EQ(parts[i].first % TDT_WS_ALIGN, 0u) << what << ": buffer " << i << " unaligned";
+        EXPECT_LE(parts[i].first + parts[i].second, p.bytes - TDT_WS_ALIGN) << what << ": buffer " << i;
+        if (i > 0) {
+            EXPECT_LE(parts[i - 1].first + parts[i - 1].second, parts[i].first)
+                << what << ": buffers " << i - 1 << " and " << i << " overlap";
+        }
+    }
+}
+
+TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
+    for (const Shape &s : kShapes) {
+        SCOPED_TRACE(s.name);
+        tdt_gpu_joint_plan_t p;
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, &p));
+        const size_t row = (size_t)(s.U + 1), H = (size_t)s.H, O = (size_t)s.O, acc = (size_t)s.acc;
+        ASSERT_GE(p.rows, 1);
+        ASSERT_GE(p.parts, 1);
+        expect_disjoint({{p.dx, (size_t)p.rows * row * H * acc},
+                         {p.pred_acc, (size_t)s.B * row * H * acc},
+                         {p.w_part, (size_t)p.parts * O * H * acc},
+                         {p.b_part, (size_t)p.parts * O * acc}},
+                        p, "tiles");
+        ASSERT_GE(p.g_rows, 1);
+        EXPECT_GE(p.g_ldz, s.O);
+        EXPECT_EQ(p.g_ldz % 8, 0);
+        EXPECT_GE(p.g_ldh, s.H);
+        EXPECT_EQ((p.g_ldh * s.elem) % 16, 0);
+        const size_t nodes = (size_t)p.g_rows * row;
+        expect_disjoint({{p.g_z, nodes * (size_t)p.g_ldz * acc},
+                         {p.g_h, nodes * (size_t)p.g_ldh * (size_t)s.elem},
+                         {p.g_dx, nodes * H * acc},
+                         {p.g_pred, (size_t)s.B * row * H * acc},
+                         {p.g_w, O * H * acc},
+                         {p.g_b, O * acc},
+                         {p.g_lt, TDT_JOINT_LT_BYTES}},
+                        p, "gemm");
+        // a chunk is whole (b, t) rows, never more than the problem has (but at least one)
+        EXPECT_LE(p.g_rows, std::max<int64_t>(1, s.B * s.T));
+    }
+}
+
+TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
+    // The GEMM schedule's chunk: z, h and d h near 32 MB together, whatever B, T and U; the whole
+    // scratch then grows only with d pred's sums (B (U + 1) H) and with d W's (O H).
+    for (const Shape &s : kShapes) {
+        SCOPED_TRACE(s.name);
+        tdt_gpu_joint_plan_t p;
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, &p));
+        const size_t row = (size_t)(s.U + 1), acc = (size_t)s.acc;
+        const size_t chunk = (size_t)p.g_rows * row *
+                             ((size_t)p.g_ldz * acc + (size_t)p.g_ldh * (size_t)s.elem + (size_t)s.H * acc);
+        if (p.g_rows > 1) {
+            EXPECT_LE(chunk, TDT_JOINT_Z_BYTES);
+        }
+        const size_t fixed = (size_t)s.B * row * (size_t)s.H * acc + 2 * (size_t)s.O * (size_t)s.H * acc;
+        EXPECT_LE(p.bytes, fixed + 2 * TDT_JOINT_DX_BYTES + TDT_JOINT_WPART_BYTES + TDT_JOINT_LT_BYTES + 16 * MB)
+            << "scratch " << p.bytes / MB << " MB";
+    }
+    // huge-joint in bfloat16: the GEMM schedule's chunk holds hundreds of nodes, and the scratch
+    // is about 60 MB (the budget for the fused path is 64 MB beyond the gradients)
+    tdt_gpu_joint_plan_t p;
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, &p));
+    EXPECT_GE(p.g_rows * 101, 500);
+    EXPECT_LE(p.bytes, 64 * MB) << p.bytes / MB << " MB";
+}
+
+TEST(JointPlan, OverflowingSizesAreRefused) {
+    tdt_gpu_joint_plan_t p;
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, 1030, INT64_C(1) << 60, 4, 2, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, INT64_C(1) << 61, 640, 4, 2, &p));
+    // B (U + 1) H values of d pred's sums past SIZE_MAX bytes (B T itself fits: the lattice's
+    // layout checks it before the plan is asked)
+    EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, &p));
+}
+
+}  // namespace
