@@ -419,7 +419,7 @@ template <int DT> struct gemm_run {
         tdt_status_t st = zgemm(&zg);
         if (st != TDT_STATUS_SUCCESS) return st;
         cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
-        if (want_w) /* d W (H x O, column-major) += h (H x N) dz^T (N x O) */
+        if (a.W_g) /* d W (H x O, column-major) += h (H x N) dz^T (N x O) */
             c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, true,
                         a.H, a.O, nodes(), hs(), plan.g_ldh, dz, lddz(), wacc, a.H, TDT_JOINT_LT_BYTES, ws());
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
@@ -447,9 +447,11 @@ template <int DT> struct gemm_run {
             if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
             gemm_dz_kernel<DT><<<(unsigned)nodes(), kRowThreads, 0, stream>>>(a, first, limit, z(), plan.g_ldz);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
-            if (want_w) {
+            if (a.W_g) {
                 c = wg.run(h, &one, hs(), dz, &one, wacc, ws(), TDT_JOINT_LT_BYTES, stream);
                 if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d W += dz^T h)");
+            }
+            if (a.bias_g) {
                 gemm_dbias_kernel<DT><<<flat_blocks(a.O, num_sms), 256, 0, stream>>>(a, dz, lddz(), nodes(), bacc);
                 if ((st = cuda(cudaGetLastError(), "launching the joint's d bias kernel")) != TDT_STATUS_SUCCESS)
                     return st;
