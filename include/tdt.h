@@ -614,7 +614,21 @@ typedef struct tdt_joint_gradients {
     void *weight_grad;         /* (num_outputs, H), rows weight_stride apart */
     int64_t weight_stride;     /* >= H */
     void *bias_grad;           /* (num_outputs), contiguous */
+    double skip_below;         /* 0 (the default): the exact gradients. eps > 0: the backward
+                                  leaves out every lattice node whose logits' gradient is
+                                  certainly below eps in every element (below) */
 } tdt_joint_gradients_t;
+
+/* skip_below: a node (b, t, u) is left out (its logits' gradient taken as zero, its logits not
+ * recomputed) when |g_b| x occ < eps, with g_b the sample's upstream gradient and occ the
+ * larger of the node's two occupancy sums (its token and its duration softmax terms' weights:
+ * the posterior probability that an alignment passes through the node, times 1 + FastEmit's
+ * lambda for its label arcs). Every element of a left-out node's logits' gradient is at most
+ * that bound in magnitude, so each gradient element moves by at most eps times the sum of
+ * |W| (d h), |h| (d W) or 1 (d bias) over the left-out nodes it collects from; the costs are
+ * exact. Nodes off the likely alignments (most of a trained model's lattice) are the ones left
+ * out: the transducer form of Cut Cross-Entropy's gradient filtering. Must be finite and >= 0
+ * (TDT_STATUS_INVALID_OPTION). */
 
 /* Bytes of workspace the joint calls need for this problem and these options: the lattice's
  * per-node state (as tdt_get_workspace_size()) plus the scratch of the tiles. Reads the shapes

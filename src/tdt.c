@@ -725,6 +725,9 @@ static tdt_status_t prepare_joint(tdt_joint_call_t *jc, const tdt_joint_problem_
         out[nout++] = joint_span("grads->weight_grad", g->weight_grad, span, jp->dtype);
     }
     if (g->bias_grad) out[nout++] = joint_span("grads->bias_grad", g->bias_grad, O, jp->dtype);
+    if (!(g->skip_below >= 0.0) || isinf(g->skip_below))
+        TDT_FAIL(TDT_STATUS_INVALID_OPTION, "grads->skip_below = %g must be finite and >= 0 (0: exact)",
+                 g->skip_below);
     for (int i = 0; i < nout; ++i) {
         for (int j = 0; j < 4; ++j)
             if (joint_spans_meet(&out[i], &in[j]))

@@ -138,6 +138,7 @@ struct RunOpts {
     std::vector<double> grad_costs;  // Pair: the upstream (B values)
     bool enc = true, pred = true, W = true, bias = true;  // which gradients
     bool graph = false;  // GPU: captured in a CUDA graph on a stream of its own
+    double skip_below = 0.0;  // tdt_joint_gradients_t.skip_below
 };
 
 // The buffer of n elements of dtype dt in loc's memory, uploaded from host values (or poisoned).
@@ -244,6 +245,7 @@ Out run(const Case &c, const Data &d, tdt_dtype_t dt, tdt_location_t loc, const 
     g.pred_grad = ro.pred ? pred_g.p : nullptr;
     g.weight_grad = ro.W ? W_g.p : nullptr;
     g.bias_grad = ro.bias ? bias_g.p : nullptr;
+    g.skip_below = ro.skip_below;
 
     tdt_options_t o;
     std::memset(&o, 0, sizeof o);
@@ -556,6 +558,24 @@ TEST(GpuJoint, GraphCaptureMatchesDirectCall) {
         ASSERT_EQ(graphed.st, TDT_STATUS_SUCCESS) << graphed.err;
         EXPECT_EQ(graphed.raw, direct.raw) << "captured in a graph, " << tdt_test::dtype_name(dt);
     }
+}
+
+// skip_below: the GPU leaves out the nodes the CPU leaves out (the same rule, common/joint.h, on
+// occupancies that agree far closer than a threshold's width), so the two agree as the exact ones do;
+// and a huge threshold leaves every gradient zero.
+TEST(GpuJoint, SkipBelowAsTheCpu) {
+    REQUIRE_GPU();
+    Case c = basic();
+    c.name = "skip_below";
+    RunOpts ro;
+    ro.skip_below = 1e-3;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32}) check_case(c, dt, ro);
+    ro.skip_below = 1e300;
+    const Data d = make_data(c, TDT_DTYPE_FLOAT32);
+    const Out got = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU, ro);
+    ASSERT_EQ(got.st, TDT_STATUS_SUCCESS) << got.err;
+    for (const auto *v : {&got.enc_g, &got.pred_g, &got.W_g, &got.bias_g})
+        for (double x : *v) ASSERT_EQ(x, 0.0) << "a gradient with every node left out";
 }
 
 // TDT_GPU_JOINT picks the schedule: "tiles" (the default), "gemm", anything else is refused.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -101,6 +102,7 @@ struct JointRun {
     bool grad_costs_scalar = false, normalize_costs = false, batch_mean = false;
     tdt_reduction_t reduction = TDT_REDUCTION_NONE;
     bool want_enc = true, want_pred = true, want_W = true, want_bias = true;
+    double skip_below = 0.0;  // tdt_joint_gradients_t.skip_below
 };
 
 tdt_options_t options_of(const JointCase &jc, const JointRun &r) {
@@ -206,6 +208,7 @@ JointOut run_fused(const JointCase &jc, const JointData &d, const JointRun &r) {
     if (r.want_W) g.weight_grad = gW.data();
     g.weight_stride = ldw;
     if (r.want_bias) g.bias_grad = gbias.data();
+    g.skip_below = r.skip_below;
     size_t bytes = 0;
     JointOut out;
     out.status = tdt_joint_get_workspace_size(&p, &o, &bytes);
@@ -618,6 +621,123 @@ TEST(Joint, SameBitsForAnyThreadCountAndForThePair) {
                     << " threads from 1 thread: element " << df.at << " by " << df.rel;
             }
         }
+    }
+}
+
+// ---- the approximate backward (tdt_joint_gradients_t.skip_below) -----------------------------------
+
+// A peaked problem (W four times larger: one alignment takes most of the probability, as in a
+// trained model), float64.
+struct Peaked {
+    JointCase jc;
+    JointData d;
+    Peaked() {
+        jc.B = 3, jc.T = 16, jc.U = 6, jc.V = 30, jc.H = 24;
+        jc.Ts = {16, 13, 16};
+        jc.Us = {6, 4, 0};
+        d = make_data(jc);
+        for (auto &w : d.W) w *= 4.0;
+    }
+};
+
+TEST(JointSkip, EachGradientMovesWithinItsBound) {
+    // Every element of a left-out node's logits' gradient is below eps, so d enc[b, t, k] moves
+    // by at most eps sum_u sum_o |W[o, k]| (relu: act' <= 1, no dropout), d pred[b, u, k] by eps
+    // sum_t sum_o |W[o, k]|, d W[o, k] by eps sum_n |h[n, k]|, d bias by eps times the nodes.
+    // The costs are the forward's: the same bits.
+    const Peaked pk;
+    const JointCase &jc = pk.jc;
+    const JointData &d = pk.d;
+    JointRun exact_run;
+    const JointOut exact = run_fused(jc, d, exact_run);
+    ASSERT_EQ(exact.status, TDT_STATUS_SUCCESS) << exact.error;
+    const double eps = 1e-3;
+    JointRun r;
+    r.skip_below = eps;
+    const JointOut got = run_fused(jc, d, r);
+    ASSERT_EQ(got.status, TDT_STATUS_SUCCESS) << got.error;
+    EXPECT_EQ(got.costs, exact.costs);
+    const int64_t H = jc.H, O = jc.O(), R = jc.R();
+    std::vector<double> wcol(H, 0.0);  // sum_o |W[o, k]|
+    for (int64_t o = 0; o < O; ++o)
+        for (int64_t k = 0; k < H; ++k) wcol[k] += std::fabs(d.W[o * H + k]);
+    double hmax = 0.0;  // |h| <= |enc + pred| for relu
+    for (int64_t b = 0; b < jc.B; ++b)
+        for (int64_t t = 0; t < jc.T; ++t)
+            for (int64_t u = 0; u < R; ++u)
+                for (int64_t k = 0; k < H; ++k)
+                    hmax = std::max(hmax, std::fabs(d.enc[(b * jc.T + t) * H + k] + d.pred[(b * R + u) * H + k]));
+    const double nodes = (double)(jc.B * jc.T * R);
+    size_t moved = 0;
+    for (size_t i = 0; i < exact.denc.size(); ++i) {
+        const double bound = eps * (double)R * wcol[i % H] * (1 + 1e-9);
+        EXPECT_LE(std::fabs(got.denc[i] - exact.denc[i]), bound) << "d enc[" << i << "]";
+        moved += got.denc[i] != exact.denc[i];
+    }
+    for (size_t i = 0; i < exact.dpred.size(); ++i)
+        EXPECT_LE(std::fabs(got.dpred[i] - exact.dpred[i]), eps * (double)jc.T * wcol[i % H] * (1 + 1e-9))
+            << "d pred[" << i << "]";
+    for (size_t i = 0; i < exact.dW.size(); ++i)
+        EXPECT_LE(std::fabs(got.dW[i] - exact.dW[i]), eps * nodes * hmax * (1 + 1e-9)) << "d W[" << i << "]";
+    for (size_t i = 0; i < exact.dbias.size(); ++i)
+        EXPECT_LE(std::fabs(got.dbias[i] - exact.dbias[i]), eps * nodes * (1 + 1e-9)) << "d bias[" << i << "]";
+    // something was left out (the check is not of the exact path against itself)
+    EXPECT_GT(moved, 0u) << "no node was left out at eps = " << eps;
+}
+
+TEST(JointSkip, HugeEpsLeavesEveryNodeOutTinyEpsNone) {
+    const Peaked pk;
+    JointRun exact_run;
+    const JointOut exact = run_fused(pk.jc, pk.d, exact_run);
+    ASSERT_EQ(exact.status, TDT_STATUS_SUCCESS) << exact.error;
+    JointRun r;
+    r.skip_below = 1e300;
+    const JointOut none = run_fused(pk.jc, pk.d, r);
+    ASSERT_EQ(none.status, TDT_STATUS_SUCCESS) << none.error;
+    EXPECT_EQ(none.costs, exact.costs);
+    for (const auto *v : {&none.denc, &none.dpred, &none.dW, &none.dbias})
+        for (double x : *v) ASSERT_EQ(x, 0.0) << "a gradient with every node left out";
+    // eps below every nonzero bound: only nodes whose gradient is exactly zero are left out,
+    // and the gradients equal the exact ones
+    r.skip_below = 1e-300;
+    const JointOut all = run_fused(pk.jc, pk.d, r);
+    ASSERT_EQ(all.status, TDT_STATUS_SUCCESS) << all.error;
+    EXPECT_EQ(all.denc, exact.denc);
+    EXPECT_EQ(all.dpred, exact.dpred);
+    EXPECT_EQ(all.dW, exact.dW);
+    EXPECT_EQ(all.dbias, exact.dbias);
+}
+
+TEST(JointSkip, SameBitsForAnyThreadCountAndForThePair) {
+    const Peaked pk;
+    for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT64}) {
+        JointData d = pk.d;
+        quantize_data(d, dt);
+        JointRun r;
+        r.dtype = dt;
+        r.skip_below = 1e-3;
+        r.num_threads = 1;
+        const JointOut one = run_fused(pk.jc, d, r);
+        ASSERT_EQ(one.status, TDT_STATUS_SUCCESS) << one.error;
+        r.num_threads = 3;
+        r.two_phase = true;
+        const JointOut three = run_fused(pk.jc, d, r);
+        ASSERT_EQ(three.status, TDT_STATUS_SUCCESS) << three.error;
+        EXPECT_EQ(three.denc, one.denc) << tdt_test::dtype_name(dt);
+        EXPECT_EQ(three.dpred, one.dpred) << tdt_test::dtype_name(dt);
+        EXPECT_EQ(three.dW, one.dW) << tdt_test::dtype_name(dt);
+        EXPECT_EQ(three.dbias, one.dbias) << tdt_test::dtype_name(dt);
+    }
+}
+
+TEST(JointSkip, BadValuesAreRefused) {
+    const Peaked pk;
+    for (double bad : {-1e-6, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+        JointRun r;
+        r.skip_below = bad;
+        const JointOut got = run_fused(pk.jc, pk.d, r);
+        EXPECT_EQ(got.status, TDT_STATUS_INVALID_OPTION) << bad;
+        EXPECT_NE(got.error.find("grads->skip_below"), std::string::npos) << got.error;
     }
 }
 

@@ -194,7 +194,7 @@ class JointProblem(ctypes.Structure):
 
 class JointGradients(ctypes.Structure):
     """tdt_joint_gradients_t: where the gradients of enc, pred, weight and bias go (NULL skips
-    one)."""
+    one), and skip_below (0: exact)."""
 
     _fields_ = [
         ("enc_grad", ctypes.c_void_p),
@@ -204,6 +204,7 @@ class JointGradients(ctypes.Structure):
         ("weight_grad", ctypes.c_void_p),
         ("weight_stride", ctypes.c_int64),
         ("bias_grad", ctypes.c_void_p),
+        ("skip_below", ctypes.c_double),
     ]
 
 

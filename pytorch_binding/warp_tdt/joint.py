@@ -249,9 +249,10 @@ class _Call:
     """One call's tdt_joint_problem_t and tdt_options_t (and what they point into), built once by
     the forward and reused by the backward."""
 
-    __slots__ = ("p", "o", "keep", "idx", "size")
+    __slots__ = ("p", "o", "keep", "idx", "size", "skip_below")
 
-    def __init__(self, spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, offset):
+    def __init__(self, spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, offset,
+                 skip_below=0.0):
         B, T, H = (int(s) for s in enc.shape)
         p = _lib.JointProblem()
         p.batch, p.max_frames, p.max_labels = B, T, int(pred.shape[1]) - 1
@@ -279,6 +280,7 @@ class _Call:
                    _lib.load().tdt_joint_get_workspace_size(ctypes.byref(p), ctypes.byref(o),
                                                             ctypes.byref(c)))
         self.p, self.o, self.keep, self.idx, self.size = p, o, keep, idx, int(c.value)
+        self.skip_below = skip_below
 
     def workspace(self, device):
         return torch.empty(max(self.size, 1), dtype=torch.uint8, device=device)
@@ -287,9 +289,10 @@ class _Call:
         _core._call(fn_name, ref, self.o, ctypes.byref(self.p), ctypes.byref(self.o), *args)
 
 
-def _gradients(enc, pred, weight, bias, needs):
+def _gradients(enc, pred, weight, bias, needs, skip_below=0.0):
     """The gradient buffers asked for (None for the others) and their tdt_joint_gradients_t."""
     g = _lib.JointGradients()
+    g.skip_below = skip_below
     out = [None, None, None, None]
     if needs[0]:
         out[0] = torch.empty(enc.shape, dtype=enc.dtype, device=enc.device)
@@ -351,7 +354,7 @@ class JointLossFunction(torch.autograd.Function):
         call = ctx.call
         g, call.o.grad_costs_scalar = _core._upstream_arg(
             _autograd._upstream(grad_out, ctx.scale), enc)
-        out, grads = _gradients(enc, pred, weight, bias, needs)
+        out, grads = _gradients(enc, pred, weight, bias, needs, call.skip_below)
         call.run("tdt_joint_backward", enc, g.data_ptr(), ctypes.byref(grads),
                  ctx.workspace.data_ptr(), call.size)
         return tuple(out) + nones
@@ -372,8 +375,9 @@ def _costs_only(call, enc, reduction, label_lengths):
 
 def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, durations,
            activation, dropout, sigma, reduction, fastemit_lambda, clamp, dropout_seed, generator,
-           validate, names, tdt):
+           validate, names, tdt, skip_below):
     activation = _check_activation(activation)
+    skip_below = _fn._check_number(skip_below, "skip_below")
     dropout = _check_dropout(dropout)
     D = len(durations) if tdt else 0
     enc, pred, weight, bias, V = _check_inputs(enc, pred, weight, bias, D)
@@ -421,7 +425,7 @@ def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blan
     spec = _core.Spec("joint" if tdt else "rnnt", V, tuple(durations) if tdt else (), blank,
                       sigma, fastemit_lambda, clamp if clamp > 0 else 0.0, False)
     label_lengths = idx.label_lengths if reduction in ("mean", "mean_volume") else None
-    call = _Call(spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, 0)
+    call = _Call(spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, 0, skip_below)
     tensors = (enc, pred, weight) + ((bias,) if bias is not None else ())
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
         loss = _costs_only(call, enc, reduction, label_lengths)
@@ -435,7 +439,7 @@ def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blan
 def tdt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_lengths,
                    blank_token_id, durations, activation="relu", dropout=0.0, sigma=0.0,
                    reduction="mean", *, fastemit_lambda=0.0, clamp=0.0, dropout_seed=None,
-                   generator=None, validate=True):
+                   generator=None, validate=True, skip_below=0.0):
     """The TDT loss of the joint ``weight @ dropout(act(enc[:, t] + pred[:, u])) + bias``, fused:
     the (B, T, U + 1, V + D) logits are never held. Autograd reaches enc, pred, weight and bias.
 
@@ -461,6 +465,12 @@ def tdt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_lengt
             ``torch.Generator``; torch's default one when None), so ``torch.manual_seed`` repeats
             a run. :func:`dropout_mask` gives the mask of a seed. While a CUDA graph is
             captured a seed must be given (the graph replays it).
+        skip_below: 0 (the default) for the exact gradients; eps > 0 leaves out of the backward
+            every lattice node whose logits' gradient is certainly below eps in every element
+            (|upstream| x its occupancy: the nodes off the likely alignments), their logits not
+            recomputed; each gradient element then moves by at most eps times the sum of |W|,
+            |h| or 1 over the left-out nodes it collects from. The loss itself is exact.
+            include/tdt.h (tdt_joint_gradients_t) has the rule.
 
     Returns:
         float32 loss (float64 for float64 inputs): a scalar, or ``(batch,)`` for ``"none"``.
@@ -469,22 +479,25 @@ def tdt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_lengt
     durations = _fn._as_durations(durations, False)
     return _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths,
                   blank_token_id, durations, activation, dropout, sigma, reduction,
-                  fastemit_lambda, clamp, dropout_seed, generator, validate, _TDT_NAMES, True)
+                  fastemit_lambda, clamp, dropout_seed, generator, validate, _TDT_NAMES, True,
+                  skip_below)
 
 
 def rnnt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank=-1,
                     activation="relu", dropout=0.0, clamp=-1, reduction="mean", *,
-                    fastemit_lambda=0.0, dropout_seed=None, generator=None, validate=True):
+                    fastemit_lambda=0.0, dropout_seed=None, generator=None, validate=True,
+                    skip_below=0.0):
     """The plain RNN-T loss of the fused joint (tdt_joint_loss() without durations): weight is
     ``(vocab_size, H)``, bias ``(vocab_size,)`` or None; blank, clamp and reduction as in
     :func:`warp_tdt.rnnt_loss` (``"mean"`` is the batch mean, torchaudio's). Returns the loss in
-    enc's dtype, as rnnt_loss does."""
+    enc's dtype, as rnnt_loss does. skip_below as in tdt_joint_loss()."""
     if reduction not in _fn.RNNT_REDUCTIONS:
         raise ValueError("reduction should be one of 'none', 'mean', or 'sum', got %r"
                          % (reduction,))
     loss = _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blank, (),
                   activation, dropout, 0.0, "mean_batch" if reduction == "mean" else reduction,
-                  fastemit_lambda, clamp, dropout_seed, generator, validate, _RNNT_NAMES, False)
+                  fastemit_lambda, clamp, dropout_seed, generator, validate, _RNNT_NAMES, False,
+                  skip_below)
     return loss.to(enc.dtype)
 
 

@@ -99,12 +99,14 @@ class TDTJointLoss(nn.Module):
     ``encoder_projector`` / the decoder's ``decoder_projector``). ``durations=None`` gives the
     plain RNN-T loss (``rnnt_joint_loss``; weight (V, H)). Dropout applies in training mode
     only (p = 0 in eval mode, as nn.Dropout). The blank is ``blank_token_id`` (default V - 1, the
-    NeMo / Parakeet convention). :meth:`logits` computes the unfused joint, for decoding.
+    NeMo / Parakeet convention). ``skip_below`` (0: exact) is tdt_joint_loss()'s approximate
+    backward. :meth:`logits` computes the unfused joint, for decoding.
     """
 
     def __init__(self, hidden_size, vocab_size, durations=(0, 1, 2, 3, 4), *, blank_token_id=None,
                  activation="relu", dropout=0.0, sigma=0.0, reduction="mean", bias=True,
-                 fastemit_lambda=0.0, clamp=0.0, validate=True, device=None, dtype=None):
+                 fastemit_lambda=0.0, clamp=0.0, validate=True, skip_below=0.0, device=None,
+                 dtype=None):
         super().__init__()
         self.activation = _joint._check_activation(activation)
         self.dropout = _joint._check_dropout(dropout)
@@ -117,6 +119,7 @@ class TDTJointLoss(nn.Module):
         self.blank_token_id = self.vocab_size - 1 if blank_token_id is None else int(blank_token_id)
         self.sigma, self.reduction = sigma, reduction
         self.fastemit_lambda, self.clamp, self.validate = fastemit_lambda, clamp, validate
+        self.skip_below = skip_below
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(self.vocab_size + D, self.hidden_size, **kw))
         if bias:
@@ -140,12 +143,13 @@ class TDTJointLoss(nn.Module):
                 enc, pred, self.weight, self.bias, targets, logit_lengths, target_lengths,
                 blank=self.blank_token_id, activation=self.activation, dropout=p,
                 clamp=self.clamp if self.clamp > 0 else -1, reduction=reduction,
-                fastemit_lambda=self.fastemit_lambda, validate=self.validate)
+                fastemit_lambda=self.fastemit_lambda, validate=self.validate,
+                skip_below=self.skip_below)
         return _joint.tdt_joint_loss(
             enc, pred, self.weight, self.bias, targets, logit_lengths, target_lengths,
             self.blank_token_id, self.durations, activation=self.activation, dropout=p,
             sigma=self.sigma, reduction=reduction, fastemit_lambda=self.fastemit_lambda,
-            clamp=self.clamp, validate=self.validate)
+            clamp=self.clamp, validate=self.validate, skip_below=self.skip_below)
 
     def logits(self, enc, pred):
         """The joint's logits, unfused: ``F.linear(act(enc + pred), weight, bias)`` for enc and

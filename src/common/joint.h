@@ -1,6 +1,6 @@
 /*
  * joint.h - what both backends of the fused joint + loss (tdt_joint_*) compute alike, host and
- * device: the joint dropout's mask and the activations with their derivatives.
+ * device: the joint dropout's mask, and which nodes a backward with grads->skip_below leaves out.
  *
  * Dropout (include/tdt.h, tdt_joint_problem_t.dropout; docs/joint.md): element (b, t, u, i) of
  * act(enc + pred) has the counter
@@ -18,6 +18,7 @@
 #include "tdt.h"
 
 #include "hd.h"
+#include "lattice.h"
 
 /* Written by a CPU joint forward (tdt_joint_forward, tdt_joint_loss), checked by its backward
  * (workspace.h's header; a plain forward writes TDT_WS_MAGIC, so neither backward takes the
@@ -47,6 +48,18 @@ TDT_HD uint64_t tdt_dropout_counter(uint64_t offset, int64_t b, int64_t t, int64
                                     int64_t max_frames, int64_t max_labels, int64_t hidden) {
     return offset + (((uint64_t)b * (uint64_t)max_frames + (uint64_t)t) * ((uint64_t)max_labels + 1u) +
                      (uint64_t)u) * (uint64_t)hidden;
+}
+
+/* Whether a backward with tdt_joint_gradients_t.skip_below = eps leaves out a node of upstream
+ * gradient g and coefficients ng (lattice.h): every element of the node's logits' gradient is
+ * at most |g| max(tok_occ, dur_occ) in magnitude (tdt_token_grad: p tok_occ less blank_occ or
+ * label_occ, which sum to tok_occ; tdt_duration_grad: q dur_occ less one of the arcs summing to
+ * dur_occ; a clamp only lowers it), so a node whose bound is below eps is skipped, its gradient
+ * taken as zero. eps 0 skips nothing; a NaN bound is never below eps. */
+TDT_HD int tdt_joint_skips(double eps, double g, const tdt_node_grad_t *ng) {
+    if (!(eps > 0.0)) return 0;
+    const double occ = ng->tok_occ > ng->dur_occ ? ng->tok_occ : ng->dur_occ;
+    return (g < 0.0 ? -g : g) * occ < eps;
 }
 
 #endif /* TDT_COMMON_JOINT_H */

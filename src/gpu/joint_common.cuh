@@ -37,6 +37,7 @@ struct joint_args {
     void *dx, *pred_acc, *w_part, *b_part; /* the scratch (joint_plan.h) */
     int64_t parts;
     int64_t chunk_row0, chunk_rows; /* the backward's current chunk of (b, t) rows */
+    double skip_below;              /* tdt_joint_gradients_t.skip_below */
 };
 
 template <int DT> using acc_t = typename tdt_elem<DT>::Acc;
@@ -156,6 +157,7 @@ __device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int6
     const double *w = tdt_node_block(&L, ni->t, ni->u);
     nc->lse = w[tdt_w_lse(a.D)];
     for (int k = 0; k < a.D; ++k) nc->q[k] = exp(w[TDT_W_DUR + k]);
+    if (tdt_joint_skips(a.skip_below, nc->gb, &nc->g)) ni->valid = 0; /* left out: dz taken as 0 */
 }
 
 /* Node n's block of the workspace, as the loss's normaliser writes it, from its token
@@ -335,6 +337,7 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
     a.W_g = call->jg.weight_grad;
     a.W_gs = call->jg.weight_stride;
     a.bias_g = call->jg.bias_grad;
+    a.skip_below = call->jg.skip_below;
     a.parts = plan.parts;
     return a;
 }

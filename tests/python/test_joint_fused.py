@@ -696,3 +696,48 @@ def test_fused_example_trains():
     assert r.returncode == 0, r.stdout + r.stderr
     losses = [float(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step")]
     assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], r.stdout
+
+
+# ---- skip_below: the approximate backward ---------------------------------------------------
+
+
+@pytest.mark.parametrize("durations", [[0, 1, 2, 3], None])
+def test_skip_below_moves_each_gradient_within_its_bound(durations):
+    """Each left-out node's logits' gradient is below eps in every element: d enc moves by at
+    most eps (U + 1) sum_o |W[o, k]| (relu), d pred by eps T sum_o |W[o, k]|, d W by eps times the
+    nodes times max |h|, d bias by eps times the nodes; the loss is exact. A peaked joint (W
+    scaled up: one alignment dominates, as in a trained model) leaves most nodes out."""
+    c = make(B=3, T=12, U=5, H=16, V=20, durations=durations, ragged=False, seed=3)
+    with torch.no_grad():
+        c["weight"].mul_(6.0)
+    loss0, g0 = run(fused, c)
+    eps = 1e-3
+    loss1, g1 = run(fused, c, skip_below=eps)
+    assert torch.equal(loss0, loss1)
+    B, T, H = c["enc"].shape
+    R = c["pred"].shape[1]
+    wcol = c["weight"].detach().abs().sum(0)  # (H,)
+    hmax = (c["enc"][:, :, None] + c["pred"][:, None]).detach().abs().max()
+    nodes = B * T * R
+    bounds = [eps * R * wcol, eps * T * wcol, eps * nodes * hmax, eps * nodes]
+    for name, a, b, bound in zip(NAMES, g0, g1, bounds):
+        assert ((a - b).abs() <= bound * (1 + 1e-9)).all(), name
+    assert not torch.equal(g0[0], g1[0]), "no node was left out at eps = %g" % eps
+
+
+def test_skip_below_huge_zeroes_every_gradient_and_bad_values_raise():
+    c = make(seed=5)
+    loss0, _ = run(fused, c)
+    loss1, g1 = run(fused, c, skip_below=1e300)
+    assert torch.equal(loss0, loss1)
+    for name, g in zip(NAMES, g1):
+        assert torch.count_nonzero(g) == 0, name
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="skip_below"):
+            fused(c, skip_below=bad)
+    with pytest.raises(TypeError, match="skip_below"):
+        fused(c, skip_below="small")
+    m = warp_tdt.TDTJointLoss(7, 6, [0, 1, 2, 3], skip_below=1e300).double()
+    out = m(c["enc"], c["pred"], c["targets"], c["logit_lengths"], c["target_lengths"])
+    out.backward()
+    assert torch.count_nonzero(m.weight.grad) == 0
