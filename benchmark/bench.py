@@ -37,6 +37,14 @@ GFLOP/s (4 passes of 2 x nodes x H x (V + D): forward, recompute, d h, d W), bes
 of the same work's shape measured in the same run ("x gemm"; bfloat16 on CUDA, the run's dtype
 on the CPU).
 
+With --joint-skip EPS,... (and --joint NAMES) the approximate backward (tdt_joint_loss's
+skip_below) is timed against the exact fused path on the same inputs, random (the --joint inputs)
+and peaked (the output weight scaled by --joint-peak: one alignment takes most of the
+probability, as in a trained model): ms and the ratio to the exact step, the normwise relative
+error of each gradient against the exact one, and the fraction of lattice nodes the rule leaves
+out (|upstream| x occupancy < eps; the occupancy read off the unfused path's logits gradient,
+dz / p at a token that is neither blank nor the node's label).
+
 On the CPU, --threads sets torch.set_num_threads() (default: every core this process may use);
 the binding runs the library with torch.get_num_threads() threads.
 
@@ -48,6 +56,8 @@ the binding runs the library with torch.get_num_threads() threads.
         --joint base-joint --dtypes float32 --joint-threads 1,2
     PYTHONPATH=pytorch_binding WARP_TDT_LIBRARY=build/libwarptdt.so python3 benchmark/bench.py \\
         --device cuda --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes float32,bfloat16
+    PYTHONPATH=pytorch_binding /usr/bin/python3 benchmark/bench.py --device cpu \\
+        --joint base-joint --dtypes float32 --joint-skip 1e-4,1e-3,1e-2
 """
 
 import argparse
@@ -426,6 +436,11 @@ def main():
     p.add_argument("--joint-shape", help="B,T,U,H,V of one more --joint shape")
     p.add_argument("--joint-threads", default="",
                    help="CPU, --joint: thread counts to run in turn, e.g. 1,2 (default --threads)")
+    p.add_argument("--joint-skip", default="",
+                   help="--joint: time skip_below at these thresholds against the exact fused "
+                        "step, on random and peaked inputs, with the gradients' error")
+    p.add_argument("--joint-peak", type=float, default=8.0,
+                   help="--joint-skip: the factor on the output weight of the peaked inputs")
     p.add_argument("--_joint-rss", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._joint_rss:
@@ -433,6 +448,8 @@ def main():
         return _joint_rss_child(spec, dn, path, int(threads))
     global VALIDATE
     VALIDATE = not args.no_validate
+    if args.joint_skip:
+        return joint_skip_main(args, torch.device(args.device))
     if args.joint or args.joint_shape:
         return joint_main(args, torch.device(args.device))
     if args.sync_validation:
@@ -709,6 +726,79 @@ def bench_joint(name, shape, dtype, device, args, threads):
             row[path + "_peak_mb"] = None if peak is None else peak / 2 ** 20
     row["gemm_gflops"] = gemm_gflops(shape, dtype, device, args.iters)
     return row
+
+
+def joint_skipped(params, idx, V, eps):
+    """The fraction of the lattice's nodes that skip_below = eps leaves out: a node goes when
+    tok_occ < eps (reduction "sum": upstream 1; FastEmit 0: tok_occ >= dur_occ), with
+    tok_occ = dz / p at a token that is neither blank (V - 1) nor the node's label, from the
+    unfused path in float64."""
+    from warp_tdt import joint as J
+
+    enc, pred, weight, bias = (p.detach().double() for p in params)
+    targets, fl, ll = idx
+    z = J.joint_logits(enc, pred, weight, bias).requires_grad_(True)
+    loss = warp_tdt.tdt_loss_joint(z, targets, fl, ll, V - 1, DURATIONS, reduction="sum")
+    loss.backward()
+    p = torch.softmax(z.detach()[..., :V], -1)
+    B, T, R = z.shape[:3]
+    lab = torch.full((B, R), -1, dtype=torch.int64, device=z.device)
+    lab[:, :R - 1] = targets
+    o = torch.where(lab == 0, 1, 0)[:, None, :].expand(B, T, R)  # token 0, or 1 where 0 is the label
+    dz = z.grad[..., :V].gather(-1, o[..., None])[..., 0]
+    occ = (dz / p.gather(-1, o[..., None])[..., 0]).abs()
+    return float((occ < eps).double().mean())
+
+
+def joint_skip_main(args, device):
+    """The --joint-skip table: skip_below against the exact fused step."""
+    eps_list = [float(e) for e in args.joint_skip.split(",") if e]
+    names = [n for n in (args.joint or "base-joint").split(",") if n]
+    if device.type == "cpu" and args.threads > 0:
+        torch.set_num_threads(args.threads)
+    print("warp_tdt %s (library %s), torch %s, device %s, %d threads" % (
+        warp_tdt.__version__, warp_tdt.library_version(), torch.__version__, device,
+        torch.get_num_threads()))
+    print("skip_below against the exact fused step (forward+backward, reduction sum, relu); "
+          "err = normwise relative error of each gradient (enc, pred, weight, bias) against the "
+          "exact one; nodes = the fraction the rule leaves out; peaked: weight x %g"
+          % args.joint_peak)
+    print("%-14s %-8s %-7s %9s %9s %7s %7s  %s" % (
+        "shape", "dtype", "inputs", "eps", "ms", "x exact", "nodes", "err enc/pred/W/bias"))
+    for name in names:
+        shape = JOINT_SHAPES[name]
+        V = shape[4]
+        for dn in args.dtypes.split(","):
+            dtype = DTYPES[dn]
+            for kind, scale in (("random", 1.0), ("peaked", args.joint_peak)):
+                params, idx = make_joint_inputs(shape, dtype, device)
+                with torch.no_grad():
+                    params[2].mul_(scale)
+                leaves = [x.detach().clone().requires_grad_(True) for x in params]
+
+                def step(eps):
+                    for x in leaves:
+                        x.grad = None
+                    loss = warp_tdt.tdt_joint_loss(*leaves, *idx, V - 1, DURATIONS,
+                                                   activation="relu", reduction="sum",
+                                                   skip_below=eps, validate=VALIDATE)
+                    loss.backward()
+                    return [x.grad.detach().double().clone() for x in leaves]
+
+                exact = step(0.0)
+                ms0 = time_step(lambda: step(0.0), device, args.iters, warmup=1)
+                print("%-14s %-8s %-7s %9s %9.2f %7s %7s" % (name, dn, kind, "0 (exact)", ms0,
+                                                             "1.00", "0"))
+                for eps in eps_list:
+                    got = step(eps)
+                    ms = time_step(lambda: step(eps), device, args.iters, warmup=1)
+                    errs = ["%.1e" % float((a - b).norm() / (b.norm() + 1e-30))
+                            for a, b in zip(got, exact)]
+                    fn = joint_skipped(params, idx, V, eps)
+                    print("%-14s %-8s %-7s %9.0e %9.2f %7.2f %7.3f  %s" % (
+                        name, dn, kind, eps, ms, ms / ms0, fn, "/".join(errs)))
+                    sys.stdout.flush()
+    return 0
 
 
 def joint_main(args, device):

@@ -160,6 +160,7 @@ typedef struct jt_layout {
     size_t x;       /* acc [S x 3 H]: a slot's rows of x = enc + pred, of pred, of the mask */
     size_t nodes;   /* int32 [S JT_NODES x 3]: the slots' nodes (b, t, u) */
     size_t skip;    /* int32 [S]: whether the slot's tile was skipped (grads->skip_below) */
+    size_t kept;    /* int64 [B T (U + 1)]: skip_below's kept nodes, compacted (jt_compact) */
     size_t sync;    /* int32 [2 waves + items + 1]: the backward's completion counters */
     int64_t waves, items; /* at most, for the sync counters */
     size_t total;
@@ -219,7 +220,7 @@ static int jt_layout_of(const tdt_joint_problem_t *jp, int nthreads, jt_layout_t
          tdt_ws_take(&cur, SNH, acc, &l->h) && tdt_ws_take(&cur, SNO, acc, &l->z) &&
          tdt_ws_take(&cur, SNH, acc, &l->g) && tdt_mul_size(3 * S, (size_t)H, &n) &&
          tdt_ws_take(&cur, n, acc, &l->x) && tdt_ws_take(&cur, S * JT_NODES * 3, 4, &l->nodes) &&
-         tdt_ws_take(&cur, S, 4, &l->skip);
+         tdt_ws_take(&cur, S, 4, &l->skip) && tdt_ws_take(&cur, nodes, 8, &l->kept);
     if (!ok) return 0;
     l->waves = (int64_t)(tiles / jt_set_slots(l->slots) + 2);
     l->items = (O + JT_WROWS - 1) / JT_WROWS + (H + JT_HCHUNK - 1) / JT_HCHUNK;
@@ -287,7 +288,8 @@ typedef struct jt_ctx {
     jt_layout_t l;
     char *s;              /* the scratch's aligned start */
     const int64_t *starts;
-    int64_t nodes, tiles; /* live nodes, tiles */
+    int64_t nodes, tiles; /* live nodes, tiles (the backward's, after skip_below's compaction) */
+    const int64_t *kept;  /* skip_below: the backward's nodes (indices of the live order), else NULL */
     int64_t H, O, V, D;
     int64_t Hp, Op;       /* H and O padded (jt_pad): the slots' and W^T's row lengths */
     jt_gemm_f_t gemm_f;   /* the register tile this CPU runs (jt_gemm_pick) */
@@ -306,6 +308,18 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
     const tdt_problem_t *p = &x->c->p;
     int64_t n = i * JT_NODES, b = 0;
     const int64_t end = n + JT_NODES < x->nodes ? n + JT_NODES : x->nodes;
+    if (x->kept) { /* the compacted nodes, ascending */
+        int cnt = 0;
+        for (; n < end; ++n, ++cnt) {
+            const int64_t k = x->kept[n];
+            while (x->starts[b + 1] <= k) ++b;
+            const int64_t R = p->label_lengths[b] + 1, loc = k - x->starts[b];
+            nl[3 * cnt] = (int32_t)b;
+            nl[3 * cnt + 1] = (int32_t)(loc / R);
+            nl[3 * cnt + 2] = (int32_t)(loc % R);
+        }
+        return cnt;
+    }
     while (x->starts[b + 1] <= n) ++b;
     int64_t R = p->label_lengths[b] + 1, loc = n - x->starts[b], t = loc / R, u = loc % R;
     int cnt = 0;
@@ -323,6 +337,36 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         }
     }
     return cnt;
+}
+
+/* The gradient coefficients of a tile's cnt nodes nl (by runs of one row (b, t), consecutive in
+ * u): ng, q (D values a node), the upstream scale scl, and keep: whether grads->skip_below keeps
+ * the node (common/joint.h). Returns how many it keeps. */
+static int jt_tile_coeffs(const jt_ctx_t *x, const int32_t *nl, int cnt, tdt_node_grad_t *ng, double *q,
+                          double *scl, unsigned char *keep) {
+    const tdt_call_t *c = x->c;
+    const tdt_problem_t *p = &c->p;
+    const int64_t D = x->D;
+    int kept = 0;
+    for (int r0 = 0; r0 < cnt;) {
+        int r1 = r0 + 1;
+        while (r1 < cnt && r1 - r0 < TDT_CPU_COEFF_NODES && nl[3 * r1] == nl[3 * r0] &&
+               nl[3 * r1 + 1] == nl[3 * r0 + 1] && nl[3 * r1 + 2] == nl[3 * r1 - 1] + 1)
+            ++r1;
+        const int64_t b = nl[3 * r0];
+        tdt_cpu_node_coeffs(c, &x->ws, b, nl[3 * r0 + 1], nl[3 * r0 + 2], r1 - r0, ng + r0,
+                            D > 0 ? q + r0 * D : NULL);
+        const double scale = tdt_upstream(c->grad_costs, x->acc_double, c->o.grad_costs_scalar, b,
+                                          c->o.batch_mean ? p->batch : 0, c->o.normalize_costs != 0,
+                                          p->label_lengths[b]);
+        for (int r = r0; r < r1; ++r) {
+            scl[r] = scale;
+            keep[r] = !tdt_joint_skips(x->jc->jg.skip_below, scale, &ng[r]);
+            kept += keep[r];
+        }
+        r0 = r1;
+    }
+    return kept;
 }
 
 /* ---- per dtype of accumulation ------------------------------------------------------------------ */
@@ -460,30 +504,12 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
         F *tmp = JT_PTR(x, x, F) + (size_t)slot * 3 * H;                                         \
         int32_t *skipped = JT_PTR(x, skip, int32_t) + slot;                                      \
         const int cnt = jt_tile_nodes(x, i, nl);                                                 \
-        /* the nodes' gradient coefficients first (runs of one row (b, t), consecutive in u),   \
-           and which nodes grads->skip_below leaves out: all of them, and the tile is skipped */ \
+        /* the nodes' gradient coefficients first, and which nodes grads->skip_below leaves    \
+           out: all of them, and the tile is skipped */                                          \
         tdt_node_grad_t ng[JT_NODES];                                                            \
         double q[JT_NODES * TDT_MAX_DURATIONS], scl[JT_NODES];                                   \
         unsigned char keep[JT_NODES];                                                            \
-        int kept = 0;                                                                            \
-        for (int r0 = 0; r0 < cnt;) {                                                            \
-            int r1 = r0 + 1;                                                                     \
-            while (r1 < cnt && r1 - r0 < TDT_CPU_COEFF_NODES && nl[3 * r1] == nl[3 * r0] &&      \
-                   nl[3 * r1 + 1] == nl[3 * r0 + 1])                                             \
-                ++r1;                                                                            \
-            const int64_t b = nl[3 * r0];                                                        \
-            tdt_cpu_node_coeffs(c, &x->ws, b, nl[3 * r0 + 1], nl[3 * r0 + 2], r1 - r0, ng + r0,  \
-                                D > 0 ? q + r0 * D : NULL);                                      \
-            const double scale = tdt_upstream(c->grad_costs, x->acc_double, c->o.grad_costs_scalar, b, \
-                                              c->o.batch_mean ? p->batch : 0,                    \
-                                              c->o.normalize_costs != 0, p->label_lengths[b]);   \
-            for (int r = r0; r < r1; ++r) {                                                      \
-                scl[r] = scale;                                                                  \
-                keep[r] = !tdt_joint_skips(x->jc->jg.skip_below, scale, &ng[r]);                 \
-                kept += keep[r];                                                                 \
-            }                                                                                    \
-            r0 = r1;                                                                             \
-        }                                                                                        \
+        const int kept = jt_tile_coeffs(x, nl, cnt, ng, q, scl, keep);                           \
         *skipped = kept == 0;                                                                    \
         if (kept == 0) { /* zero rows: the sums of the reduction phase step over the slot */    \
             memset(z, 0, (size_t)JT_NODES * (size_t)Op * sizeof(F));                             \
@@ -657,6 +683,29 @@ static void jt_narrow(void *dst, const float *src, int64_t n0, int64_t n1, const
         }
 }
 
+/* skip_below: the nodes the backward keeps, in the live order, into the scratch's kept list;
+ * the backward's tiles are then runs of JT_NODES of them (x->nodes, x->tiles, x->kept), so a
+ * node left out costs no product at all, and the sums keep their order (nodes ascending). */
+static void jt_compact(jt_ctx_t *x, int team) {
+    int64_t *kept = JT_PTR(x, kept, int64_t);
+#pragma omp parallel for schedule(static) num_threads(team)
+    for (int64_t i = 0; i < x->tiles; ++i) {
+        int32_t nl[3 * JT_NODES];
+        tdt_node_grad_t ng[JT_NODES];
+        double q[JT_NODES * TDT_MAX_DURATIONS], scl[JT_NODES];
+        unsigned char keep[JT_NODES];
+        const int cnt = jt_tile_nodes(x, i, nl);
+        jt_tile_coeffs(x, nl, cnt, ng, q, scl, keep);
+        for (int r = 0; r < cnt; ++r) kept[i * JT_NODES + r] = keep[r];
+    }
+    int64_t k = 0;
+    for (int64_t n = 0; n < x->nodes; ++n) /* in place: k <= n */
+        if (kept[n]) kept[k++] = n;
+    x->kept = kept;
+    x->nodes = k;
+    x->tiles = (k + JT_NODES - 1) / JT_NODES;
+}
+
 /* ---- entry ------------------------------------------------------------------------------------ */
 
 /* Waits until *c >= v (another thread's release store or add), yielding the CPU while it waits. */
@@ -750,6 +799,7 @@ tdt_status_t tdt_cpu_joint_run(const tdt_joint_call_t *jc) {
     jt_zero(A.pred, B, R, A.pred_s, H, aesz);
     jt_zero(A.w, 1, O, ldw2, H, aesz);
     jt_zero(A.bias, 1, 1, one, O, aesz);
+    if (jg->skip_below > 0.0) jt_compact(&x, team);
     const int need_g = A.enc || A.pred;
     const int64_t witems = (A.w || A.bias) ? (O + JT_WROWS - 1) / JT_WROWS : 0;
     const int64_t items = witems + (need_g ? (H + JT_HCHUNK - 1) / JT_HCHUNK : 0);
