@@ -11,7 +11,8 @@
  *   byte 4  max_labels (mod 5) byte 5 V - 1 (mod 9)  byte 6 H - 1 (mod 40)
  *   byte 7  blank (mod V)      byte 8 D - 1 (mod 4), then D duration bytes (mod 7, made distinct)
  *   next    options: bits 0-1 sigma, 2-3 FastEmit, 4-5 clamp, 6 reduction sum, 7 weight padding
- *   next    num_threads (1 + mod 3)   next  which gradients (bits 0-3: enc, pred, W, bias off)
+ *   next    num_threads (1 + mod 3)   next  which gradients (bits 0-3: enc, pred, W, bias off;
+ *           bits 4-5: skip_below 0, 1e-6, 1e-3 or 0.1)
  *   next    fault number and parameter (with bit 6)
  *   next    per sample: frame length, label length; then labels
  *   then    values: int8 / 16 times a scale (enc, pred, W, bias), upstream gradients
@@ -22,7 +23,8 @@
  *     NaN or inf in any gradient; the costs and the four gradients agree with the naive
  *     float64 reference (fuzz/naive_ref.c's loss of the joint's logits computed here, the chain
  *     rule here): 1e-9 relative for float64, a dtype tolerance otherwise, plus a rounding bound
- *     for sums that cancel (outs_t below);
+ *     for sums that cancel (outs_t below), plus skip_below's bound (eps times the sum over
+ *     every node of |W|, |h| or 1: the nodes left out are a subset);
  *   - the same bits for 1 thread and for num_threads, and for the one-shot call and the pair;
  *   - the inputs are left unchanged (ASan catches any access out of the exact-size buffers).
  */
@@ -121,6 +123,7 @@ typedef struct prob {
     int has_bias;
     int32_t *labels, *Ts, *Us;
     double *gc;                    /* upstream gradients (B), or NULL for ones */
+    double skip_below;             /* tdt_joint_gradients_t.skip_below */
 } prob_t;
 
 /* The reference's values, and per value the scale of its rounding error in the library's
@@ -135,6 +138,7 @@ typedef struct prob {
 typedef struct outs {
     double *costs, *denc, *dpred, *dW, *dbias;
     double *cost_err, *denc_mag, *dpred_mag, *dW_mag, *dbias_mag;
+    double *denc_skip, *dpred_skip, *dW_skip, *dbias_skip; /* skip_below's bound over eps */
 } outs_t;
 
 static void reference(const prob_t *p, outs_t *o) {
@@ -151,6 +155,10 @@ static void reference(const prob_t *p, outs_t *o) {
     memset(o->dpred_mag, 0, sizeof(double) * (size_t)(p->B * R * H));
     memset(o->dW_mag, 0, sizeof(double) * (size_t)(O * H));
     memset(o->dbias_mag, 0, sizeof(double) * (size_t)O);
+    memset(o->denc_skip, 0, sizeof(double) * (size_t)(p->B * p->T * H));
+    memset(o->dpred_skip, 0, sizeof(double) * (size_t)(p->B * R * H));
+    memset(o->dW_skip, 0, sizeof(double) * (size_t)(O * H));
+    memset(o->dbias_skip, 0, sizeof(double) * (size_t)O);
     nref_config_t cfg = {p->V, p->blank, p->tdt ? p->durations : NULL, p->tdt ? p->D : 0, p->sigma, p->fastemit, p->clamp, 0};
     for (int64_t b = 0; b < p->B; ++b) {
         const int64_t T = p->Ts[b], U = p->Us[b];
@@ -192,9 +200,11 @@ static void reference(const prob_t *p, outs_t *o) {
                     const double e = oo < p->V ? gt[nn * p->V + oo] : gd[nn * p->D + (oo - p->V)];
                     o->dbias[oo] += e;
                     o->dbias_mag[oo] += w;
+                    o->dbias_skip[oo] += 1;
                     for (int64_t k = 0; k < H; ++k) {
                         o->dW[oo * H + k] += e * h[n * H + k];
                         o->dW_mag[oo * H + k] += w * fabs(h[n * H + k]);
+                        o->dW_skip[oo * H + k] += fabs(h[n * H + k]);
                     }
                 }
                 for (int64_t k = 0; k < H; ++k) {
@@ -209,6 +219,8 @@ static void reference(const prob_t *p, outs_t *o) {
                     o->dpred[(b * R + u) * H + k] += dh * da;
                     o->denc_mag[(b * p->T + t) * H + k] += w * wabs * fabs(da);
                     o->dpred_mag[(b * R + u) * H + k] += w * wabs * fabs(da);
+                    o->denc_skip[(b * p->T + t) * H + k] += wabs * fabs(da);
+                    o->dpred_skip[(b * R + u) * H + k] += wabs * fabs(da);
                 }
             }
     }
@@ -290,6 +302,7 @@ static void lib_setup(const prob_t *p, int threads, int want, lib_t *L) {
     L->g.weight_grad = L->gW;
     L->g.weight_stride = p->ldw;
     L->g.bias_grad = L->gbias;
+    L->g.skip_below = p->skip_below;
     L->o.num_threads = threads;
     L->o.blank = p->blank;
     L->o.durations = p->durations;
@@ -316,15 +329,15 @@ static tdt_status_t lib_call(lib_t *L, int pair, int with_gc) {
 
 /* ---- comparisons ------------------------------------------------------------------------------------ */
 
-/* |got - want| <= tol (1 + max |want|) + eps * mag (outs_t says why) */
-static void compare(const char *what, const void *got, const double *want, const double *mag, size_t n, tdt_dtype_t d,
-                    double tol, double eps) {
+/* |got - want| <= tol (1 + max |want|) + eps * mag + skip * skipmag (outs_t says why) */
+static void compare(const char *what, const void *got, const double *want, const double *mag, const double *skipmag,
+                    double skip, size_t n, tdt_dtype_t d, double tol, double eps) {
     double scale = 0;
     for (size_t i = 0; i < n; ++i) scale = fmax(scale, fabs(want[i]));
     for (size_t i = 0; i < n; ++i) {
         const double x = get(got, i, d);
         if (!isfinite(x)) violation("%s[%zu] = %g is not finite", what, i, x);
-        const double err = eps * mag[i];
+        const double err = eps * mag[i] + skip * skipmag[i] * (1 + 1e-9);
         if (fabs(x - want[i]) > tol * (1.0 + scale) + err)
             violation("%s[%zu] = %.17g, reference %.17g (scale %g, tolerance %g, rounding bound %g, dtype %d)", what, i, x,
                       want[i], scale, tol, err, (int)d);
@@ -337,10 +350,11 @@ static void same_bits(const char *what, const void *a, const void *b, size_t byt
 
 /* ---- faults ---------------------------------------------------------------------------------------- */
 
-enum { NUM_FAULTS = 12 };
+enum { NUM_FAULTS = 13 };
 
-/* spoils L (a fresh setup) with fault f; returns the status the call must give */
-static tdt_status_t inject(lib_t *L, int f, uint8_t param) {
+/* spoils L (a fresh setup) with fault f for a one-shot call or the pair; returns the status the
+ * call must give */
+static tdt_status_t inject(lib_t *L, int f, uint8_t param, int pair) {
     switch (f) {
     case 0: L->jp.hidden = 0; return TDT_STATUS_INVALID_SIZE;
     case 1: /* RNN-T (no durations): a TDT size without durations */
@@ -355,6 +369,10 @@ static tdt_status_t inject(lib_t *L, int f, uint8_t param) {
     case 8: L->jp.dtype = (tdt_dtype_t)(4 + param % 4); return TDT_STATUS_INVALID_DTYPE;
     case 9: L->o.input_kind = TDT_INPUT_LOG_PROBS; return TDT_STATUS_INVALID_OPTION;
     case 10: L->o.blank = (int)L->jp.vocab_size + param % 3; return TDT_STATUS_INVALID_BLANK;
+    case 11: /* the pair's forward would write its costs before the backward refuses it */
+        if (pair) return TDT_STATUS_SUCCESS;
+        L->g.skip_below = param % 3 == 0 ? -1e-3 : param % 3 == 1 ? NAN : INFINITY;
+        return TDT_STATUS_INVALID_OPTION;
     default: L->jp.pred_strides[0] = INT64_MAX / 2 + 1; return L->jp.batch > 1 ? TDT_STATUS_INVALID_STRIDES : TDT_STATUS_SUCCESS;
     }
 }
@@ -397,7 +415,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.clamp = cl[(ob >> 4) & 3];
     p.ldw = p.H + ((ob >> 7) ? 3 : 0);
     const int threads = 1 + byte(&r) % 3;
-    const int want = 15 & ~byte(&r);
+    const uint8_t wb = byte(&r);
+    const int want = 15 & ~wb;
+    const double skips[4] = {0, 1e-6, 1e-3, 0.1};
+    p.skip_below = skips[(wb >> 4) & 3];
     const int fnum = byte(&r) % NUM_FAULTS;
     const uint8_t fparam = byte(&r);
     p.seed = (uint64_t)byte(&r) << 8 | byte(&r);
@@ -433,7 +454,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lib_setup(&p, threads, want, &L);
     const tdt_dtype_t dt = p.dt;
     if (fault) {
-        const tdt_status_t expect = inject(&L, fnum, fparam);
+        const tdt_status_t expect = inject(&L, fnum, fparam, pair);
         const size_t acc = dt == TDT_DTYPE_FLOAT64 ? 8 : 4;
         memset(L.costs, 0x5a, (size_t)p.B * acc);
         if (L.genc) memset(L.genc, 0x5a, L.n_enc * esz(dt));
@@ -466,6 +487,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ref.dpred_mag = malloc(sizeof(double) * (L.n_pred + 1));
         ref.dW_mag = malloc(sizeof(double) * (size_t)(p.O * p.H + 1));
         ref.dbias_mag = malloc(sizeof(double) * (size_t)(p.O + 1));
+        ref.denc_skip = malloc(sizeof(double) * (L.n_enc + 1));
+        ref.dpred_skip = malloc(sizeof(double) * (L.n_pred + 1));
+        ref.dW_skip = malloc(sizeof(double) * (size_t)(p.O * p.H + 1));
+        ref.dbias_skip = malloc(sizeof(double) * (size_t)(p.O + 1));
         reference(&p, &ref);
         const tdt_dtype_t acc = dt == TDT_DTYPE_FLOAT64 ? TDT_DTYPE_FLOAT64 : TDT_DTYPE_FLOAT32;
         const double tol = dt == TDT_DTYPE_FLOAT64 ? 1e-9 : dt == TDT_DTYPE_FLOAT32 ? 1e-4 : 0.1;
@@ -483,19 +508,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                           eps * ref.cost_err[b]);
             }
         }
-        if (L.genc) compare("d enc", L.genc, ref.denc, ref.denc_mag, L.n_enc, dt, tol, eps);
-        if (L.gpred) compare("d pred", L.gpred, ref.dpred, ref.dpred_mag, L.n_pred, dt, tol, eps);
+        const double sk = p.skip_below;
+        if (L.genc) compare("d enc", L.genc, ref.denc, ref.denc_mag, ref.denc_skip, sk, L.n_enc, dt, tol, eps);
+        if (L.gpred) compare("d pred", L.gpred, ref.dpred, ref.dpred_mag, ref.dpred_skip, sk, L.n_pred, dt, tol, eps);
         if (L.gW) {
             double *w2 = malloc(sizeof(double) * (size_t)(p.O * p.H + 1));
             void *g2 = malloc((size_t)(p.O * p.H) * esz(dt) + 1);
             for (int64_t oo = 0; oo < p.O; ++oo)
                 for (int64_t k = 0; k < p.H; ++k) put(g2, (size_t)(oo * p.H + k), dt, get(L.gW, (size_t)(oo * p.ldw + k), dt));
             for (int64_t i = 0; i < p.O * p.H; ++i) w2[i] = ref.dW[i];
-            compare("d W", g2, w2, ref.dW_mag, (size_t)(p.O * p.H), dt, tol, eps);
+            compare("d W", g2, w2, ref.dW_mag, ref.dW_skip, sk, (size_t)(p.O * p.H), dt, tol, eps);
             free(w2);
             free(g2);
         }
-        if (L.gbias) compare("d bias", L.gbias, ref.dbias, ref.dbias_mag, L.n_b, dt, tol, eps);
+        if (L.gbias) compare("d bias", L.gbias, ref.dbias, ref.dbias_mag, ref.dbias_skip, sk, L.n_b, dt, tol, eps);
         /* the same bits at one thread, and by the other call form */
         lib_t L1;
         lib_setup(&p, 1, want, &L1);
@@ -520,6 +546,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(ref.dpred_mag);
         free(ref.dW_mag);
         free(ref.dbias_mag);
+        free(ref.denc_skip);
+        free(ref.dpred_skip);
+        free(ref.dW_skip);
+        free(ref.dbias_skip);
     }
     /* the inputs are as they were */
     for (size_t i = 0; i < L.n_enc; ++i)
