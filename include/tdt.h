@@ -637,7 +637,8 @@ typedef struct tdt_joint_gradients {
  * dereferenced but the structs. The same size serves the one-shot call and the pair.
  * CPU: the scratch holds W^T in the accumulate type (num_outputs x hidden values), W widened
  * (16-bit dtypes, or hidden not a multiple of 32), float32 sums of the four gradients (16-bit
- * dtypes), and slots of 24 nodes x (num_outputs + 2 hidden) values: about one for every
+ * dtypes), skip_below's list of kept nodes (8 bytes a node of the padded extent B x max_frames
+ * x (max_labels + 1)), and slots of 24 nodes x (num_outputs + 2 hidden) values: about one for every
  * 48 x 24 nodes of the padded extent, at most 64 by that rule but at least 2 a thread (and at
  * most one a tile), so the size depends on
  * options->num_threads (0: omp_get_max_threads() when asked, which must then be no smaller in

@@ -38,7 +38,11 @@
  * (H x O), for 16-bit dtypes (or H not a multiple of JT_PAD) W itself widened (O x H), for
  * 16-bit dtypes float32 sums of the four gradients; and S slots of JT_NODES x (O + 2 H)
  * accumulate-type values, S from 2 a thread up to JT_MAX_SLOTS (about 1/48 of the tiles); rows
- * padded to JT_PAD values. Never nodes x O.
+ * padded to JT_PAD values; skip_below's kept-node list (one int64 a node). Never nodes x O.
+ *
+ * skip_below (tdt_joint_gradients_t): jt_compact lists the nodes the backward keeps
+ * (common/joint.h's rule on their coefficients), and the backward's tiles are runs of
+ * JT_NODES of those, in the same (b, t, u) order, so the sums keep their order.
  *
  * The GEMMs run on one register tile (jt_tile_*) rather than a BLAS: see docs/joint.md.
  */
