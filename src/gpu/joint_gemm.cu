@@ -147,8 +147,7 @@ struct lt_gemm {
      * B as (tb ? n x k : k x n) with pitch ldb, D as m x n with pitch ldd. */
     cublasStatus_t init(cublasLtHandle_t h, cublasComputeType_t compute, cudaDataType_t scale, cudaDataType_t ab,
                         cudaDataType_t dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A,
-                        int64_t lda, const void *B, int64_t ldb, const void *D, int64_t ldd, size_t ws_bytes,
-                        const void *ws) {
+                        int64_t lda, const void *B, int64_t ldb, const void *D, int64_t ldd, size_t ws_bytes) {
         const lt_api &L = lt();
         cublasStatus_t s;
         if ((s = L.desc_create(&desc, compute, scale)) != CUBLAS_STATUS_SUCCESS) return s;
@@ -161,8 +160,7 @@ struct lt_gemm {
         cublasLtMatmulPreference_t pref = NULL;
         if ((s = L.pref_create(&pref)) != CUBLAS_STATUS_SUCCESS) return s;
         const uint64_t wsb = ws_bytes;
-        const uint32_t aa = align_of(A), ab_ = align_of(B), ad = align_of(D), aw = align_of(ws);
-        (void)aw;
+        const uint32_t aa = align_of(A), ab_ = align_of(B), ad = align_of(D);
         s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
         if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
         if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof ab_);
@@ -389,7 +387,7 @@ template <int DT> struct gemm_run {
     tdt_status_t zgemm(lt_gemm *zg) const {
         const cublasStatus_t c =
             zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, true, false,
-                     a.O, nodes(), a.H, a.W, a.W_s, hs(), plan.g_ldh, z(), plan.g_ldz, TDT_JOINT_LT_BYTES, ws());
+                     a.O, nodes(), a.H, a.W, a.W_s, hs(), plan.g_ldh, z(), plan.g_ldz, TDT_JOINT_LT_BYTES);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
     }
 
@@ -421,11 +419,11 @@ template <int DT> struct gemm_run {
         cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
         if (a.W_g) /* d W (H x O, column-major) += h (H x N) dz^T (N x O) */
             c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, true,
-                        a.H, a.O, nodes(), hs(), plan.g_ldh, dz, lddz(), wacc, a.H, TDT_JOINT_LT_BYTES, ws());
+                        a.H, a.O, nodes(), hs(), plan.g_ldh, dz, lddz(), wacc, a.H, TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
         if (want_x) /* d h (H x N) = W (H x O) dz (O x N) */
             c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, false,
-                        a.H, nodes(), a.O, a.W, a.W_s, dz, lddz(), dx, a.H, TDT_JOINT_LT_BYTES, ws());
+                        a.H, nodes(), a.O, a.W, a.W_s, dz, lddz(), dx, a.H, TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d h = dz W");
         if (want_w) {
             if ((st = cuda(cudaMemsetAsync(wacc, 0, (size_t)(a.O * a.H) * sizeof(A), stream), "clearing d W")) !=
