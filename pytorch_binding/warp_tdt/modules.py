@@ -273,7 +273,8 @@ class TDTJointLoss(nn.Module):
 
     def extra_repr(self):
         return ("hidden_size=%d, vocab_size=%d, durations=%s, blank_token_id=%d, activation=%r, "
-                "dropout=%g, sigma=%g, reduction=%r, bias=%s"
+                "dropout=%g, sigma=%g, reduction=%r, bias=%s%s"
                 % (self.hidden_size, self.vocab_size, self.durations, self.blank_token_id,
                    self.activation, self.dropout, self.sigma, self.reduction,
-                   self.bias is not None))
+                   self.bias is not None,
+                   ", skip_below=%g" % self.skip_below if self.skip_below else ""))
