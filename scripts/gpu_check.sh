@@ -7,10 +7,12 @@
 # steps past it are skipped and say so.
 # Output in $OUT (default gpu-logs/): summary.log, logs.tgz (one log per step), bench.png.
 # The exit status is the number of failed steps.
-#   PHASES: which groups of steps to run, in order (default: all but profile and arch80):
-#     build tests bench joint tune profile pytest pybench ddp sanitize arch80
+#   PHASES: which groups of steps to run, in order (default: all but profile, arch80, archall):
+#     build tests bench joint tune profile pytest pybench ddp sanitize arch80 archall
 #   arch80: a second build for CMAKE_CUDA_ARCHITECTURES=80 alone (its PTX-free sm_80 code runs on
 #   any later GPU, without the sm_90 schedules) and the GPU suite on it.
+#   archall: the default build (every architecture of CMakeLists.txt), its GPU suite and
+#   tdt_bench: what a user's plain `cmake -B build` gives.
 #   (a warm machine keeps build-gpu/ between calls, so later calls can skip build).
 #   tune: tdt_bench times with each lanes-a-node choice of the sweep (TDT_SWEEP_LANES) and with
 #   the register-prefetching ring instead of the staged sweep (TDT_SWEEP_STAGED=0), in a second
@@ -20,7 +22,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-logs}
 BUDGET=${BUDGET:-540}
-PHASES=" ${PHASES:-build tests bench joint tune pytest pybench ddp sanitize} "  # profile, arch80: on request
+PHASES=" ${PHASES:-build tests bench joint tune pytest pybench ddp sanitize} "  # profile, arch80, archall: on request
 want() { [[ $PHASES == *" $1 "* ]]; }
 LOGS=$(mktemp -d)
 mkdir -p "$OUT"
@@ -118,6 +120,12 @@ if want arch80; then
     && cmake --build build-80 -j$(nproc) --target tdt_gpu_tests tdt_bench"
   step gpu_tests_80 300 build-80/tests/tdt_gpu_tests --gtest_brief=1
   step tdt_bench_80 120 build-80/benchmark/tdt_bench --backend gpu --iters 20
+fi
+if want archall; then
+  step build_all 420 bash -c "cmake -B build-all -DTDT_CUDA=ON $gtest_flag \
+    && cmake --build build-all -j$(nproc) --target tdt_gpu_tests tdt_bench"
+  step gpu_tests_all 240 build-all/tests/tdt_gpu_tests --gtest_brief=1
+  step tdt_bench_all 150 build-all/benchmark/tdt_bench --backend gpu --iters 20
 fi
 if want ddp && (( ngpu >= 2 )); then
   step ddp 90 torchrun --nproc_per_node=2 tests/multigpu/ddp_tdt.py --steps 5
