@@ -92,24 +92,37 @@ class TinyTDT(nn.Module):
 
     @torch.no_grad()
     def greedy(self, x, frames, max_symbols=5):
-        """Greedy TDT decoding of one utterance: token argmax, then jump by the duration argmax."""
+        """Greedy TDT decoding of one utterance (greedy_tdt)."""
         enc = self.encoder(x[None, :frames])[0]
-        out, state = [], None
-        h, state = self.predictor(self.embed(torch.tensor([[BLANK]], device=x.device)), state)
-        t, emitted = 0, 0
-        while t < frames:
-            logits = self.joint(enc[t] + h[0, -1])
-            token = int(logits[:VOCAB].argmax())
-            dur = DURATIONS[int(logits[VOCAB:].argmax())]
-            if token == BLANK or emitted >= max_symbols:
-                t += max(dur, 1)
-                emitted = 0
-                continue
-            out.append(token)
-            emitted += 1
+
+        def step(token, state):
             h, state = self.predictor(self.embed(torch.tensor([[token]], device=x.device)), state)
-            t += dur
-        return out
+            return h[0, -1], state
+
+        return greedy_tdt(enc, frames, step, lambda e, g: self.joint(e + g), max_symbols)
+
+
+def greedy_tdt(enc, frames, step, joint, max_symbols=5):
+    """Greedy TDT decoding: at frame t the token argmax of joint(enc[t], g) is emitted unless it
+    is the blank (or max_symbols were emitted at t), and t jumps by the duration argmax (at least
+    1 after a blank). step(token, state) -> (g, state) runs the prediction network on one token
+    (the blank first)."""
+    out = []
+    g, state = step(BLANK, None)
+    t, emitted = 0, 0
+    while t < frames:
+        logits = joint(enc[t], g)
+        token = int(logits[:VOCAB].argmax())
+        dur = DURATIONS[int(logits[VOCAB:].argmax())]
+        if token == BLANK or emitted >= max_symbols:
+            t += max(dur, 1)
+            emitted = 0
+            continue
+        out.append(token)
+        emitted += 1
+        g, state = step(token, state)
+        t += dur
+    return out
 
 
 def fit(model, step_loss, opt, args, gen, device):

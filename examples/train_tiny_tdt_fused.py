@@ -37,7 +37,7 @@ except ImportError:  # run from a checkout: use the package in pytorch_binding/
     sys.path.insert(0, os.path.join(HERE, "..", "pytorch_binding"))
     import warp_tdt
 
-from train_tiny_tdt import BLANK, DURATIONS, NUM_TOKENS, VOCAB, fit, make_batch  # noqa: E402
+from train_tiny_tdt import BLANK, DURATIONS, NUM_TOKENS, VOCAB, fit, greedy_tdt, make_batch  # noqa: E402
 
 
 class TinyParakeetTDT(nn.Module):
@@ -79,25 +79,12 @@ class TinyParakeetTDT(nn.Module):
         """Greedy TDT decoding of one utterance: token argmax, then jump by the duration argmax
         (the joint's logits of one frame and one prediction step, through joint.logits)."""
         enc = self.encode(x[None, :frames])[0]
-        out, state = [], None
-        tok = torch.tensor([[BLANK]], device=x.device)
-        h, state = self.lstm(self.embedding(tok), state)
-        g = self.decoder_projector(h[0, -1])
-        t, emitted = 0, 0
-        while t < frames:
-            z = self.joint.logits(enc[t], g)
-            token = int(z[:VOCAB].argmax())
-            dur = DURATIONS[int(z[VOCAB:].argmax())]
-            if token == BLANK or emitted >= max_symbols:
-                t += max(dur, 1)
-                emitted = 0
-                continue
-            out.append(token)
-            emitted += 1
+
+        def step(token, state):
             h, state = self.lstm(self.embedding(torch.tensor([[token]], device=x.device)), state)
-            g = self.decoder_projector(h[0, -1])
-            t += dur
-        return out
+            return self.decoder_projector(h[0, -1]), state
+
+        return greedy_tdt(enc, frames, step, self.joint.logits, max_symbols)
 
 
 def check_against_unfused(model, batch):
