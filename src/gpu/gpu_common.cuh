@@ -287,7 +287,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
  * memory (slot s's vector j at [(s * U + j) * blockDim.x + threadIdx.x]: a warp's copies and
  * reads fall on consecutive 16 bytes), S - 1 batches ahead of the one f gets: S - 1 batches
  * in flight that hold no register (grad.cuh's rows). The kernel's launch gives it
- * tdt_stage_bytes<U, S>(threads) of dynamic shared memory (tdt_allow_smem beyond 48 KB). */
+ * tdt_stage_bytes<U, S>(threads) of dynamic shared memory (tdt_allow_smem). */
 template <int U, int S> static inline size_t tdt_stage_bytes(int threads) {
     return (size_t)threads * S * U * 16;
 }
@@ -321,9 +321,14 @@ __device__ __forceinline__ void tdt_staged_batches(const T *p, int64_t nb, int64
         sm = sm == S - 1 ? 0 : sm + 1;
     }
 }
-/* A kernel's dynamic shared memory beyond the default 48 KB, allowed kernel by kernel. */
+/* Lets kernel take bytes of dynamic shared memory, kernel by kernel. Its default maximum is
+ * 48 KB less its static shared memory, so the opt-in goes by the kernel's current maximum, not
+ * by 48 KB: a kernel with static tables needs it below 48 KB of dynamic memory. */
 template <typename Kernel> cudaError_t tdt_allow_smem(Kernel kernel, size_t bytes) {
-    if (bytes <= 48 * 1024) return cudaSuccess;
+    cudaFuncAttributes fa;
+    const cudaError_t e = cudaFuncGetAttributes(&fa, kernel);
+    if (e != cudaSuccess) return e;
+    if ((size_t)fa.maxDynamicSharedSizeBytes >= bytes) return cudaSuccess;
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 

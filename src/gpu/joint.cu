@@ -482,14 +482,7 @@ __global__ void __launch_bounds__(kThreads) joint_dnode_kernel(const __grid_cons
             const int64_t k = idx - (int64_t)m * a.H;
             const int64_t n = tile * T + m;
             if (n >= count) continue;
-            A g = 0;
-            if (any && ni[m].valid) {
-                A x, keep;
-                (void)hidden<DT>(a, ni[m], k, &x, &keep);
-                const A y = act_of(a.act, x);
-                g = dh[m * hp + k] * keep * act_grad(a.act, x, y);
-            }
-            dx[n * a.H + k] = g;
+            dx[n * a.H + k] = any && ni[m].valid ? node_dx<DT>(a, ni[m], k, dh[m * hp + k]) : (A)0;
         }
         __syncthreads();
     }
@@ -565,18 +558,6 @@ __global__ void __launch_bounds__(kThreads) joint_dw_kernel(const __grid_constan
  * ============================================================================================== */
 
 
-
-/* A tile kernel's dynamic shared memory allowed: beyond what the kernel takes by default (48 KB
- * less its static shared memory, which the node tables make 10-20 KB here), so that a launch of
- * dynamic + static over 48 KB is opted in too (tdt_allow_smem looks at the dynamic part alone). */
-template <typename Kernel> cudaError_t joint_allow_smem(Kernel kernel, size_t bytes) {
-    cudaFuncAttributes fa;
-    cudaError_t e = cudaFuncGetAttributes(&fa, kernel);
-    if (e != cudaSuccess) return e;
-    if ((size_t)fa.maxDynamicSharedSizeBytes >= bytes) return cudaSuccess;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-}
-
 template <int DT> size_t static_bytes(int T) {
     return (size_t)T * (sizeof(node_info) + sizeof(node_coef) + sizeof(acc_t<DT>)) + 1024;
 }
@@ -599,7 +580,7 @@ struct joint_run {
     template <int DT, int T> cudaError_t forward() const {
         if (a.nodes == 0) return cudaSuccess;
         const size_t smem = dyn_bytes<DT, T>(a.H, false);
-        cudaError_t e = joint_allow_smem(joint_fwd_kernel<DT, T>, smem);
+        cudaError_t e = tdt_allow_smem(joint_fwd_kernel<DT, T>, smem);
         if (e != cudaSuccess) return e;
         int64_t blocks = (a.nodes + T - 1) / T;
         if (blocks > (int64_t)num_sms * 8) blocks = (int64_t)num_sms * 8;
@@ -613,7 +594,7 @@ struct joint_run {
         cudaError_t e;
         joint_args c = a;
         if (a.enc_g || a.pred_g) {
-            e = joint_allow_smem(joint_dnode_kernel<DT, T>, smem);
+            e = tdt_allow_smem(joint_dnode_kernel<DT, T>, smem);
             if (e != cudaSuccess) return e;
             if (a.pred_g) {
                 e = cudaMemsetAsync(a.pred_acc, 0, (size_t)(a.B * a.row * a.H) * sizeof(A), stream);
@@ -642,7 +623,7 @@ struct joint_run {
             }
         }
         if (a.W_g || a.bias_g) {
-            e = joint_allow_smem(joint_dw_kernel<DT, T>, smem);
+            e = tdt_allow_smem(joint_dw_kernel<DT, T>, smem);
             if (e != cudaSuccess) return e;
             const dim3 grid((unsigned)((a.O + T - 1) / T), (unsigned)a.parts, 1);
             joint_dw_kernel<DT, T><<<grid, kThreads, smem, stream>>>(a);

@@ -124,6 +124,14 @@ __device__ __forceinline__ acc_t<DT> hidden(const joint_args &a, const node_info
     return y * keep;
 }
 
+/* d(enc + pred) at element k of node ni from its d h: d h times the dropout's factor and act'. */
+template <int DT>
+__device__ __forceinline__ acc_t<DT> node_dx(const joint_args &a, const node_info &ni, int64_t k, acc_t<DT> dh) {
+    acc_t<DT> x, keep;
+    (void)hidden<DT>(a, ni, k, &x, &keep);
+    return dh * keep * act_grad(a.act, x, act_of(a.act, x));
+}
+
 /* A node's gradient coefficients, in shared memory. */
 struct node_coef {
     double lse, gb;

@@ -327,15 +327,7 @@ __global__ void __launch_bounds__(kRowThreads) gemm_dx_kernel(const __grid_const
     if (threadIdx.x == 0) take = node_bwd(a, first + blockIdx.x, limit, &ni);
     __syncthreads();
     A *const row = dx + (int64_t)blockIdx.x * a.H;
-    for (int64_t k = threadIdx.x; k < a.H; k += blockDim.x) {
-        A g = 0;
-        if (take) {
-            A x, keep;
-            (void)hidden<DT>(a, ni, k, &x, &keep);
-            g = row[k] * keep * act_grad(a.act, x, act_of(a.act, x));
-        }
-        row[k] = g;
-    }
+    for (int64_t k = threadIdx.x; k < a.H; k += blockDim.x) row[k] = take ? node_dx<DT>(a, ni, k, row[k]) : (A)0;
 }
 
 /* d bias[o] += sum over the chunk's N nodes (ascending) of dz[n][o] (rows of pitch lddz). */
