@@ -941,7 +941,8 @@ def validation_finish(spec, logits, pending, names):
 def _finish_checks(spec, logits, host, parts, B, U, names, library=True):
     """Raises ValueError naming the first bad length or label of host (packed int32) or parts
     (frame lengths, label lengths, labels); library=False skips tdt_check_data (parts of
-    another integer type)."""
+    another integer type). T is logits.shape[1]; names["rows"], where given, names the lattice's
+    U + 1 rows (else names["logits"].shape[2])."""
     if B == 0:
         return
     T = int(logits.shape[1])
@@ -978,10 +979,10 @@ def _finish_checks(spec, logits, host, parts, B, U, names, library=True):
     bad_l = (ll < 0) | (ll > U)
     if bool(bad_l.any()):
         b = _first(bad_l)[0]
+        rows = names.get("rows") or "%s.shape[2]" % names["logits"]
         raise ValueError(
-            "%s[%d] = %d is outside [0, %d]: a label length must not exceed %s.shape[2] - 1 = %d "
-            "(the lattice has U + 1 rows)" % (names["target_lengths"], b, int(ll[b]), U,
-                                              names["logits"], U))
+            "%s[%d] = %d is outside [0, %d]: a label length must not exceed %s - 1 = %d "
+            "(the lattice has U + 1 rows)" % (names["target_lengths"], b, int(ll[b]), U, rows, U))
     bad_range = inside & ((labels < 0) | (labels >= V))
     if bool(bad_range.any()):
         b, i = _first(bad_range)

@@ -48,7 +48,8 @@ _TORCH_ACT = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
               "identity": lambda x: x}
 
 _TDT_NAMES = {"targets": "targets", "logit_lengths": "logit_lengths",
-              "target_lengths": "target_lengths", "blank": "blank_token_id"}
+              "target_lengths": "target_lengths", "blank": "blank_token_id", "logits": "enc",
+              "rows": "pred.shape[1]"}  # _core's data checks: T from enc, U + 1 from pred
 _RNNT_NAMES = dict(_TDT_NAMES, blank="blank")
 
 
@@ -159,74 +160,6 @@ def _check_inputs(enc, pred, weight, bias, num_durations):
                          "H = %d, an expanded tensor?); pass weight.contiguous()"
                          % (tuple(weight.stride()), tuple(weight.shape), weight.stride(0), H))
     return enc, pred, weight, bias, O - num_durations
-
-
-_ASYNC_ENV = _lib.EnvVar("WARP_TDT_ASYNC_VALIDATION")
-
-
-def _validation_start(idx, U, asynchronous):
-    """The lengths and labels on their way to the host, as [frame lengths, label lengths,
-    labels] int32: the host copy where there is one; on CUDA with asynchronous, a copy into the
-    thread's pinned buffer on the current stream with an event after it (returned as the second
-    item), so the loss's kernels are enqueued before _validation_finish waits for the copy
-    alone, as functional.py's losses do (WARP_TDT_ASYNC_VALIDATION=0: a plain copy first)."""
-    if idx.host is not None:
-        return idx.host, None
-    packed = idx.packed
-    if packed is None:
-        packed = torch.cat([idx.frame_lengths, idx.label_lengths, idx.labels.reshape(-1)])
-    if not packed.is_cuda:
-        return packed, None
-    if not asynchronous:
-        return packed.cpu(), None
-    slot = _core._pinned_slot(packed.device, int(packed.numel()))
-    host = slot.buf[: packed.numel()]
-    host.copy_(packed, non_blocking=True)
-    slot.event.record(torch.cuda.current_stream(packed.device))
-    return host, slot
-
-
-def _validation_finish(pending, T, U, V, blank, names):
-    """Waits for _validation_start's copy, then raises ValueError naming the first bad length
-    or label."""
-    host, slot = pending
-    if slot is not None:
-        slot.event.synchronize()
-    try:
-        _check_data(host, T, U, V, blank, names)
-    finally:
-        if slot is not None:
-            slot.busy = False  # read: the thread's next call may reuse the buffer
-
-
-def _check_data(packed, T, U, V, blank, names):
-    B = int(packed.shape[0]) // (U + 2)
-    h = packed.to(torch.int64)
-    fl, ll, labels = h[:B], h[B:2 * B], h[2 * B:].view(B, U)
-    bad = ((fl < 0) | (fl > T)).nonzero()
-    if bad.numel():
-        b = int(bad[0, 0])
-        raise ValueError("%s[%d] = %d is outside [0, %d]: a frame length must not exceed "
-                         "enc.shape[1] = %d" % (names["logit_lengths"], b, int(fl[b]), T, T))
-    bad = ((ll < 0) | (ll > U)).nonzero()
-    if bad.numel():
-        b = int(bad[0, 0])
-        raise ValueError("%s[%d] = %d is outside [0, %d]: a label length must not exceed "
-                         "pred.shape[1] - 1 = %d (pred has U + 1 rows)"
-                         % (names["target_lengths"], b, int(ll[b]), U, U))
-    if U == 0 or labels.numel() == 0:
-        return
-    inside = torch.arange(U)[None, :] < ll[:, None]
-    bad = (inside & ((labels < 0) | (labels >= V))).nonzero()
-    if bad.numel():
-        b, i = int(bad[0, 0]), int(bad[0, 1])
-        raise ValueError("%s[%d][%d] = %d is outside [0, %d) (the vocabulary size, blank "
-                         "included)" % (names["targets"], b, i, int(labels[b, i]), V))
-    bad = (inside & (labels == blank)).nonzero()
-    if bad.numel():
-        b, i = int(bad[0, 0]), int(bad[0, 1])
-        raise ValueError("%s[%d][%d] = %d equals %s = %d; the blank cannot be a target label"
-                         % (names["targets"], b, i, int(labels[b, i]), names["blank"], blank))
 
 
 def _draw_seed(generator):
@@ -415,15 +348,16 @@ def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blan
     _require_library()
     # on CUDA the check runs once the loss's kernels are enqueued (they give a bad sample a NaN
     # cost without reading out of range, and the error raised here drops their outputs)
-    later = enc.is_cuda and _ASYNC_ENV.get() != "0"
-    pending = None
-    if validate and B > 0 and not capturing:
-        pending = _validation_start(idx, U, later)
-        if not later:
-            _validation_finish(pending, T, U, V, blank, names)
-            pending = None
+    later = enc.is_cuda and _fn._ASYNC_ENV.get() != "0"
     spec = _core.Spec("joint" if tdt else "rnnt", V, tuple(durations) if tdt else (), blank,
                       sigma, fastemit_lambda, clamp if clamp > 0 else 0.0, False)
+    pending = None
+    if validate and B > 0 and not capturing:  # the loss's own data checks (_core), on enc's T
+        pending = _core.validation_start(idx.labels, idx.frame_lengths, idx.label_lengths, later,
+                                         packed=idx.packed, host=idx.host)
+        if not later:
+            _core.validation_finish(spec, enc, pending, names)
+            pending = None
     label_lengths = idx.label_lengths if reduction in ("mean", "mean_volume") else None
     call = _Call(spec, tdt, enc, pred, weight, bias, idx, activation, dropout, seed, 0, skip_below)
     tensors = (enc, pred, weight) + ((bias,) if bias is not None else ())
@@ -432,7 +366,7 @@ def _joint(enc, pred, weight, bias, targets, logit_lengths, target_lengths, blan
     else:
         loss = JointLossFunction.apply(enc, pred, weight, bias, call, reduction, label_lengths)
     if pending is not None:
-        _validation_finish(pending, T, U, V, blank, names)
+        _core.validation_finish(spec, enc, pending, names)
     return loss
 
 
