@@ -14,12 +14,12 @@
  * shape within 2 % of each other (their correctness against the CPU backend is
  * tests/test_gpu_joint.cc's). A failure prints FAILED and the exit status is 1.
  *
- * The schedule is the library's (TDT_GPU_JOINT: tiles, the default, or gemm); the header line
- * names it.
+ * The schedule is the library's (TDT_GPU_JOINT: gemm, the default where cuBLASLt loads, or
+ * tiles); the header line names it.
  *
  *   joint_gpu_bench                                  every shape but xl-joint, bfloat16 and float32
  *   joint_gpu_bench --shapes parakeet-joint --dtypes bf16 --iters 5
- *   TDT_GPU_JOINT=gemm joint_gpu_bench --shapes huge-joint,xl-joint --dtypes bf16
+ *   TDT_GPU_JOINT=tiles joint_gpu_bench --shapes huge-joint --dtypes bf16
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -308,7 +308,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, dev));
     const char *sched = std::getenv("TDT_GPU_JOINT");
     std::printf("joint_gpu_bench: %s, warp-tdt %s, schedule %s, median of %d after a warm-up\n", prop.name,
-                tdt_version_string(), sched && *sched ? sched : "tiles", iters);
+                tdt_version_string(), sched && *sched ? sched : "default (gemm where cuBLASLt loads)", iters);
     std::printf("%-15s %-5s %9s %9s %9s %9s %11s %7s\n", "shape", "dtype", "fwd ms", "f+b ms",
                 "ws MB", "TFLOP/s", "GEMM TF/s", "ratio");
     for (const Shape &s : kShapes) {

@@ -537,11 +537,13 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count);
  * grad_costs_scalar, num_threads, location, stream), the same infeasible-sample policy. Not
  * taken here (TDT_STATUS_INVALID_OPTION when set): input_kind TDT_INPUT_LOG_PROBS, pack,
  * state_in_grads; gpu_schedule is ignored.
- * On the GPU the environment variable TDT_GPU_JOINT, read at every call, picks the schedule:
- * unset or "tiles" (the default: the logits recomputed in shared memory, never in device
- * memory), or "gemm" (chunks of nodes through cuBLASLt's matrix products, the chunk's logits in
- * the workspace; cuBLASLt is loaded at run time, TDT_STATUS_CUDA_ERROR where it cannot be);
- * anything else gives TDT_STATUS_INVALID_OPTION. docs/joint.md compares the two.
+ * On the GPU two schedules compute the same results: "gemm" (chunks of nodes through cuBLASLt's
+ * matrix products, the chunk's logits in the workspace; the default where cuBLASLt, loaded at
+ * run time, is found) and "tiles" (the logits recomputed in shared memory, never in device
+ * memory; the default where cuBLASLt is not found). The environment variable TDT_GPU_JOINT,
+ * read at every call, forces one: "gemm" (TDT_STATUS_CUDA_ERROR where cuBLASLt cannot be
+ * loaded) or "tiles"; anything else gives TDT_STATUS_INVALID_OPTION. The workspace size covers
+ * either. docs/joint.md compares the two.
  * ------------------------------------------------------------------------------------------- */
 
 /* The joint's activation, applied to enc + pred before the output layer (NeMo's three, and

@@ -63,24 +63,28 @@ if want bench; then
   step tdt_bench 150 build-gpu/benchmark/tdt_bench --backend gpu --iters 30
 fi
 if want joint; then
-  # the fused joint + loss (the tiles' schedule, the default): its GPU tests under memcheck and
-  # racecheck (two of them), and its benchmark against cuBLAS's GEMM of the same size
+  # the fused joint + loss. Its default schedule (the GEMM schedule, src/gpu/joint_gemm.cu): its GPU
+  # tests under memcheck and racecheck (two of them), its benchmark against cuBLAS's GEMM of the
+  # same size, then through the binding against the unfused path (time, peak memory)
   san="--error-exitcode=1 --print-limit 20"
   step joint_memcheck 120 compute-sanitizer --tool memcheck $san build-gpu/tests/tdt_gpu_tests \
     --gtest_filter='GpuJoint.*'
   step joint_racecheck 90 compute-sanitizer --tool racecheck --racecheck-report all $san \
     build-gpu/tests/tdt_gpu_tests \
     --gtest_filter='GpuJoint.BasicTdtEveryDtype:GpuJoint.RaggedDropoutTanhOddHidden'
-  step joint_bench 150 build-gpu/benchmark/joint_gpu_bench --iters 3
-  # the GEMM schedule (src/gpu/joint_gemm.cu): the same tests, memcheck, and the benchmark with
-  # xl-joint, then through the binding against the unfused path (time, peak memory)
-  step joint_gemm_tests 180 env TDT_GPU_JOINT=gemm build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
-  step joint_gemm_memcheck 120 env TDT_GPU_JOINT=gemm compute-sanitizer --tool memcheck $san \
-    build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
-  step joint_gemm_bench 150 env TDT_GPU_JOINT=gemm build-gpu/benchmark/joint_gpu_bench --iters 5 \
+  step joint_bench 150 build-gpu/benchmark/joint_gpu_bench --iters 5 \
     --shapes parakeet-joint,huge-joint,long-joint,xl-joint
-  step joint_gemm_bench_py 240 env TDT_GPU_JOINT=gemm python3 benchmark/bench.py --device cuda --iters 5 \
+  step joint_bench_py 240 python3 benchmark/bench.py --device cuda --iters 5 \
     --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes bfloat16,float32
+  # the other schedule (the tiles of src/gpu/joint.cu, used where cuBLASLt does not load): the
+  # same tests, memcheck, racecheck and its benchmark
+  step joint_tiles_tests 180 env TDT_GPU_JOINT=tiles build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
+  step joint_tiles_memcheck 120 env TDT_GPU_JOINT=tiles compute-sanitizer --tool memcheck $san \
+    build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
+  step joint_tiles_racecheck 90 env TDT_GPU_JOINT=tiles compute-sanitizer --tool racecheck \
+    --racecheck-report all $san build-gpu/tests/tdt_gpu_tests \
+    --gtest_filter='GpuJoint.BasicTdtEveryDtype:GpuJoint.RaggedDropoutTanhOddHidden'
+  step joint_tiles_bench 150 env TDT_GPU_JOINT=tiles build-gpu/benchmark/joint_gpu_bench --iters 3
 fi
 if want tune; then
   # each lanes-a-node choice, and the register-prefetching ring instead of the staged sweep

@@ -578,7 +578,8 @@ TEST(GpuJoint, SkipBelowAsTheCpu) {
         for (double x : *v) ASSERT_EQ(x, 0.0) << "a gradient with every node left out";
 }
 
-// TDT_GPU_JOINT picks the schedule: "tiles" (the default), "gemm", anything else is refused.
+// TDT_GPU_JOINT picks the schedule: "gemm", "tiles", unset or empty (the default: gemm where
+// cuBLASLt loads), anything else is refused.
 TEST(GpuJoint, ScheduleVariable) {
     REQUIRE_GPU();
     const char *was = std::getenv("TDT_GPU_JOINT");
@@ -589,7 +590,7 @@ TEST(GpuJoint, ScheduleVariable) {
     const Out bad = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU);
     EXPECT_EQ(bad.st, TDT_STATUS_INVALID_OPTION) << bad.err;
     EXPECT_NE(bad.err.find("TDT_GPU_JOINT"), std::string::npos) << bad.err;
-    for (const char *sched : {"tiles", "gemm"}) {
+    for (const char *sched : {"tiles", "gemm", ""}) {
         setenv("TDT_GPU_JOINT", sched, 1);
         SCOPED_TRACE(sched);
         check_case(c, TDT_DTYPE_FLOAT32);

@@ -2,8 +2,9 @@
  * joint.cu - the fused joint + loss on the GPU (tdt_gpu_joint_run, internal.h): the costs and
  * the gradients of enc, pred, W and bias from the joint's inputs, never holding the
  * (nodes x (V + D)) logits. include/tdt.h ("The fused joint + loss") states the semantics,
- * docs/joint.md the algorithm; this file is its GPU form, in two schedules: the tiles below
- * (the default), and with TDT_GPU_JOINT=gemm the chunked cuBLASLt products of joint_gemm.cu;
+ * docs/joint.md the algorithm; this file is its GPU form, in two schedules: the chunked
+ * cuBLASLt products of joint_gemm.cu (the default where cuBLASLt loads, TDT_GPU_JOINT=gemm),
+ * and the tiles below (TDT_GPU_JOINT=tiles, and where cuBLASLt does not load);
  * joint_common.cuh holds what they share.
  *
  * The tiles' kernels, in the order a one-shot call enqueues them on the caller's stream:
@@ -683,12 +684,16 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     e = tdt_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &smem_max);
     if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
     if (num_sms < 1) num_sms = 1;
-    /* the schedule: the tiles below, or TDT_GPU_JOINT=gemm (joint_gemm.cu) */
+    /* the schedule: TDT_GPU_JOINT=gemm (joint_gemm.cu), or =tiles (below); unset, the GEMM
+     * schedule where cuBLASLt loads (5-11x faster: docs/joint.md), else the tiles */
     const char *sched = getenv("TDT_GPU_JOINT");
-    const bool gemm = sched && strcmp(sched, "gemm") == 0;
-    if (sched && *sched && !gemm && strcmp(sched, "tiles") != 0) {
-        tdt_set_error("TDT_GPU_JOINT = \"%s\": the GPU joint's schedule is \"tiles\" (the default) or \"gemm\"",
-                      sched);
+    bool gemm;
+    if (!sched || !*sched) gemm = tdt_gpu_joint_gemm_available();
+    else if (strcmp(sched, "gemm") == 0) gemm = true;
+    else if (strcmp(sched, "tiles") == 0) gemm = false;
+    else {
+        tdt_set_error("TDT_GPU_JOINT = \"%s\": the GPU joint's schedule is \"gemm\" or \"tiles\" "
+                      "(unset: gemm where cuBLASLt loads, else tiles)", sched);
         return TDT_STATUS_INVALID_OPTION;
     }
     const int T = tile_of(p.dtype, p.hidden, smem_max > 0 ? (size_t)smem_max : 0);

@@ -356,5 +356,8 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
  * next) or its backward (the four gradients), on the call's stream. */
 tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
                                 int num_sms, int backward);
+/* Whether cuBLASLt loaded (the GEMM schedule can run); the default schedule falls back to the
+ * tiles where it did not. */
+bool tdt_gpu_joint_gemm_available();
 
 #endif /* TDT_GPU_JOINT_COMMON_CUH */

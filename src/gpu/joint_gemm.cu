@@ -492,6 +492,8 @@ tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &p
 
 } /* namespace */
 
+bool tdt_gpu_joint_gemm_available() { return lt().ok; }
+
 tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
                                 int num_sms, int backward) {
     if (!lt().ok) {
