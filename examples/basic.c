@@ -29,33 +29,20 @@ int main(void) {
     if (!joint || !joint_grad) return 1;
     for (i = 0; i < joint_elems; ++i) joint[i] = (float)sin(0.37 * (double)i); /* stand-in logits */
 
-    /* Options: zero means default (CPU, all OpenMP threads, raw logits, no sigma...). */
-    tdt_options_t options = {0};
-    options.blank = V - 1;
-    options.durations = durations;
-    options.num_durations = D;
+    /* Options: unnamed fields are zero, the defaults (CPU, all OpenMP threads, raw logits...). */
+    const tdt_options_t options = {.blank = V - 1, .durations = durations, .num_durations = D};
 
     /* The problem: token logits are joint[..., :V], duration logits joint[..., V:]. */
-    tdt_problem_t problem = {0};
-    problem.batch = B;
-    problem.max_frames = T;
-    problem.max_labels = U;
-    problem.vocab_size = V;
-    problem.dtype = TDT_DTYPE_FLOAT32;
-    problem.token_logits = joint;
-    problem.duration_logits = joint + V;
-    problem.token_strides[0] = problem.duration_strides[0] = (int64_t)T * (U + 1) * (V + D);
-    problem.token_strides[1] = problem.duration_strides[1] = (int64_t)(U + 1) * (V + D);
-    problem.token_strides[2] = problem.duration_strides[2] = V + D;
-    problem.labels = labels;
-    problem.frame_lengths = frame_lengths;
-    problem.label_lengths = label_lengths;
+    const int64_t strides[3] = {(int64_t)T * (U + 1) * (V + D), (int64_t)(U + 1) * (V + D), V + D};
+    tdt_problem_t problem = {.batch = B, .max_frames = T, .max_labels = U, .vocab_size = V,
+                             .dtype = TDT_DTYPE_FLOAT32, .token_logits = joint, .duration_logits = joint + V,
+                             .labels = labels, .frame_lengths = frame_lengths, .label_lengths = label_lengths};
 
     /* Gradients land in one joint-shaped buffer, laid out like the logits. */
-    tdt_gradients_t grads = {0};
-    grads.token_grads = joint_grad;
-    grads.duration_grads = joint_grad + V;
-    for (k = 0; k < 3; ++k) grads.token_strides[k] = grads.duration_strides[k] = problem.token_strides[k];
+    tdt_gradients_t grads = {.token_grads = joint_grad, .duration_grads = joint_grad + V};
+    for (k = 0; k < 3; ++k)
+        problem.token_strides[k] = problem.duration_strides[k] = grads.token_strides[k] =
+            grads.duration_strides[k] = strides[k];
 
     /* Ask for the workspace size, allocate it, compute. */
     status = tdt_get_workspace_size(&problem, &options, &workspace_bytes);
