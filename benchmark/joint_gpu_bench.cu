@@ -306,9 +306,10 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&prop, dev));
-    const char *sched = std::getenv("TDT_GPU_JOINT");
-    std::printf("joint_gpu_bench: %s, warp-tdt %s, schedule %s, median of %d after a warm-up\n", prop.name,
-                tdt_version_string(), sched && *sched ? sched : "default (gemm where cuBLASLt loads)", iters);
+    const char *sched = std::getenv("TDT_GPU_JOINT"), *chunk = std::getenv("TDT_GPU_JOINT_CHUNK_KB");
+    std::printf("joint_gpu_bench: %s, warp-tdt %s, schedule %s, chunk (KB) %s, median of %d after a warm-up\n",
+                prop.name, tdt_version_string(), sched && *sched ? sched : "default (gemm where cuBLASLt loads)",
+                chunk && *chunk ? chunk : "default", iters);
     std::printf("%-15s %-5s %9s %9s %9s %9s %11s %7s\n", "shape", "dtype", "fwd ms", "f+b ms",
                 "ws MB", "TFLOP/s", "GEMM TF/s", "ratio");
     for (const Shape &s : kShapes) {

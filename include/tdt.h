@@ -543,7 +543,8 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count);
  * memory; the default where cuBLASLt is not found). The environment variable TDT_GPU_JOINT,
  * read at every call, forces one: "gemm" (TDT_STATUS_CUDA_ERROR where cuBLASLt cannot be
  * loaded) or "tiles"; anything else gives TDT_STATUS_INVALID_OPTION. The workspace size covers
- * either. docs/joint.md compares the two.
+ * either. TDT_GPU_JOINT_CHUNK_KB (a tuning knob, docs/joint.md) sets the GEMM schedule's chunk
+ * budget (default 32 MB) for the size query and the call alike. docs/joint.md compares the two.
  * ------------------------------------------------------------------------------------------- */
 
 /* The joint's activation, applied to enc + pred before the output layer (NeMo's three, and

@@ -578,12 +578,26 @@ TEST(GpuJoint, SkipBelowAsTheCpu) {
         for (double x : *v) ASSERT_EQ(x, 0.0) << "a gradient with every node left out";
 }
 
+// An environment variable restored, as it was, when the test ends (a failed assertion included).
+struct EnvGuard {
+    std::string name, saved;
+    bool had;
+    explicit EnvGuard(const char *n) : name(n) {
+        const char *v = std::getenv(n);
+        had = v != nullptr;
+        saved = v ? v : "";
+    }
+    ~EnvGuard() {
+        if (had) setenv(name.c_str(), saved.c_str(), 1);
+        else unsetenv(name.c_str());
+    }
+};
+
 // TDT_GPU_JOINT picks the schedule: "gemm", "tiles", unset or empty (the default: gemm where
 // cuBLASLt loads), anything else is refused.
 TEST(GpuJoint, ScheduleVariable) {
     REQUIRE_GPU();
-    const char *was = std::getenv("TDT_GPU_JOINT");
-    const std::string saved = was ? was : "";
+    EnvGuard sched("TDT_GPU_JOINT");
     Case c = basic();
     const Data d = make_data(c, TDT_DTYPE_FLOAT32);
     setenv("TDT_GPU_JOINT", "fastest", 1);
@@ -595,8 +609,30 @@ TEST(GpuJoint, ScheduleVariable) {
         SCOPED_TRACE(sched);
         check_case(c, TDT_DTYPE_FLOAT32);
     }
-    if (was) setenv("TDT_GPU_JOINT", saved.c_str(), 1);
-    else unsetenv("TDT_GPU_JOINT");
+}
+
+// TDT_GPU_JOINT_CHUNK_KB sets the GEMM schedule's chunk: at 1 KB every (b, t) row is a chunk of
+// its own, so d W, d bias and d pred add up over many chunks; a bad value is refused.
+TEST(GpuJoint, ChunkBudgetVariable) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), chunk("TDT_GPU_JOINT_CHUNK_KB");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    Case c;
+    c.name = "one row a chunk";
+    c.B = 3, c.maxT = 7, c.maxU = 4, c.V = 11, c.H = 33;
+    c.durations = {0, 1, 2, 4};
+    c.dropout = 0.2;
+    c.ragged = true;
+    c.seed = 12;
+    const Data d = make_data(c, TDT_DTYPE_FLOAT32);
+    for (const char *bad : {"0", "-4", "12abc", "99999999999"}) {
+        setenv("TDT_GPU_JOINT_CHUNK_KB", bad, 1);
+        const Out o = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU);
+        EXPECT_EQ(o.st, TDT_STATUS_INVALID_OPTION) << bad << ": " << o.err;
+        EXPECT_NE(o.err.find("TDT_GPU_JOINT_CHUNK_KB"), std::string::npos) << o.err;
+    }
+    setenv("TDT_GPU_JOINT_CHUNK_KB", "1", 1);
+    for (tdt_dtype_t dt : kAll) check_case(c, dt);
 }
 
 TEST(GpuJoint, DeterministicAcrossRuns) {

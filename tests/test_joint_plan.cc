@@ -52,7 +52,7 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
     for (const Shape &s : kShapes) {
         SCOPED_TRACE(s.name);
         tdt_gpu_joint_plan_t p;
-        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, &p));
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, 0, &p));
         const size_t row = (size_t)(s.U + 1), H = (size_t)s.H, O = (size_t)s.O, acc = (size_t)s.acc;
         ASSERT_GE(p.rows, 1);
         ASSERT_GE(p.parts, 1);
@@ -86,7 +86,7 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
     for (const Shape &s : kShapes) {
         SCOPED_TRACE(s.name);
         tdt_gpu_joint_plan_t p;
-        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, &p));
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, 0, &p));
         const size_t row = (size_t)(s.U + 1), acc = (size_t)s.acc;
         const size_t chunk = (size_t)p.g_rows * row *
                              ((size_t)p.g_ldz * acc + (size_t)p.g_ldh * (size_t)s.elem + (size_t)s.H * acc);
@@ -98,20 +98,35 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
             << "scratch " << p.bytes / MB << " MB";
     }
     // huge-joint in bfloat16: the GEMM schedule's chunk holds hundreds of nodes, and the scratch
-    // is about 60 MB (the budget for the fused path is 64 MB beyond the gradients)
+    // is about 60 MB, within the fused path's 64 MB beyond the gradients at that shape
     tdt_gpu_joint_plan_t p;
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, &p));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, &p));
     EXPECT_GE(p.g_rows * 101, 500);
     EXPECT_LE(p.bytes, 64 * MB) << p.bytes / MB << " MB";
 }
 
+// A chunk budget (TDT_GPU_JOINT_CHUNK_KB) scales the GEMM schedule's chunk and nothing else.
+TEST(JointPlan, ChunkBudgetScalesTheChunk) {
+    tdt_gpu_joint_plan_t def, big, tiny;
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, &def));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 8 * TDT_JOINT_Z_BYTES, &big));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 1, &tiny));
+    EXPECT_GE(big.g_rows, 8 * def.g_rows - 1) << "8x the budget, " << big.g_rows << " rows";
+    EXPECT_LE(big.g_rows, 8 * def.g_rows + 8);
+    EXPECT_EQ(tiny.g_rows, 1) << "a chunk holds at least one row";
+    EXPECT_GT(big.bytes, 7 * TDT_JOINT_Z_BYTES);
+    EXPECT_EQ(big.rows, def.rows);
+    EXPECT_EQ(big.parts, def.parts);
+    EXPECT_EQ(big.g_w - big.g_pred, def.g_w - def.g_pred);
+}
+
 TEST(JointPlan, OverflowingSizesAreRefused) {
     tdt_gpu_joint_plan_t p;
-    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, 1030, INT64_C(1) << 60, 4, 2, &p));
-    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, INT64_C(1) << 61, 640, 4, 2, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, 1030, INT64_C(1) << 60, 4, 2, 0, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, INT64_C(1) << 61, 640, 4, 2, 0, &p));
     // B (U + 1) H values of d pred's sums past SIZE_MAX bytes (B T itself fits: the lattice's
     // layout checks it before the plan is asked)
-    EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, 0, &p));
 }
 
 }  // namespace

@@ -52,6 +52,7 @@
  * No allocation, no host synchronisation, nothing but launches and one memset on the caller's
  * stream (capturable in a CUDA graph); the caller's current device is restored.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -674,6 +675,19 @@ int tile_of(tdt_dtype_t dtype, int64_t H, size_t smem_max) {
     }
 }
 
+/* The GEMM schedule's chunk budget (joint_plan.h) in bytes: TDT_GPU_JOINT_CHUNK_KB, a whole
+ * number of KB from 1 to 2^26 (64 GB), for tuning and for tests (1 gives one (b, t) row a
+ * chunk); 0 (the default budget) where unset; -1 where set to anything else. */
+long long joint_chunk_bytes() {
+    const char *v = getenv("TDT_GPU_JOINT_CHUNK_KB");
+    if (!v || !*v) return 0;
+    char *end = NULL;
+    errno = 0;
+    const long long kb = strtoll(v, &end, 10);
+    if (errno || *end || kb < 1 || kb > (1LL << 26)) return -1;
+    return kb << 10;
+}
+
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     const tdt_joint_problem_t &p = call->jp;
     const tdt_call_t &c = call->c;
@@ -703,9 +717,16 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
                       (long long)p.hidden, smem_max);
         return TDT_STATUS_INVALID_SIZE;
     }
+    const long long chunk = joint_chunk_bytes();
+    if (chunk < 0) {
+        tdt_set_error("TDT_GPU_JOINT_CHUNK_KB = \"%s\": a whole number of KB from 1 to 67108864",
+                      getenv("TDT_GPU_JOINT_CHUNK_KB"));
+        return TDT_STATUS_INVALID_OPTION;
+    }
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
-                            tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), &plan) ||
+                            tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), (size_t)chunk,
+                            &plan) ||
         ((c.do_backward || gemm) && call->scratch_bytes < plan.bytes)) {
         tdt_set_error("the joint's GPU scratch (%zu bytes) is smaller than its plan needs (%zu)",
                       call->scratch_bytes, plan.bytes);
@@ -743,9 +764,11 @@ extern "C" size_t tdt_gpu_joint_scratch_bytes(const tdt_joint_problem_t *problem
     (void)options;
     (void)num_durations;
     tdt_gpu_joint_plan_t plan;
+    const long long chunk = joint_chunk_bytes(); /* a bad value: the default here, refused by the call */
     if (!tdt_gpu_joint_plan(problem->batch, problem->max_frames, problem->max_labels,
                             problem->num_outputs, problem->hidden,
-                            tdt_acc_is_double(problem->dtype) ? 8 : 4, tdt_dtype_size(problem->dtype), &plan))
+                            tdt_acc_is_double(problem->dtype) ? 8 : 4, tdt_dtype_size(problem->dtype),
+                            chunk > 0 ? (size_t)chunk : 0, &plan))
         return SIZE_MAX; /* the dispatch layer refuses it */
     return plan.bytes;
 }

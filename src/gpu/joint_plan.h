@@ -27,8 +27,9 @@
  *   g_pred   [B * (U + 1) * H]  as pred_acc
  *   g_w, g_b [O * H], [O]       d W and d bias summed over the chunks so far
  *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
- * G keeps g_z, g_h and g_dx together near TDT_JOINT_Z_BYTES (at least one row). At the shapes
- * above in bfloat16: 29 + 1 + 2 (G 9) + 2 + 21 + 4 MB.
+ * G keeps g_z, g_h and g_dx together near the chunk budget, TDT_JOINT_Z_BYTES unless the
+ * caller gives another (joint.cu: the environment variable TDT_GPU_JOINT_CHUNK_KB), at least one
+ * row. At the shapes above in bfloat16: 29 + 1 + 2 (G 9) + 2 + 21 + 4 MB.
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
@@ -52,9 +53,11 @@ typedef struct tdt_gpu_joint_plan {
 } tdt_gpu_joint_plan_t;
 
 /* The plan for B, max_frames, max_labels, num_outputs O, hidden H, an accumulate type of acc
- * bytes (4 or 8) and a dtype of elem bytes (2, 4 or 8). 0 on overflow. */
+ * bytes (4 or 8), a dtype of elem bytes (2, 4 or 8) and the GEMM schedule's chunk budget
+ * (chunk_bytes; 0 for TDT_JOINT_Z_BYTES). 0 on overflow. */
 TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels, int64_t O,
-                              int64_t H, int64_t acc, int64_t elem, tdt_gpu_joint_plan_t *p) {
+                              int64_t H, int64_t acc, int64_t elem, size_t chunk_bytes,
+                              tdt_gpu_joint_plan_t *p) {
     size_t row_elems, oh, cursor = 0, n;
     const int64_t row = max_labels + 1;
     if (!tdt_mul_size((size_t)row, (size_t)H, &row_elems)) return 0;
@@ -92,7 +95,8 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
         !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 4 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
         return 0;
     if (!tdt_mul_size((size_t)row, zb + hb + db, &zrow)) return 0;
-    int64_t G = zrow > 0 ? (int64_t)(TDT_JOINT_Z_BYTES / zrow) : 1;
+    if (chunk_bytes == 0) chunk_bytes = TDT_JOINT_Z_BYTES;
+    int64_t G = zrow > 0 ? (int64_t)(chunk_bytes / zrow) : 1;
     if (G > all_rows) G = all_rows;
     if (G < 1) G = 1;
     p->g_rows = G;
