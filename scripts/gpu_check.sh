@@ -161,6 +161,14 @@ if want profile; then
       --section Occupancy --section LaunchStats --section InstructionStats --section SourceCounters \
       build-gpu/benchmark/tdt_bench --backend gpu --dtypes $dt --iters 1 --shapes parakeet
   done
+  # the fused joint's GEMM schedule: time per kernel and per cuBLASLt product (huge-joint, bf16)
+  if command -v nsys > /dev/null; then
+    step nsys_joint 150 nsys profile --force-overwrite true -o "$LOGS/joint_huge" --stats=true \
+      build-gpu/benchmark/joint_gpu_bench --iters 1 --shapes huge-joint --dtypes bf16
+  else
+    step ncu_joint 150 ncu --clock-control none --launch-count 40 --section SpeedOfLight \
+      build-gpu/benchmark/joint_gpu_bench --iters 1 --shapes parakeet-joint --dtypes bf16
+  fi
   step sass 60 bash -c "cuobjdump -sass build-gpu/libwarptdt.so"
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.log"
