@@ -163,7 +163,6 @@ typedef struct jt_layout {
     size_t h, z, g; /* acc [S JT_NODES x Hp], [S JT_NODES x Op], [S JT_NODES x Hp]: the slots */
     size_t x;       /* acc [S x 3 H]: a slot's rows of x = enc + pred, of pred, of the mask */
     size_t nodes;   /* int32 [S JT_NODES x 3]: the slots' nodes (b, t, u) */
-    size_t skip;    /* int32 [S]: whether the slot's tile was skipped (grads->skip_below) */
     size_t kept;    /* int64 [B T (U + 1)]: skip_below's kept nodes, compacted (jt_compact) */
     size_t sync;    /* int32 [2 waves + items + 1]: the backward's completion counters */
     int64_t waves, items; /* at most, for the sync counters */
@@ -224,7 +223,7 @@ static int jt_layout_of(const tdt_joint_problem_t *jp, int nthreads, jt_layout_t
          tdt_ws_take(&cur, SNH, acc, &l->h) && tdt_ws_take(&cur, SNO, acc, &l->z) &&
          tdt_ws_take(&cur, SNH, acc, &l->g) && tdt_mul_size(3 * S, (size_t)H, &n) &&
          tdt_ws_take(&cur, n, acc, &l->x) && tdt_ws_take(&cur, S * JT_NODES * 3, 4, &l->nodes) &&
-         tdt_ws_take(&cur, S, 4, &l->skip) && tdt_ws_take(&cur, nodes, 8, &l->kept);
+         tdt_ws_take(&cur, nodes, 8, &l->kept);
     if (!ok) return 0;
     l->waves = (int64_t)(tiles / jt_set_slots(l->slots) + 2);
     l->items = (O + JT_WROWS - 1) / JT_WROWS + (H + JT_HCHUNK - 1) / JT_HCHUNK;
@@ -344,14 +343,13 @@ static int jt_tile_nodes(const jt_ctx_t *x, int64_t i, int32_t *nl) {
 }
 
 /* The gradient coefficients of a tile's cnt nodes nl (by runs of one row (b, t), consecutive in
- * u): ng, q (D values a node), the upstream scale scl, and keep: whether grads->skip_below keeps
- * the node (common/joint.h). Returns how many it keeps. */
-static int jt_tile_coeffs(const jt_ctx_t *x, const int32_t *nl, int cnt, tdt_node_grad_t *ng, double *q,
-                          double *scl, unsigned char *keep) {
+ * u): ng, q (D values a node), the upstream scale scl, and, where keep is not NULL, whether
+ * grads->skip_below keeps the node (common/joint.h; jt_compact asks). */
+static void jt_tile_coeffs(const jt_ctx_t *x, const int32_t *nl, int cnt, tdt_node_grad_t *ng, double *q,
+                           double *scl, unsigned char *keep) {
     const tdt_call_t *c = x->c;
     const tdt_problem_t *p = &c->p;
     const int64_t D = x->D;
-    int kept = 0;
     for (int r0 = 0; r0 < cnt;) {
         int r1 = r0 + 1;
         while (r1 < cnt && r1 - r0 < TDT_CPU_COEFF_NODES && nl[3 * r1] == nl[3 * r0] &&
@@ -365,12 +363,10 @@ static int jt_tile_coeffs(const jt_ctx_t *x, const int32_t *nl, int cnt, tdt_nod
                                           p->label_lengths[b]);
         for (int r = r0; r < r1; ++r) {
             scl[r] = scale;
-            keep[r] = !tdt_joint_skips(x->jc->jg.skip_below, scale, &ng[r]);
-            kept += keep[r];
+            if (keep) keep[r] = !tdt_joint_skips(x->jc->jg.skip_below, scale, &ng[r]);
         }
         r0 = r1;
     }
-    return kept;
 }
 
 /* ---- per dtype of accumulation ------------------------------------------------------------------ */
@@ -506,29 +502,16 @@ static int jt_tile_coeffs(const jt_ctx_t *x, const int32_t *nl, int cnt, tdt_nod
         F *z = JT_PTR(x, z, F) + (size_t)slot * JT_NODES * Op;                                   \
         F *g = JT_PTR(x, g, F) + (size_t)slot * JT_NODES * Hp;                                   \
         F *tmp = JT_PTR(x, x, F) + (size_t)slot * 3 * H;                                         \
-        int32_t *skipped = JT_PTR(x, skip, int32_t) + slot;                                      \
         const int cnt = jt_tile_nodes(x, i, nl);                                                 \
-        /* the nodes' gradient coefficients first, and which nodes grads->skip_below leaves    \
-           out: all of them, and the tile is skipped */                                          \
+        /* the nodes' gradient coefficients (with skip_below, jt_compact kept these nodes) */  \
         tdt_node_grad_t ng[JT_NODES];                                                            \
         double q[JT_NODES * TDT_MAX_DURATIONS], scl[JT_NODES];                                   \
-        unsigned char keep[JT_NODES];                                                            \
-        const int kept = jt_tile_coeffs(x, nl, cnt, ng, q, scl, keep);                           \
-        *skipped = kept == 0;                                                                    \
-        if (kept == 0) { /* zero rows: the sums of the reduction phase step over the slot */    \
-            memset(z, 0, (size_t)JT_NODES * (size_t)Op * sizeof(F));                             \
-            memset(g, 0, (size_t)JT_NODES * (size_t)Hp * sizeof(F));                             \
-            return;                                                                              \
-        }                                                                                        \
+        jt_tile_coeffs(x, nl, cnt, ng, q, scl, NULL);                                            \
         jt_hz_##SUF(x, nl, cnt, h, z, g); /* g: scratch until d h */                             \
         for (int r = 0; r < cnt; ++r) {                                                          \
             const int64_t b = nl[3 * r], t = nl[3 * r + 1], u = nl[3 * r + 2];                   \
             const int64_t U = p->label_lengths[b];                                               \
             F *zr = z + r * Op;                                                                  \
-            if (!keep[r]) {                                                                      \
-                memset(zr, 0, (size_t)Op * sizeof(F));                                           \
-                continue;                                                                        \
-            }                                                                                    \
             const double lse = tdt_wblock(&x->wb, b, t, u)[tdt_w_lse(D)];                        \
             const int32_t label = u < U ? p->labels[b * p->max_labels + u] : -1;                  \
             tdt_cpu_token_grad(zr, zr, V, ACC_DOUBLE, c->o.blank, c->o.clamp, lse, &ng[r], label, \
@@ -599,31 +582,17 @@ static jt_acc_t jt_accumulators(const jt_ctx_t *x) {
        d enc / d pred hidden chunks */                                                           \
     static void jt_reduce_item_##SUF(const jt_ctx_t *x, const jt_acc_t *A, int64_t w0, int nw,   \
                                      int slot0, int64_t it, int64_t witems) {                    \
-        const int64_t H = x->H, Hp = x->Hp, O = x->O, Op = x->Op;                                \
+        const int64_t H = x->H, Hp = x->Hp, O = x->O, Op = x->Op, K = (int64_t)nw * JT_NODES;    \
         const F *z = JT_PTR(x, z, const F) + (size_t)slot0 * JT_NODES * Op;                      \
         const F *h = JT_PTR(x, h, const F) + (size_t)slot0 * JT_NODES * Hp;                      \
-        const int32_t *skipped = JT_PTR(x, skip, const int32_t) + slot0;                         \
         if (it < witems) {                                                                       \
             const int64_t o0 = it * JT_WROWS, o1 = o0 + JT_WROWS < O ? o0 + JT_WROWS : O;        \
-            /* runs of the wave's tiles that were not skipped, in order (one run without        \
-               grads->skip_below: the chains are those of one product over the wave) */          \
-            for (int s0 = 0; s0 < nw;) {                                                         \
-                if (skipped[s0]) {                                                               \
-                    ++s0;                                                                        \
-                    continue;                                                                    \
-                }                                                                                \
-                int s1 = s0 + 1;                                                                 \
-                while (s1 < nw && !skipped[s1]) ++s1;                                            \
-                const int64_t n0 = (int64_t)s0 * JT_NODES, n1 = (int64_t)s1 * JT_NODES;          \
-                if (A->w)                                                                        \
-                    x->gemm_##SUF(o1 - o0, H, n1 - n0, z + n0 * Op + o0, 1, Op, h + n0 * Hp, Hp, \
-                                  (F *)A->w + o0 * A->ldw, A->ldw);                              \
-                if (A->bias) {                                                                   \
-                    F *gb = (F *)A->bias;                                                        \
-                    for (int64_t n = n0; n < n1; ++n)                                            \
-                        for (int64_t o = o0; o < o1; ++o) gb[o] += z[n * Op + o];                \
-                }                                                                                \
-                s0 = s1;                                                                         \
+            if (A->w)                                                                            \
+                x->gemm_##SUF(o1 - o0, H, K, z + o0, 1, Op, h, Hp, (F *)A->w + o0 * A->ldw, A->ldw); \
+            if (A->bias) {                                                                       \
+                F *gb = (F *)A->bias;                                                            \
+                for (int64_t n = 0; n < K; ++n)                                                  \
+                    for (int64_t o = o0; o < o1; ++o) gb[o] += z[n * Op + o];                    \
             }                                                                                    \
             return;                                                                              \
         }                                                                                        \
@@ -631,7 +600,6 @@ static jt_acc_t jt_accumulators(const jt_ctx_t *x) {
         const F *g = JT_PTR(x, g, const F) + (size_t)slot0 * JT_NODES * Hp;                      \
         const int32_t *nl = JT_PTR(x, nodes, const int32_t) + (size_t)slot0 * JT_NODES * 3;      \
         for (int s = 0; s < nw; ++s) {                                                           \
-            if (skipped[s]) continue; /* its d(enc + pred) rows are zero */                      \
             const int64_t first = (w0 + s) * JT_NODES;                                           \
             const int cnt = (int)(x->nodes - first < JT_NODES ? x->nodes - first : JT_NODES);    \
             for (int r = 0; r < cnt; ++r) {                                                      \
