@@ -825,7 +825,8 @@ def joint_main(args, device):
           "warp_tdt.tdt_loss_joint; forward+backward through autograd, reduction sum, relu, no "
           "dropout; durations %s"
           % ("" if device.type == "cpu" else
-             " (GPU schedule %s: TDT_GPU_JOINT)" % (os.environ.get("TDT_GPU_JOINT") or "default, gemm where cuBLASLt loads"),
+             " (GPU schedule %s: TDT_GPU_JOINT)"
+             % (os.environ.get("TDT_GPU_JOINT") or "default, gemm where cuBLASLt loads"),
              DURATIONS))
     print("peak = extra memory of one step (%s); pk-grads = the fused peak less the four "
           "gradients' bytes; ws = the fused workspace; logits = the unfused "
