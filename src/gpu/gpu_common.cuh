@@ -434,6 +434,21 @@ template <int DT> struct tdt_rexp_nat {
 template <int DT> struct tdt_rexp_fast { typedef tdt_rexp2 X; };
 template <> struct tdt_rexp_fast<TDT_DTYPE_FLOAT64> { typedef tdt_rexp_nat<TDT_DTYPE_FLOAT64> X; };
 
+/* The bulk of a node's token-gradient row (every v but the blank and the label, which the
+ * callers take in float64): g = scale * clip(term(z_v, r) * occ), with term in the units X,
+ * r = X::ref(lse) and occ the node's tok_occ (for base 2, times the correction of r's rounding),
+ * clip to [.., cl] (cl = +inf without clamp: g >= 0 here, and a NaN stays NaN). */
+template <typename X> struct row_coef {
+    typename X::Acc r, occ, cl, scale;
+};
+
+template <typename X>
+__device__ __forceinline__ typename X::Acc tdt_row_grad(const row_coef<X> &c, typename X::Acc x) {
+    typename X::Acc g = X::term(x, c.r) * c.occ;
+    g = g > c.cl ? c.cl : g;
+    return c.scale * g;
+}
+
 /* ---- nodes and samples ---------------------------------------------------------------------- */
 
 /* Logits row n in [0, B * maxT * row), in the logits' (b, t, u) order -> (b, t, u). The kernels

@@ -149,19 +149,10 @@ __device__ __forceinline__ void zero_row(typename tdt_elem<DT>::T *g, int64_t V,
 }
 
 /* The bulk of a token-gradient row (every v but the blank and the label, which the caller
- * patches): g = scale * clip(term(z_v, r) * occ), with term in the units X (gpu_common.cuh),
- * r = X::ref(lse) and occ the node's tok_occ (for base 2, times the correction of r's rounding),
- * clip to [.., cl] (cl = +inf without clamp: g >= 0 here, and a NaN stays NaN). */
-template <typename X> struct row_coef {
-    typename X::Acc r, occ, cl, scale;
-};
-
+ * patches): gpu_common.cuh's row_coef and tdt_row_grad, in the dtype. */
 template <int DT, typename X>
 __device__ __forceinline__ typename tdt_elem<DT>::T grad_elem(const row_coef<X> &c, typename tdt_elem<DT>::T x) {
-    typedef typename X::Acc Acc;
-    Acc g = X::term(tdt_elem<DT>::to_acc(x), c.r) * c.occ;
-    g = g > c.cl ? c.cl : g;
-    return tdt_elem<DT>::from_acc(c.scale * g);
+    return tdt_elem<DT>::from_acc(tdt_row_grad(c, tdt_elem<DT>::to_acc(x)));
 }
 
 /* The row in 16-byte vectors, z and gz with the same alignment modulo 16: the split of

@@ -36,6 +36,7 @@ struct joint_args {
     int64_t enc_gs[2], pred_gs[2], W_gs;
     void *dx, *pred_acc, *w_part, *b_part; /* the scratch (joint_plan.h) */
     int64_t parts;
+    int64_t w_ld, b_ld; /* a partition's d W element (o, k) at w_part[o w_ld + k], d bias[o] at b_part[o b_ld] */
     int64_t chunk_row0, chunk_rows; /* the backward's current chunk of (b, t) rows */
     double skip_below;              /* tdt_joint_gradients_t.skip_below */
 };
@@ -207,6 +208,7 @@ template <int DT> __global__ void joint_denc_kernel(const __grid_constant__ join
         const int64_t r = idx / a.H, k = idx - r * a.H;
         const int64_t rr = a.chunk_row0 + r, b = rr / a.maxT, t = rr - b * a.maxT;
         acc_t<DT> s = 0;
+#pragma unroll 8 /* eight loads in flight (the sum's order unchanged) */
         for (int64_t u = 0; u < a.row; ++u) s += dx[(r * a.row + u) * a.H + k];
         st<DT>(a.enc_g, b * a.enc_gs[0] + t * a.enc_gs[1] + k, s);
     }
@@ -246,7 +248,8 @@ template <int DT> __global__ void joint_pred_out_kernel(const __grid_constant__ 
     }
 }
 
-/* d W and d bias: the P partitions summed in order, written in the dtype. */
+/* d W and d bias: the P partitions (each O w_ld and O b_ld elements apart) summed in order,
+ * written in the dtype. */
 template <int DT> __global__ void joint_dw_out_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *wp = static_cast<const acc_t<DT> *>(a.w_part);
     const acc_t<DT> *bp = static_cast<const acc_t<DT> *>(a.b_part);
@@ -256,13 +259,13 @@ template <int DT> __global__ void joint_dw_out_kernel(const __grid_constant__ jo
         acc_t<DT> s = 0;
         if (idx < n) {
             if (!a.W_g) continue;
-            for (int64_t p = 0; p < a.parts; ++p) s += wp[p * n + idx];
             const int64_t o = idx / a.H, k = idx - o * a.H;
+            for (int64_t p = 0; p < a.parts; ++p) s += wp[(p * a.O + o) * a.w_ld + k];
             st<DT>(a.W_g, o * a.W_gs + k, s);
         } else {
             if (!a.bias_g) continue;
             const int64_t o = idx - n;
-            for (int64_t p = 0; p < a.parts; ++p) s += bp[p * a.O + o];
+            for (int64_t p = 0; p < a.parts; ++p) s += bp[(p * a.O + o) * a.b_ld];
             st<DT>(a.bias_g, o, s);
         }
     }
@@ -347,6 +350,8 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
     a.bias_g = call->jg.bias_grad;
     a.skip_below = call->jg.skip_below;
     a.parts = plan.parts;
+    a.w_ld = a.H;
+    a.b_ld = 1;
     return a;
 }
 

@@ -2,18 +2,20 @@
  * joint_gemm.cu - the GPU fused joint's GEMM schedule (TDT_GPU_JOINT=gemm; joint.cu picks it):
  * the lattice's nodes in chunks of G consecutive (b, t) rows (joint_plan.h), each chunk's
  * matrix products on cuBLASLt's kernels (tensor cores for float16 and bfloat16), the chunk's
- * logits held in the scratch (about 32 MB), never the whole problem's.
+ * logits held in the scratch (about 128 MB), never the whole problem's.
  *
- * Per chunk of N = G (U + 1) nodes, in the padded (b, t, u) order:
+ * First W is copied into g_wp, its rows padded from O to ldz (a multiple of 8) with zeros: every
+ * product's dimensions and pitches are then multiples of 8, where cuBLASLt has its vectorised
+ * kernels (joint_plan.h). Per chunk of N = G (U + 1) nodes, in the padded (b, t, u) order:
  *   forward   h = dropout(act(enc + pred)) into g_h (the dtype, zero rows for the nodes that
  *             are not valid); z = h W^T (cuBLASLt, accumulate type) into g_z; per node, from
  *             z + bias, the node's block as joint_fwd_kernel writes it (the log-normaliser over
  *             the V token rows, the blank and label logits, the duration log-softmax). Then the
  *             sweeps (joint.cu).
- *   backward  h and z again; per node dz (its coefficients by node_setup_bwd, the formula of
- *             joint.cu's dz_tile) written in place over z, in the dtype (an operand again; zero
- *             rows for nodes outside a feasible lattice); d W += dz^T h (cuBLASLt, beta 1, in
- *             g_w) and d bias += the column sums of dz (nodes ascending); d h = dz W (cuBLASLt)
+ *   backward  h and z again; per node dz (its coefficients by node_setup_bwd) written in place
+ *             over z, in the dtype (an operand again; zero rows for nodes outside a feasible
+ *             lattice, zeros from O to ldz); d W and d bias += dz^T [h 1] (cuBLASLt,
+ *             beta 1, in g_w: h's column of ones gives d bias); d h = dz W (cuBLASLt)
  *             into g_dx, then d(enc + pred) = d h * the dropout's factor * act' in place, and
  *             joint_common.cuh's reductions into d enc (u ascending) and d pred (chunks, then
  *             t, ascending). At the end d pred, d W and d bias are written in the dtype.
@@ -23,7 +25,9 @@
  *
  * Precision: z and the products' sums in the accumulate type, as the tiles' schedule; h and dz
  * rounded to the dtype where it is float16 or bfloat16 (the tensor cores' operands). The
- * node's values and dz's formula in float64.
+ * log-normaliser and the bulk of dz as the unfused path has them (gpu_common.cuh's base-2
+ * units for the float-accumulate types: about 2 ulp a term; natural units for float64 and for
+ * values beyond 1e7); the blank, the label and the durations in float64.
  *
  * Deterministic: cuBLASLt gives the same bits for the same problem, kernel and device; d W
  * and d bias add the chunks in order (no atomics anywhere).
@@ -221,7 +225,8 @@ __device__ __forceinline__ bool node_bwd(const joint_args &a, int64_t n, int64_t
 }
 
 /* Block j: node first + j's h into row j of hs (pitch ldh, the dtype), zero where the node is
- * not taken (backward: not in a feasible lattice) and past H. */
+ * not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H: the
+ * d W product's row of ones, which makes its column H the sum of dz over the nodes, d bias. */
 template <int DT>
 __global__ void __launch_bounds__(kRowThreads) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                                int64_t limit, typename tdt_elem<DT>::T *hs,
@@ -243,16 +248,85 @@ __global__ void __launch_bounds__(kRowThreads) gemm_h_kernel(const __grid_consta
     for (int64_t k = threadIdx.x; k < ldh; k += blockDim.x) {
         acc_t<DT> h = 0, x, keep;
         if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
-        row[k] = tdt_elem<DT>::from_acc(h);
+        row[k] = tdt_elem<DT>::from_acc(k == a.H ? (acc_t<DT>)1 : h);
     }
 }
 
+/* A row of z (accumulate type) in 16-byte vectors of N values: rows start 16-byte aligned (the
+ * pitch ldz is a multiple of 8), and the last O mod N values are the row's scalar tail. */
+template <typename A> struct zvec {
+    enum { N = 16 / (int)sizeof(A) };
+    A v[N];
+    __device__ __forceinline__ void load(const A *p) {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(p);
+        memcpy(v, &raw, sizeof raw);
+    }
+};
+
+/* The online log-sum-exp of a lane, in the units X (gpu_common.cuh): 2^(r / K) s, K = log2 e
+ * for the base-2 units (one FFMA and one MUFU.EX2 a value), e^r s for the natural ones
+ * (float64); r = -inf for an empty sum, NaN once a NaN is seen. */
+template <typename X> struct lse_acc {
+    typedef typename X::Acc A;
+    A r = -(A)INFINITY, s = 0;
+    /* adds values whose largest is mx (NaN if any is) */
+    template <int N> __device__ __forceinline__ void add(const A (&v)[N], A mx) {
+        const A ninf = -(A)INFINITY;
+        const A rn = max_nan(r, X::ref(mx));
+        s = r == ninf ? (A)0 : s * X::pow(r - rn);
+        r = rn;
+#pragma unroll
+        for (int e = 0; e < N; ++e) s += v[e] != ninf ? X::term(v[e], r) : (A)0;
+    }
+    __device__ __forceinline__ void merge(A r2, A s2) {
+        const A ninf = -(A)INFINITY;
+        const A rn = max_nan(r, r2);
+        s = (r == ninf ? (A)0 : s * X::pow(r - rn)) + (r2 == ninf ? (A)0 : s2 * X::pow(r2 - rn));
+        r = rn;
+    }
+    __device__ __forceinline__ double log() const { return r == -(A)INFINITY ? -TDT_INF : X::to_log(r, s); }
+};
+
+/* The log-sum-exp of the first V values of row zr (plus bias) in the units X, the lanes of a
+ * warp together; every lane gets the result (float64, natural units). */
+template <int DT, typename X>
+__device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *zr, int lane) {
+    typedef acc_t<DT> A;
+    enum { N = zvec<A>::N };
+    lse_acc<X> acc;
+    const int64_t nv = a.V / N;
+    for (int64_t q = lane; q < nv; q += 32) {
+        zvec<A> x;
+        x.load(zr + q * N);
+        A mx = -(A)INFINITY;
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            if (a.bias) x.v[e] += ld<DT>(a.bias, q * N + e);
+            mx = max_nan(mx, x.v[e]);
+        }
+        acc.add(x.v, mx);
+    }
+    if (nv * N + lane < a.V) {
+        A v[1] = {zr[nv * N + lane]};
+        if (a.bias) v[0] += ld<DT>(a.bias, nv * N + lane);
+        acc.add(v, v[0]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2)
+        acc.merge(__shfl_xor_sync(0xffffffffu, acc.r, off), __shfl_xor_sync(0xffffffffu, acc.s, off));
+    return acc.log();
+}
+
 /* Warp w of block j: node first + 8 j + w's block of the workspace from its row of z (pitch
- * ldz) plus bias, as joint_fwd_kernel writes it. */
+ * ldz) plus bias, as joint_fwd_kernel writes it: the log-normaliser over the V token values by
+ * an online log-sum-exp, each lane a 16-byte vector at a time, in the fast units (base 2 but for
+ * float64), again in natural units where the result is beyond what those hold (tdt_rexp2::fits:
+ * |lse| > 1e7, where 2^(v K - r) could overflow; NaN, -inf). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                         int64_t limit, const acc_t<DT> *z, int64_t ldz) {
     typedef acc_t<DT> A;
+    typedef typename tdt_rexp_fast<DT>::X X;
     const int lane = threadIdx.x & 31;
     const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     node_info ni;
@@ -260,59 +334,93 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     node_decode(a, first + j, limit, &ni, &Tb, &Ub);
     if (!ni.valid) return; /* warp-uniform */
     const A *zr = z + j * ldz;
-    const A ninf = -(A)INFINITY;
-    A m = ninf, s = 0;
-    for (int64_t o = lane; o < a.V; o += 32) {
-        A v = zr[o];
-        if (a.bias) v += ld<DT>(a.bias, o);
-        const A mn = max_nan(m, v);
-        s = (m == ninf ? (A)0 : s * tdt_exp_acc<DT>(m - mn)) + (v != ninf ? tdt_exp_acc<DT>(v - mn) : (A)0);
-        m = mn;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-        const A m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-        const A mn = max_nan(m, m2);
-        s = (m == ninf ? (A)0 : s * tdt_exp_acc<DT>(m - mn)) + (m2 == ninf ? (A)0 : s2 * tdt_exp_acc<DT>(m2 - mn));
-        m = mn;
-    }
-    if (lane != 0) return;
     auto zo = [&](int64_t o) {
         A v = zr[o];
         if (a.bias) v += ld<DT>(a.bias, o);
         return v;
     };
+    double lse = row_lse<DT, X>(a, zr, lane);
+    if (!X::fits(lse)) lse = row_lse<DT, tdt_rexp_nat<DT>>(a, zr, lane); /* and NaN, -inf: rare */
+    if (lane != 0) return;
     A zd[TDT_MAX_DURATIONS];
     for (int k = 0; k < a.D; ++k) zd[k] = zo(a.V + k);
-    node_block<A>(a, ni, m == ninf ? -TDT_INF : (double)m + log((double)s), zo(a.blank),
-                  ni.has_label && ni.y >= 0 ? zo(ni.y) : (A)0, zd);
+    node_block<A>(a, ni, lse, zo(a.blank), ni.has_label && ni.y >= 0 ? zo(ni.y) : (A)0, zd);
 }
 
-/* Block j: node first + j's dz from its row of z (pitch ldz, accumulate type) plus bias, written
- * over that row in the dtype: element o at o of the row seen as dtype values (for a 16-bit
- * dtype the row's first half). Each pass reads kRowThreads values, waits, then writes them:
- * a 16-bit write of pass c lands on values of passes before c, or of c itself for c = 0,
- * already read. Zero for nodes outside a feasible lattice and past limit. */
+/* Warp w of block j (j < count): node first + 8 j + w's dz from its row of z (pitch ldz,
+ * accumulate type) plus bias, written over that row in the dtype: element o at o of the row seen
+ * as dtype values (for a 16-bit dtype the row's first half), zero from O to ldz. The token values but the blank and
+ * the label as the unfused gradient's rows (gpu_common.cuh's tdt_row_grad: base 2 where lse
+ * fits), those two and the durations by node_dz in float64. Each pass reads a 16-byte vector a
+ * lane, waits for the warp, then writes them: the writes of pass c land on values of passes
+ * before c, or of c itself, already read. Zero for nodes outside a feasible lattice and past
+ * limit. */
 template <int DT>
-__global__ void __launch_bounds__(kRowThreads) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                                int64_t limit, acc_t<DT> *z, int64_t ldz) {
+__global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                      int64_t limit, int64_t count, acc_t<DT> *z, int64_t ldz) {
     typedef acc_t<DT> A;
-    __shared__ node_info ni;
-    __shared__ node_coef nc;
-    if (threadIdx.x == 0) node_setup_bwd(a, first + blockIdx.x, limit, &ni, &nc);
-    __syncthreads();
-    A *const zr = z + (int64_t)blockIdx.x * ldz;
-    typename tdt_elem<DT>::T *const dr = reinterpret_cast<typename tdt_elem<DT>::T *>(zr);
-    for (int64_t c = 0; c < a.O; c += blockDim.x) { /* block-uniform */
-        const int64_t o = c + threadIdx.x;
-        double d = 0.0;
-        if (ni.valid && o < a.O) {
-            A v = zr[o];
-            if (a.bias) v += ld<DT>(a.bias, o);
-            d = node_dz(a, ni, nc, o, v);
+    typedef typename tdt_elem<DT>::T E;
+    typedef typename tdt_rexp_fast<DT>::X XF;
+    typedef tdt_rexp_nat<DT> XN;
+    enum { N = zvec<A>::N };
+    struct alignas(sizeof(E) * N) evec {
+        E v[N];
+    };
+    __shared__ node_info nis[8];
+    __shared__ node_coef ncs[8];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t j = (int64_t)blockIdx.x * 8 + w;
+    if (j >= count) return; /* warp-uniform */
+    if (lane == 0) node_setup_bwd(a, first + j, limit, &nis[w], &ncs[w]);
+    __syncwarp();
+    const node_info &ni = nis[w];
+    const node_coef &nc = ncs[w];
+    row_coef<XF> cf = {};
+    row_coef<XN> cn = {};
+    bool fast = false;
+    if (ni.valid) { /* nc is set */
+        fast = XF::fits(nc.lse) && nc.lse == nc.lse;
+        double fix = 1.0; /* r's rounding, folded into occ */
+        if (fast) cf.r = XF::ref_fix(nc.lse, &fix);
+        cf.occ = (A)(nc.g.tok_occ * fix);
+        cn.r = (A)nc.lse;
+        cn.occ = (A)nc.g.tok_occ;
+        cf.cl = cn.cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
+        cf.scale = cn.scale = (A)nc.gb;
+    }
+    const auto dz = [&](int64_t o, A v) -> E {
+        if (!ni.valid || o >= a.O) return tdt_elem<DT>::from_acc((A)0);
+        if (a.bias) v += ld<DT>(a.bias, o);
+        if (o >= a.V || o == a.blank || o == ni.y) return tdt_elem<DT>::from_acc((A)node_dz(a, ni, nc, o, v));
+        return tdt_elem<DT>::from_acc(fast ? tdt_row_grad(cf, v) : tdt_row_grad(cn, v));
+    };
+    A *const zr = z + j * ldz;
+    E *const dr = reinterpret_cast<E *>(zr);
+    const int64_t nv = ldz / N; /* ldz: a multiple of 8 */
+    for (int64_t q0 = 0; q0 < nv; q0 += 32) { /* warp-uniform */
+        const int64_t q = q0 + lane;
+        zvec<A> x;
+        if (q < nv) x.load(zr + q * N);
+        __syncwarp();
+        if (q < nv) {
+            evec out;
+#pragma unroll
+            for (int e = 0; e < N; ++e) out.v[e] = dz(q * N + e, x.v[e]);
+            *reinterpret_cast<evec *>(dr + q * N) = out;
         }
-        __syncthreads();
-        if (o < a.O) dr[o] = tdt_elem<DT>::from_acc((A)d);
+    }
+}
+
+/* W into wp in the dtype: rows of pitch ldwp, zero past H and from O to ldz. */
+template <int DT>
+__global__ void gemm_wpad_kernel(const __grid_constant__ joint_args a, typename tdt_elem<DT>::T *wp, int64_t ldwp,
+                                 int64_t ldz) {
+    typedef typename tdt_elem<DT>::T E;
+    const E *W = static_cast<const E *>(a.W);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ldz * ldwp;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = i / ldwp, k = i - o * ldwp;
+        wp[i] = o < a.O && k < a.H ? W[o * a.W_s + k] : E(0);
     }
 }
 
@@ -330,17 +438,6 @@ __global__ void __launch_bounds__(kRowThreads) gemm_dx_kernel(const __grid_const
     for (int64_t k = threadIdx.x; k < a.H; k += blockDim.x) row[k] = take ? node_dx<DT>(a, ni, k, row[k]) : (A)0;
 }
 
-/* d bias[o] += sum over the chunk's N nodes (ascending) of dz[n][o] (rows of pitch lddz). */
-template <int DT>
-__global__ void gemm_dbias_kernel(const __grid_constant__ joint_args a, const typename tdt_elem<DT>::T *dz,
-                                  int64_t lddz, int64_t N, acc_t<DT> *bacc) {
-    for (int64_t o = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; o < a.O; o += (int64_t)gridDim.x * blockDim.x) {
-        acc_t<DT> s = 0;
-        for (int64_t n = 0; n < N; ++n) s += tdt_elem<DT>::to_acc(dz[n * lddz + o]);
-        bacc[o] += s;
-    }
-}
-
 /* ---- host ------------------------------------------------------------------------------------ */
 
 template <int DT> struct gemm_run {
@@ -356,6 +453,7 @@ template <int DT> struct gemm_run {
 
     A *z() const { return reinterpret_cast<A *>(s + plan.g_z); }
     E *hs() const { return reinterpret_cast<E *>(s + plan.g_h); }
+    E *wp() const { return reinterpret_cast<E *>(s + plan.g_wp); }
     void *ws() const { return s + plan.g_lt; }
     int64_t nodes() const { return plan.g_rows * a.row; }
     /* dz's pitch in dtype elements: the rows of z (A) reused */
@@ -372,14 +470,20 @@ template <int DT> struct gemm_run {
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         const A one = 1, zero = 0;
-        const cublasStatus_t c = zg.run(h, &one, a.W, hs(), &zero, z(), ws(), TDT_JOINT_LT_BYTES, stream);
+        const cublasStatus_t c = zg.run(h, &one, wp(), hs(), &zero, z(), ws(), TDT_JOINT_LT_BYTES, stream);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "cublasLtMatmul (z = W h)");
     }
 
+    /* z (ldz x N) = W padded (ldz x H) h (H x N), and W padded into wp first */
     tdt_status_t zgemm(lt_gemm *zg) const {
+        gemm_wpad_kernel<DT><<<flat_blocks(plan.g_ldz * plan.g_ldwp, num_sms), 256, 0, stream>>>(a, wp(), plan.g_ldwp,
+                                                                                              plan.g_ldz);
+        tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's W kernel");
+        if (st != TDT_STATUS_SUCCESS) return st;
         const cublasStatus_t c =
             zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, true, false,
-                     a.O, nodes(), a.H, a.W, a.W_s, hs(), plan.g_ldh, z(), plan.g_ldz, TDT_JOINT_LT_BYTES);
+                     plan.g_ldz, nodes(), a.H, wp(), plan.g_ldwp, hs(), plan.g_ldh, z(), plan.g_ldz,
+                     TDT_JOINT_LT_BYTES);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
     }
 
@@ -402,27 +506,29 @@ template <int DT> struct gemm_run {
     tdt_status_t backward() const {
         const bool want_w = a.W_g || a.bias_g, want_x = a.enc_g || a.pred_g;
         A *const wacc = reinterpret_cast<A *>(s + plan.g_w);
-        A *const bacc = reinterpret_cast<A *>(s + plan.g_b);
         A *const dx = reinterpret_cast<A *>(s + plan.g_dx);
         const E *const dz = reinterpret_cast<const E *>(z());
         lt_gemm zg, wg, hg;
         tdt_status_t st = zgemm(&zg);
         if (st != TDT_STATUS_SUCCESS) return st;
         cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
-        if (a.W_g) /* d W (H x O, column-major) += h (H x N) dz^T (N x O) */
+        /* d W and d bias (ldh x O, column-major, pitch ldw) += h, its row of ones and its zero rows
+         * (ldh x N) times dz^T (N x O): ldh rows, a multiple of 8, for cuBLASLt's vectorised
+         * kernels (with 641 rows it took an sm_75 kernel at twice the d h product's time, H100);
+         * without d W, the row of ones alone (d bias, row H) */
+        const int64_t wrow0 = a.W_g ? 0 : a.H, wrows = a.W_g ? plan.g_ldh : 1;
+        if (want_w)
             c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, true,
-                        a.H, a.O, nodes(), hs(), plan.g_ldh, dz, lddz(), wacc, a.H, TDT_JOINT_LT_BYTES);
+                        wrows, plan.g_ldz, nodes(), hs() + wrow0, plan.g_ldh, dz, lddz(), wacc + wrow0,
+                        plan.g_ldw, TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
-        if (want_x) /* d h (H x N) = W (H x O) dz (O x N) */
+        if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
             c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, false,
-                        a.H, nodes(), a.O, a.W, a.W_s, dz, lddz(), dx, a.H, TDT_JOINT_LT_BYTES);
+                        a.H, nodes(), plan.g_ldz, wp(), plan.g_ldwp, dz, lddz(), dx, a.H, TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d h = dz W");
         if (want_w) {
-            if ((st = cuda(cudaMemsetAsync(wacc, 0, (size_t)(a.O * a.H) * sizeof(A), stream), "clearing d W")) !=
-                TDT_STATUS_SUCCESS)
-                return st;
-            if ((st = cuda(cudaMemsetAsync(bacc, 0, (size_t)a.O * sizeof(A), stream), "clearing d bias")) !=
-                TDT_STATUS_SUCCESS)
+            if ((st = cuda(cudaMemsetAsync(wacc, 0, (size_t)(plan.g_ldz * plan.g_ldw) * sizeof(A), stream),
+                           "clearing d W")) != TDT_STATUS_SUCCESS)
                 return st;
         }
         if (a.pred_g && (st = cuda(cudaMemsetAsync(a.pred_acc, 0, (size_t)(a.B * a.row * a.H) * sizeof(A), stream),
@@ -435,19 +541,15 @@ template <int DT> struct gemm_run {
             const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
             if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
-            gemm_dz_kernel<DT><<<(unsigned)nodes(), kRowThreads, 0, stream>>>(a, first, limit, z(), plan.g_ldz);
+            gemm_dz_kernel<DT><<<(unsigned)((nodes() + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(), z(),
+                                                                                 plan.g_ldz);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
-            if (a.W_g) {
-                c = wg.run(h, &one, hs(), dz, &one, wacc, ws(), TDT_JOINT_LT_BYTES, stream);
+            if (want_w) {
+                c = wg.run(h, &one, hs() + wrow0, dz, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);
                 if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d W += dz^T h)");
             }
-            if (a.bias_g) {
-                gemm_dbias_kernel<DT><<<flat_blocks(a.O, num_sms), 256, 0, stream>>>(a, dz, lddz(), nodes(), bacc);
-                if ((st = cuda(cudaGetLastError(), "launching the joint's d bias kernel")) != TDT_STATUS_SUCCESS)
-                    return st;
-            }
             if (!want_x) continue;
-            c = hg.run(h, &one, a.W, dz, &zero, dx, ws(), TDT_JOINT_LT_BYTES, stream);
+            c = hg.run(h, &one, wp(), dz, &zero, dx, ws(), TDT_JOINT_LT_BYTES, stream);
             if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d h = dz W)");
             gemm_dx_kernel<DT><<<(unsigned)(rows * a.row), kRowThreads, 0, stream>>>(a, first, limit, dx);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dx kernel")) != TDT_STATUS_SUCCESS) return st;
@@ -485,8 +587,10 @@ tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &p
     r.a.dx = s + plan.g_dx;
     r.a.pred_acc = s + plan.g_pred;
     r.a.w_part = s + plan.g_w;
-    r.a.b_part = s + plan.g_b;
+    r.a.b_part = reinterpret_cast<acc_t<DT> *>(s + plan.g_w) + r.a.H;
     r.a.parts = 1;
+    r.a.w_ld = plan.g_ldw;
+    r.a.b_ld = plan.g_ldw;
     return backward ? r.backward() : r.forward();
 }
 

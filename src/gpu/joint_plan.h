@@ -21,15 +21,23 @@
  * (b, t) rows, N = G (U + 1) nodes:
  *   g_z      [N * ldz]          the chunk's logits z (accumulate type, O rows of pitch ldz,
  *                               O rounded up to 8), then in place its dz (in the dtype)
- *   g_h      [N * ldh]          the chunk's h (the dtype: the products' operand; pitch ldh, H
- *                               rounded up to 16 bytes)
+ *   g_h      [N * ldh]          the chunk's h (the dtype: the products' operand; pitch ldh, H + 1
+ *                               rounded up to 8), a 1 at column H (d bias's operand), then zeros
  *   g_dx     [N * H]            d h, then in place d(enc + pred) (accumulate type)
  *   g_pred   [B * (U + 1) * H]  as pred_acc
- *   g_w, g_b [O * H], [O]       d W and d bias summed over the chunks so far
+ *   g_w      [ldz * ldw]        d W (columns 0..H-1 of ldz rows of pitch ldw = ldh; rows from O
+ *                               on are zero) and d bias (column H), summed over the chunks so far
+ *   g_wp     [ldz * ldwp]       W in the dtype, its rows padded to ldwp (H rounded up to 8) and
+ *                               zero rows from O to ldz
  *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
+ * Every product's dimensions and pitches are thus multiples of 8 (ldz, ldh, ldwp), as cuBLASLt's
+ * vectorised kernels want (the rows of z, dz and d W from O to ldz are zeros): with O = 8198 its
+ * kernels loaded 2 or 1 values at a time.
  * G keeps g_z, g_h and g_dx together near the chunk budget, TDT_JOINT_Z_BYTES unless the
  * caller gives another (joint.cu: the environment variable TDT_GPU_JOINT_CHUNK_KB), at least one
- * row. At the shapes above in bfloat16: 29 + 1 + 2 (G 9) + 2 + 21 + 4 MB.
+ * row. At the shapes above in bfloat16: 119 + 5 + 9 (G 36) + 2 + 21 + 10.5 + 4 MB. The budget
+ * trades memory for time: huge-joint bfloat16 forward+backward took 85, 51 and 43 ms with 32,
+ * 128 and 512 MB (joint_gpu_bench --iters 3, H100, this release).
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
@@ -40,15 +48,15 @@
 #define TDT_JOINT_WPART_BYTES ((size_t)32 << 20)
 #define TDT_JOINT_W_BLOCKS 512
 #define TDT_JOINT_PLAN_TILE 32
-#define TDT_JOINT_Z_BYTES ((size_t)32 << 20)
+#define TDT_JOINT_Z_BYTES ((size_t)128 << 20)
 #define TDT_JOINT_LT_BYTES ((size_t)4 << 20)
 
 typedef struct tdt_gpu_joint_plan {
     int64_t rows;   /* R: (b, t) rows of nodes a backward chunk, >= 1 */
     int64_t parts;  /* P: node partitions of d W, >= 1 */
     size_t dx, pred_acc, w_part, b_part; /* byte offsets from the scratch's (aligned) start */
-    int64_t g_rows, g_ldz, g_ldh;        /* the GEMM schedule: G, and its pitches (elements) */
-    size_t g_z, g_h, g_dx, g_pred, g_w, g_b, g_lt; /* its byte offsets */
+    int64_t g_rows, g_ldz, g_ldh, g_ldw, g_ldwp; /* the GEMM schedule: G, and its pitches (elements) */
+    size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt; /* its byte offsets */
     size_t bytes;   /* the scratch's size, TDT_WS_ALIGN slack included */
 } tdt_gpu_joint_plan_t;
 
@@ -86,10 +94,12 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     if (!tdt_mul_size((size_t)P, (size_t)O, &n) || !tdt_ws_take(&cursor, n, (size_t)acc, &p->b_part))
         return 0;
     /* the GEMM schedule's layout, from the same start */
-    size_t g = 0, zrow, nodes, zb, hb, db;
-    if (O > INT64_MAX / 16 || H > INT64_MAX / 16 / elem) return 0;
+    size_t g = 0, zrow, nodes, zb, hb, db, wb;
+    if (O > INT64_MAX / 16 || H > INT64_MAX / 16 / elem || H > INT64_MAX / 16 / acc) return 0;
     p->g_ldz = (O + 7) / 8 * 8;
-    p->g_ldh = (H * elem + 15) / 16 * 16 / elem;
+    p->g_ldh = (H + 1 + 7) / 8 * 8;
+    p->g_ldw = p->g_ldh;
+    p->g_ldwp = (H + 7) / 8 * 8;
     /* a node's z, h and d h */
     if (!tdt_mul_size((size_t)p->g_ldz, (size_t)acc, &zb) || !tdt_mul_size((size_t)p->g_ldh, (size_t)elem, &hb) ||
         !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 4 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
@@ -105,7 +115,10 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     if (!tdt_mul_size(nodes, (size_t)p->g_ldh, &n) || !tdt_ws_take(&g, n, (size_t)elem, &p->g_h)) return 0;
     if (!tdt_mul_size(nodes, (size_t)H, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_dx)) return 0;
     if (!tdt_mul_size((size_t)B, row_elems, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_pred)) return 0;
-    if (!tdt_ws_take(&g, oh, (size_t)acc, &p->g_w) || !tdt_ws_take(&g, (size_t)O, (size_t)acc, &p->g_b)) return 0;
+    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldw, &wb) || !tdt_ws_take(&g, wb, (size_t)acc, &p->g_w))
+        return 0;
+    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldwp, &wb) || !tdt_ws_take(&g, wb, (size_t)elem, &p->g_wp))
+        return 0;
     if (!tdt_ws_take(&g, TDT_JOINT_LT_BYTES, 1, &p->g_lt)) return 0;
     if (g > cursor) cursor = g;
     if (cursor > (size_t)INT64_MAX - TDT_WS_ALIGN) return 0;
