@@ -34,8 +34,8 @@ peak extra memory of a step (CUDA: torch.cuda.max_memory_allocated() over the st
 cache; CPU: the growth of the peak resident set (VmHWM, reset first) over one step run in a
 fresh subprocess), the fused workspace and the unfused logits' bytes, and the GEMM work's achieved
 GFLOP/s (4 passes of 2 x nodes x H x (V + D): forward, recompute, d h, d W), beside a plain GEMM
-of the same work's shape measured in the same run ("x gemm"; bfloat16 on CUDA, the run's dtype
-on the CPU).
+of the same work's shape (V + D rounded up to 8) measured in the same run ("x gemm"; bfloat16 on
+CUDA, the run's dtype on the CPU).
 
 With --joint-skip EPS,... (and --joint NAMES) the approximate backward (tdt_joint_loss's
 skip_below) is timed against the exact fused path on the same inputs, random (the --joint inputs)
@@ -607,18 +607,21 @@ def joint_check(shape, dtype, device, params, idx):
 
 
 def gemm_gflops(shape, dtype, device, iters):
-    """GFLOP/s of one plain GEMM of the joint's shape, (rows x H) @ (H x (V + D)), rows = the
-    lattice nodes (at most 65536, so it fits beside the rest): in bfloat16 on CUDA (the
-    tensor cores' rate, whatever the run's dtype), in the run's dtype on the CPU."""
+    """GFLOP/s of one plain GEMM of the joint's shape, (rows x H) @ (H x O), rows = the
+    lattice nodes (at most 65536, so it fits beside the rest) and O = V + D rounded up to a
+    multiple of 8 (the shape cuBLAS has its vectorised kernels for, as the fused path pads its
+    weight; at V + D = 8198 itself it takes slower ones): in bfloat16 on CUDA (the tensor cores'
+    rate, whatever the run's dtype), in the run's dtype on the CPU."""
     if device.type == "cuda":
         dtype = torch.bfloat16
     B, T, U, H, V = shape[:5]
     rows = min(B * T * (U + 1), 65536)
+    O = (V + len(DURATIONS) + 7) // 8 * 8
     g = torch.Generator().manual_seed(1)
     a = torch.randn(rows, H, generator=g).to(device=device, dtype=dtype)
-    w = torch.randn(H, V + len(DURATIONS), generator=g).to(device=device, dtype=dtype)
+    w = torch.randn(H, O, generator=g).to(device=device, dtype=dtype)
     ms = time_step(lambda: torch.mm(a, w), device, max(3, iters))
-    return 2 * rows * H * (V + len(DURATIONS)) / (ms * 1e-3) * 1e-9
+    return 2 * rows * H * O / (ms * 1e-3) * 1e-9
 
 
 def joint_peak_cuda(step, device):

@@ -76,8 +76,8 @@ if want joint; then
     --shapes parakeet-joint,huge-joint,long-joint,xl-joint
   step joint_bench_py 240 python3 benchmark/bench.py --device cuda --iters 5 \
     --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes bfloat16,float32
-  # the GEMM schedule's chunk budget (default 32 MB): 128 MB and 512 MB
-  for kb in 131072 524288; do
+  # the GEMM schedule's chunk budget (default 128 MB): 32 MB and 512 MB
+  for kb in 32768 524288; do
     step joint_bench_chunk_$kb 120 env TDT_GPU_JOINT_CHUNK_KB=$kb build-gpu/benchmark/joint_gpu_bench \
       --iters 5 --shapes parakeet-joint,huge-joint,long-joint
   done
