@@ -64,14 +64,22 @@ if want bench; then
 fi
 if want joint; then
   # the fused joint + loss. Its default schedule (the GEMM schedule, src/gpu/joint_gemm.cu): its GPU
-  # tests under memcheck and racecheck (two of them), its benchmark against cuBLAS's GEMM of the
-  # same size, then through the binding against the unfused path (time, peak memory)
+  # tests under memcheck, racecheck (two of them) and initcheck (three), its benchmark against
+  # cuBLAS's GEMM of the same size, then through the binding against the unfused path (time, peak
+  # memory)
   san="--error-exitcode=1 --print-limit 20"
   step joint_memcheck 120 compute-sanitizer --tool memcheck $san build-gpu/tests/tdt_gpu_tests \
     --gtest_filter='GpuJoint.*'
   step joint_racecheck 90 compute-sanitizer --tool racecheck --racecheck-report all $san \
     build-gpu/tests/tdt_gpu_tests \
     --gtest_filter='GpuJoint.BasicTdtEveryDtype:GpuJoint.RaggedDropoutTanhOddHidden'
+  # initcheck reports reads of z in these three where cuBLASLt takes its sm_90 kernels
+  # (docs/joint.md, "Checks and measurements on the GPU"); the tiles' schedule, for comparison
+  init3='GpuJoint.RnntSigmoidNoBias:GpuJoint.OptionsAndReductions:GpuJoint.DeterministicAcrossRuns'
+  step joint_initcheck 120 compute-sanitizer --tool initcheck $san build-gpu/tests/tdt_gpu_tests \
+    --gtest_filter="$init3"
+  step joint_tiles_initcheck 120 env TDT_GPU_JOINT=tiles compute-sanitizer --tool initcheck $san \
+    build-gpu/tests/tdt_gpu_tests --gtest_filter="$init3"
   step joint_bench 150 build-gpu/benchmark/joint_gpu_bench --iters 5 \
     --shapes parakeet-joint,huge-joint,long-joint,xl-joint
   step joint_bench_py 240 python3 benchmark/bench.py --device cuda --iters 5 \
