@@ -215,6 +215,9 @@ template <> struct lt_types<TDT_DTYPE_BFLOAT16> {
 /* ---- kernels --------------------------------------------------------------------------------- */
 
 const int kRowThreads = 128; /* a node's row of H or O values a block */
+/* gemm_dz_kernel's passes a batch: 16-byte loads in flight a lane. With one, the kernel took 2.4x
+ * its memory time (12.2 ms at huge-joint bf16, 512 MB chunks, H100, commit 2a60fb6). */
+const int kDzPasses = 4;
 
 /* Whether node n (n < limit) enters the backward: valid as node_decode has it, in a feasible
  * sample (node_setup_bwd's rule, without its coefficients). */
@@ -349,12 +352,13 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
 
 /* Warp w of block j (j < count): node first + 8 j + w's dz from its row of z (pitch ldz,
  * accumulate type) plus bias, written over that row in the dtype: element o at o of the row seen
- * as dtype values (for a 16-bit dtype the row's first half), zero from O to ldz. The token values but the blank and
- * the label as the unfused gradient's rows (gpu_common.cuh's tdt_row_grad: base 2 where lse
- * fits), those two and the durations by node_dz in float64. Each pass reads a 16-byte vector a
- * lane, waits for the warp, then writes them: the writes of pass c land on values of passes
- * before c, or of c itself, already read. Zero for nodes outside a feasible lattice and past
- * limit. */
+ * as dtype values (for a 16-bit dtype the row's first half), zero from O to ldz. The token values
+ * but the blank and the label as the unfused gradient's rows (gpu_common.cuh's tdt_row_grad:
+ * base 2 where lse fits), those two and the durations by node_dz in float64. Zero for nodes
+ * outside a feasible lattice and past limit. Each batch of kDzPasses passes reads that many
+ * 16-byte vectors a lane (loads in flight together), waits for the warp, then writes them: a
+ * batch's writes land on values of that batch or earlier ones, already read, and the next
+ * batch reads past them. */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, acc_t<DT> *z, int64_t ldz) {
@@ -397,16 +401,23 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     A *const zr = z + j * ldz;
     E *const dr = reinterpret_cast<E *>(zr);
     const int64_t nv = ldz / N; /* ldz: a multiple of 8 */
-    for (int64_t q0 = 0; q0 < nv; q0 += 32) { /* warp-uniform */
-        const int64_t q = q0 + lane;
-        zvec<A> x;
-        if (q < nv) x.load(zr + q * N);
-        __syncwarp();
-        if (q < nv) {
-            evec out;
+    for (int64_t q0 = 0; q0 < nv; q0 += 32 * kDzPasses) { /* warp-uniform */
+        zvec<A> x[kDzPasses];
 #pragma unroll
-            for (int e = 0; e < N; ++e) out.v[e] = dz(q * N + e, x.v[e]);
-            *reinterpret_cast<evec *>(dr + q * N) = out;
+        for (int p = 0; p < kDzPasses; ++p) {
+            const int64_t q = q0 + 32 * p + lane;
+            if (q < nv) x[p].load(zr + q * N);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int p = 0; p < kDzPasses; ++p) {
+            const int64_t q = q0 + 32 * p + lane;
+            if (q < nv) {
+                evec out;
+#pragma unroll
+                for (int e = 0; e < N; ++e) out.v[e] = dz(q * N + e, x[p].v[e]);
+                *reinterpret_cast<evec *>(dr + q * N) = out;
+            }
         }
     }
 }
