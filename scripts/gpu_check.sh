@@ -169,14 +169,13 @@ if want profile; then
       --section Occupancy --section LaunchStats --section InstructionStats --section SourceCounters \
       build-gpu/benchmark/tdt_bench --backend gpu --dtypes $dt --iters 1 --shapes parakeet
   done
-  # the fused joint's GEMM schedule: time per kernel and per cuBLASLt product (huge-joint, bf16)
-  if command -v nsys > /dev/null; then
-    step nsys_joint 150 nsys profile --force-overwrite true -o "$LOGS/joint_huge" --stats=true \
-      build-gpu/benchmark/joint_gpu_bench --iters 1 --shapes huge-joint --dtypes bf16
-  else
-    step ncu_joint 150 ncu --clock-control none --launch-count 40 --section SpeedOfLight \
-      build-gpu/benchmark/joint_gpu_bench --iters 1 --shapes parakeet-joint --dtypes bf16
-  fi
+  # the fused joint's GEMM schedule: time per kernel and per cuBLASLt product (huge-joint, bf16,
+  # 512 MB chunks so that ncu replays few launches), summed by benchmark/kernel_times.py over the
+  # two runs of --iters 1 (warm-up, timed; each the forward alone, then forward+backward)
+  step ncu_joint 150 bash -c "TDT_GPU_JOINT_CHUNK_KB=524288 ncu --clock-control none \
+    --metrics gpu__time_duration.sum --csv build-gpu/benchmark/joint_gpu_bench --iters 1 \
+    --shapes huge-joint --dtypes bf16 > $LOGS/ncu_joint.csv && python3 benchmark/kernel_times.py \
+    $LOGS/ncu_joint.csv --runs 2"
   step sass 60 bash -c "cuobjdump -sass build-gpu/libwarptdt.so"
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.log"
