@@ -266,65 +266,50 @@ template <typename A> struct zvec {
     }
 };
 
-/* The online log-sum-exp of a lane, in the units X (gpu_common.cuh): 2^(r / K) s, K = log2 e
- * for the base-2 units (one FFMA and one MUFU.EX2 a value), e^r s for the natural ones
- * (float64); r = -inf for an empty sum, NaN once a NaN is seen. */
-template <typename X> struct lse_acc {
-    typedef typename X::Acc A;
-    A r = -(A)INFINITY, s = 0;
-    /* adds values whose largest is mx (NaN if any is) */
-    template <int N> __device__ __forceinline__ void add(const A (&v)[N], A mx) {
-        const A ninf = -(A)INFINITY;
-        const A rn = max_nan(r, X::ref(mx));
-        s = r == ninf ? (A)0 : s * X::pow(r - rn);
-        r = rn;
-#pragma unroll
-        for (int e = 0; e < N; ++e) s += v[e] != ninf ? X::term(v[e], r) : (A)0;
-    }
-    __device__ __forceinline__ void merge(A r2, A s2) {
-        const A ninf = -(A)INFINITY;
-        const A rn = max_nan(r, r2);
-        s = (r == ninf ? (A)0 : s * X::pow(r - rn)) + (r2 == ninf ? (A)0 : s2 * X::pow(r2 - rn));
-        r = rn;
-    }
-    __device__ __forceinline__ double log() const { return r == -(A)INFINITY ? -TDT_INF : X::to_log(r, s); }
+/* N values of a row of z plus bias (accumulate type): gpu_common.cuh's batch for lse_add. */
+template <typename A, int N_> struct zbatch {
+    enum { N = N_ };
+    A v[N_];
+    __device__ __forceinline__ A at(int j) const { return v[j]; }
 };
 
 /* The log-sum-exp of the first V values of row zr (plus bias) in the units X, the lanes of a
- * warp together; every lane gets the result (float64, natural units). */
+ * warp together (gpu_common.cuh's lse_lane, lse_add, lse_group: the unfused normaliser's, from
+ * the reference zb, the blank's value); every lane gets the result (float64, natural units),
+ * and *huge (warp-uniform) where the row needs natural units (tdt_rexp2::fits). */
 template <int DT, typename X>
-__device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *zr, int lane) {
+__device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *zr, acc_t<DT> zb, int lane,
+                                          int *huge) {
     typedef acc_t<DT> A;
     enum { N = zvec<A>::N };
-    lse_acc<X> acc;
+    lse_lane<X> st;
+    st.r = X::fits((double)zb) ? X::ref(zb) : -(A)INFINITY; /* else lse_slow decides */
+    st.s = (A)0;
+    st.huge = 0;
     const int64_t nv = a.V / N;
     for (int64_t q = lane; q < nv; q += 32) {
         zvec<A> x;
         x.load(zr + q * N);
-        A mx = -(A)INFINITY;
+        zbatch<A, N> bt;
 #pragma unroll
-        for (int e = 0; e < N; ++e) {
-            if (a.bias) x.v[e] += ld<DT>(a.bias, q * N + e);
-            mx = max_nan(mx, x.v[e]);
-        }
-        acc.add(x.v, mx);
+        for (int e = 0; e < N; ++e) bt.v[e] = a.bias ? x.v[e] + ld<DT>(a.bias, q * N + e) : x.v[e];
+        lse_add<X>(st, bt);
     }
     if (nv * N + lane < a.V) {
-        A v[1] = {zr[nv * N + lane]};
-        if (a.bias) v[0] += ld<DT>(a.bias, nv * N + lane);
-        acc.add(v, v[0]);
+        zbatch<A, 1> bt;
+        bt.v[0] = zr[nv * N + lane];
+        if (a.bias) bt.v[0] += ld<DT>(a.bias, nv * N + lane);
+        lse_add<X>(st, bt);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2)
-        acc.merge(__shfl_xor_sync(0xffffffffu, acc.r, off), __shfl_xor_sync(0xffffffffu, acc.s, off));
-    return acc.log();
+    *huge = X::MAY_OVERFLOW ? __any_sync(0xffffffffu, st.huge) : 0;
+    return lse_group<X, 32>(st, 0xffffffffu);
 }
 
 /* Warp w of block j: node first + 8 j + w's block of the workspace from its row of z (pitch
  * ldz) plus bias, as joint_fwd_kernel writes it: the log-normaliser over the V token values by
- * an online log-sum-exp, each lane a 16-byte vector at a time, in the fast units (base 2 but for
- * float64), again in natural units where the result is beyond what those hold (tdt_rexp2::fits:
- * |lse| > 1e7, where 2^(v K - r) could overflow; NaN, -inf). */
+ * the unfused normaliser's online log-sum-exp (row_lse), each lane a 16-byte vector at a time,
+ * in the fast units (base 2 but for float64), again in natural units for a row with a value
+ * beyond what those hold (tdt_rexp2::fits: |value| > 1e7). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                         int64_t limit, const acc_t<DT> *z, int64_t ldz) {
@@ -342,8 +327,9 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
         if (a.bias) v += ld<DT>(a.bias, o);
         return v;
     };
-    double lse = row_lse<DT, X>(a, zr, lane);
-    if (!X::fits(lse)) lse = row_lse<DT, tdt_rexp_nat<DT>>(a, zr, lane); /* and NaN, -inf: rare */
+    int huge;
+    double lse = row_lse<DT, X>(a, zr, zo(a.blank), lane, &huge);
+    if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>>(a, zr, zo(a.blank), lane, &huge); /* rare */
     if (lane != 0) return;
     A zd[TDT_MAX_DURATIONS];
     for (int k = 0; k < a.D; ++k) zd[k] = zo(a.V + k);

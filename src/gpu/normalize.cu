@@ -58,17 +58,6 @@ template <int DT> struct norm_tuning {
     enum { UNROLL = DT == TDT_DTYPE_FLOAT32 ? 8 : 4 };
 };
 
-/* Online log-sum-exp state of one lane in the units X (gpu_common.cuh): the row's terms so far
- * relative to the reference r, summed in s. r is the scaled value of an element already seen
- * (or the blank's, which every lane starts from), so no term underflows more than against the
- * row's true maximum; r is raised only when a batch's terms would exceed 2^64 (or are not
- * finite), so the hot path has no max and no data-dependent branch per element. huge: a value
- * that X cannot take as a reference (X::fits: base-2 units, |x| > 1e7) was seen. */
-template <typename X> struct lse_lane {
-    typename X::Acc r, s;
-    int huge;
-};
-
 /* A batch of values as loaded (raw elements, converted where used, so a 16-bit batch costs
  * its raw registers only): NV 16-byte vectors, or one scalar (NV = 0). */
 template <int DT, int NV> struct batch {
@@ -83,82 +72,6 @@ template <int DT> struct batch<DT, 0> {
     typename tdt_elem<DT>::T x;
     __device__ __forceinline__ typename tdt_elem<DT>::Acc at(int) const { return tdt_elem<DT>::to_acc(x); }
 };
-
-/* The rare batch: raises the reference to the batch's maximum (rescaling s), then adds the
- * batch. Semantics: a NaN anywhere makes s NaN (fmax skips NaN for the maximum, the sum does
- * not); +inf makes the reference +inf and its own term NaN; -inf values add exactly 0, and while
- * every value so far is -inf (r = -inf) s stays 0 unless a NaN comes. */
-template <typename X, typename Bt>
-__device__ __forceinline__ void lse_slow(lse_lane<X> &st, const Bt &x) {
-    typedef typename X::Acc Acc;
-    const Acc ninf = -(Acc)INFINITY;
-    Acc xm = x.at(0);
-#pragma unroll
-    for (int j = 1; j < Bt::N; ++j) xm = fmax(xm, x.at(j));
-    const Acc rn = X::ref(xm);
-    if (X::MAY_OVERFLOW && xm > ninf && xm < -ninf && !X::fits((double)xm)) st.huge = 1;
-    if (rn > st.r) {
-        st.s = st.s * X::pow(st.r - rn); /* r = -inf: 0 (or NaN kept) */
-        st.r = rn;
-    }
-    if (st.r == ninf) {
-#pragma unroll
-        for (int j = 0; j < Bt::N; ++j)
-            if (x.at(j) != x.at(j)) st.s = x.at(j);
-        return;
-    }
-    Acc bs = (Acc)0;
-#pragma unroll
-    for (int j = 0; j < Bt::N; ++j) bs += X::term(x.at(j), st.r);
-    st.s += bs;
-}
-
-/* Adds a batch: one term an element, summed pairwise inside each 16-byte vector and then
- * across the vectors (a fixed order), one compare for the whole batch. */
-template <typename X, typename Bt>
-__device__ __forceinline__ void lse_add(lse_lane<X> &st, const Bt &x) {
-    typedef typename X::Acc Acc;
-    const int W = Bt::N < 8 ? Bt::N : 8; /* pairwise groups of up to 8 terms */
-    Acc sum = (Acc)0;
-#pragma unroll
-    for (int j0 = 0; j0 < Bt::N; j0 += W) {
-        Acc e[W];
-#pragma unroll
-        for (int j = 0; j < W; ++j) e[j] = X::term(x.at(j0 + j), st.r);
-#pragma unroll
-        for (int w = 1; w < W; w *= 2)
-#pragma unroll
-            for (int j = 0; j + w < W; j += 2 * w) e[j] += e[j + w];
-        sum = j0 == 0 ? e[0] : sum + e[0];
-    }
-    if (sum <= (Acc)1.8446744073709552e19) /* 2^64; false for NaN and +inf */
-        st.s += sum;
-    else
-        lse_slow<X>(st, x);
-}
-
-/* Merges the G lanes' states with a fixed xor-shuffle tree; returns log sum exp of the row in
- * natural units (float64). All lanes take part; lane 0's value is the one used. */
-template <typename X, int G>
-__device__ __forceinline__ double lse_group(lse_lane<X> st, unsigned mask) {
-    typedef typename X::Acc Acc;
-    const Acc ninf = -(Acc)INFINITY;
-#pragma unroll
-    for (int off = G / 2; off > 0; off /= 2) {
-        const Acc r2 = __shfl_xor_sync(mask, st.r, off, G);
-        const Acc s2 = __shfl_xor_sync(mask, st.s, off, G);
-        if (r2 > st.r) {
-            st.s = st.s * X::pow(st.r - r2) + s2;
-            st.r = r2;
-        } else if (r2 == st.r) {
-            st.s += s2; /* also both -inf, or both +inf (then s is NaN already) */
-        } else {
-            st.s += s2 * X::pow(r2 - st.r); /* r2 = -inf: adds 0, or NaN */
-        }
-    }
-    if (st.r == ninf) return st.s == (Acc)0 ? -TDT_INF : (double)NAN; /* all -inf; or NaN */
-    return X::to_log(st.r, st.s); /* s >= about 1: the lane owning the reference's element */
-}
 
 /* log sum_v exp z[v] over one row of V elements, the G lanes of a group together, in the
  * type's fast units: a scalar head up to the row's first 16-byte boundary and a scalar tail
