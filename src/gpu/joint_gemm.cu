@@ -471,12 +471,16 @@ template <int DT> struct gemm_run {
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "cublasLtMatmul (z = W h)");
     }
 
-    /* z (ldz x N) = W padded (ldz x H) h (H x N), and W padded into wp first */
-    tdt_status_t zgemm(lt_gemm *zg) const {
+    /* W padded into wp: by the forward, and by a backward whose call has no forward (in a call
+     * with both, the forward's copy is there: nothing else writes wp) */
+    tdt_status_t pad_w() const {
         gemm_wpad_kernel<DT><<<flat_blocks(plan.g_ldz * plan.g_ldwp, num_sms), 256, 0, stream>>>(a, wp(), plan.g_ldwp,
                                                                                               plan.g_ldz);
-        tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's W kernel");
-        if (st != TDT_STATUS_SUCCESS) return st;
+        return cuda(cudaGetLastError(), "launching the joint's W kernel");
+    }
+
+    /* z (ldz x N) = W padded (ldz x H) h (H x N) */
+    tdt_status_t zgemm(lt_gemm *zg) const {
         const cublasStatus_t c =
             zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, true, false,
                      plan.g_ldz, nodes(), a.H, wp(), plan.g_ldwp, hs(), plan.g_ldh, z(), plan.g_ldz,
@@ -486,7 +490,8 @@ template <int DT> struct gemm_run {
 
     tdt_status_t forward() const {
         lt_gemm zg;
-        tdt_status_t st = zgemm(&zg);
+        tdt_status_t st = pad_w();
+        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg);
         if (st != TDT_STATUS_SUCCESS) return st;
         const int64_t all = a.B * a.maxT;
         for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows) {
@@ -506,7 +511,8 @@ template <int DT> struct gemm_run {
         A *const dx = reinterpret_cast<A *>(s + plan.g_dx);
         const E *const dz = reinterpret_cast<const E *>(z());
         lt_gemm zg, wg, hg;
-        tdt_status_t st = zgemm(&zg);
+        tdt_status_t st = call->c.do_forward ? TDT_STATUS_SUCCESS : pad_w();
+        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg);
         if (st != TDT_STATUS_SUCCESS) return st;
         cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
         /* d W and d bias (ldh x O, column-major, pitch ldw) += h, its row of ones and its zero rows
