@@ -37,7 +37,7 @@
  * caller gives another (joint.cu: the environment variable TDT_GPU_JOINT_CHUNK_KB), at least one
  * row. At the shapes above in bfloat16: 119 + 5 + 9 (G 36) + 2 + 21 + 10.5 + 4 MB. The budget
  * trades memory for time: huge-joint bfloat16 forward+backward took 85, 51 and 43 ms with 32,
- * 128 and 512 MB (joint_gpu_bench --iters 3, H100, this release).
+ * 128 and 512 MB (joint_gpu_bench --iters 3, H100, warp-tdt 0.7.0).
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
