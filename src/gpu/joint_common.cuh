@@ -136,6 +136,7 @@ __device__ __forceinline__ acc_t<DT> node_dx(const joint_args &a, const node_inf
 /* A node's gradient coefficients, in shared memory. */
 struct node_coef {
     double lse, gb;
+    double pb, py; /* the blank's and the label's probabilities, from the forward's node block */
     tdt_node_grad_t g;
     double q[TDT_MAX_DURATIONS]; /* the duration softmax */
 };
@@ -165,6 +166,8 @@ __device__ __noinline__ void node_setup_bwd(const joint_args &a, int64_t n, int6
                           a.normalize_costs, Ub);
     const double *w = tdt_node_block(&L, ni->t, ni->u);
     nc->lse = w[tdt_w_lse(a.D)];
+    nc->pb = exp(w[TDT_W_BLANK] + a.sigma);
+    nc->py = ni->y >= 0 ? exp(w[TDT_W_LABEL] + a.sigma) : 0.0;
     for (int k = 0; k < a.D; ++k) nc->q[k] = exp(w[TDT_W_DUR + k]);
     if (tdt_joint_skips(a.skip_below, nc->gb, &nc->g)) ni->valid = 0; /* left out: dz taken as 0 */
 }
@@ -186,17 +189,22 @@ __device__ __forceinline__ void node_block(const joint_args &a, const node_info 
     }
 }
 
-/* dz of node ni at output o < O from its logit z (bias included): the upstream gradient times
- * lattice.h's tdt_token_grad or tdt_duration_grad. */
+/* dz of node ni at an output o < O whose probability the node's coefficients hold (the blank,
+ * its label, the durations): the upstream gradient times lattice.h's tdt_token_grad or
+ * tdt_duration_grad. */
+__device__ __forceinline__ double node_dz_known(const joint_args &a, const node_info &ni, const node_coef &c,
+                                                int64_t o) {
+    if (o < a.V) return c.gb * tdt_token_grad(&c.g, o == a.blank ? c.pb : c.py, o == a.blank, o == ni.y, a.clamp);
+    const int k = (int)(o - a.V);
+    return c.gb * tdt_duration_grad(&c.g, c.q[k], k);
+}
+
+/* dz of node ni at output o < O from its logit z (bias included). */
 template <typename A>
 __device__ __forceinline__ double node_dz(const joint_args &a, const node_info &ni, const node_coef &c, int64_t o,
                                           A z) {
-    if (o < a.V) {
-        const double p = exp((double)z - c.lse);
-        return c.gb * tdt_token_grad(&c.g, p, o == a.blank, o == ni.y, a.clamp);
-    }
-    const int k = (int)(o - a.V);
-    return c.gb * tdt_duration_grad(&c.g, c.q[k], k);
+    if (o < a.V && o != a.blank && o != ni.y) return c.gb * tdt_token_grad(&c.g, exp((double)z - c.lse), 0, 0, a.clamp);
+    return node_dz_known(a, ni, c, o);
 }
 
 /* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx. */

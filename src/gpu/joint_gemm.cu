@@ -4,30 +4,40 @@
  * matrix products on cuBLASLt's kernels (tensor cores for float16 and bfloat16), the chunk's
  * logits held in the scratch (about 128 MB), never the whole problem's.
  *
- * First W is copied into g_wp, its rows padded from O to ldz (a multiple of 8) with zeros: every
- * product's dimensions and pitches are then multiples of 8, where cuBLASLt has its vectorised
- * kernels (joint_plan.h). Per chunk of N = G (U + 1) nodes, in the padded (b, t, u) order:
+ * First W is copied into g_wp, its rows padded from O to ldz (a multiple of 8) with zeros and its
+ * columns from H to ldh: the bias, then TDT_JOINT_LSE_PARTS columns of ones. Every product's
+ * dimensions and pitches are then multiples of 8, where cuBLASLt has its vectorised kernels
+ * (joint_plan.h), and the z product adds the bias. Per chunk of N = G (U + 1) nodes, in the
+ * padded (b, t, u) order:
  *   forward   h = dropout(act(enc + pred)) into g_h (the dtype, zero rows for the nodes that
- *             are not valid); z = h W^T (cuBLASLt, accumulate type) into g_z; per node, from
- *             z + bias, the node's block as joint_fwd_kernel writes it (the log-normaliser over
- *             the V token rows, the blank and label logits, the duration log-softmax). Then the
- *             sweeps (joint.cu).
- *   backward  h and z again; per node dz (its coefficients by node_setup_bwd) written in place
- *             over z, in the dtype (an operand again; zero rows for nodes outside a feasible
- *             lattice, zeros from O to ldz); d W and d bias += dz^T [h 1] (cuBLASLt,
- *             beta 1, in g_w: h's column of ones gives d bias); d h = dz W (cuBLASLt)
- *             into g_dx, then d(enc + pred) = d h * the dropout's factor * act' in place, and
- *             joint_common.cuh's reductions into d enc (u ascending) and d pred (chunks, then
- *             t, ascending). At the end d pred, d W and d bias are written in the dtype.
- * So four products of 2 N H (V + D) a chunk, forward and backward together, as the tiles'
+ *             are not valid, a 1 at column H); z + bias = [h 1 0] [W bias 1]^T (cuBLASLt,
+ *             accumulate type) into g_z; per node, from its row, the node's block as
+ *             joint_fwd_kernel writes it (the log-normaliser over the V token rows, the blank and
+ *             label logits, the duration log-softmax). Then the sweeps (joint.cu).
+ *   backward  h again, and for float16 and bfloat16 the node's -lse (from its block) in h's
+ *             columns after the 1, split into TDT_JOINT_LSE_PARTS values of the dtype; the z
+ *             product again, now into the dtype: z + bias - lse, the node's log-probabilities
+ *             (z + bias for float32 and float64). Per node dz from them (its coefficients by
+ *             node_setup_bwd), in place (zero rows for nodes outside a feasible lattice, zeros
+ *             from O to ldz); d W and d bias += dz^T [h 1] (cuBLASLt, beta 1, in g_w: h's
+ *             column of ones gives d bias); d h = dz W (cuBLASLt) into g_dx, then
+ *             d(enc + pred) = d h * the dropout's factor * act' in place, and joint_common.cuh's
+ *             reductions into d enc (u ascending) and d pred (chunks, then t, ascending). At the
+ *             end d pred, d W and d bias are written in the dtype.
+ * So four products of 2 N ldh (V + D) a chunk, forward and backward together, as the tiles'
  * schedule has five; cuBLASLt picks each product's kernel for the device, once a call (every
  * chunk has the same shapes and buffers).
  *
- * Precision: z and the products' sums in the accumulate type, as the tiles' schedule; h and dz
- * rounded to the dtype where it is float16 or bfloat16 (the tensor cores' operands). The
- * log-normaliser and the bulk of dz as the unfused path has them (gpu_common.cuh's base-2
- * units for the float-accumulate types: about 2 ulp a term; natural units for float64 and for
- * values beyond 1e7); the blank, the label and the durations in float64.
+ * Precision: the forward's z and the products' sums in the accumulate type, as the tiles'
+ * schedule; h and dz rounded to the dtype where it is float16 or bfloat16 (the tensor cores'
+ * operands). The log-normaliser and the bulk of dz as the unfused path has them (gpu_common.cuh's
+ * base-2 units for the float-accumulate types: about 2 ulp a term; natural units for float64 and
+ * for values beyond 1e7); the blank, the label and the durations in float64 from the forward's
+ * node block. In float16 and bfloat16 the backward reads each bulk term's log-probability
+ * rounded to the dtype (half the bytes of z in the accumulate type; the unfused path rounds the
+ * logits themselves, which loses more where |z| is large): a term's relative error is at most
+ * |log p| 2^-9 (bfloat16), below the dtype's own rounding of dz where p > 1/e, and largest,
+ * 0.07 % of tok_occ absolute, near p = 1/e.
  *
  * Deterministic: cuBLASLt gives the same bits for the same problem, kernel and device; d W
  * and d bias add the chunks in order (no atomics anywhere).
@@ -227,19 +237,42 @@ __device__ __forceinline__ bool node_bwd(const joint_args &a, int64_t n, int64_t
     return ni->valid && sample_feasible(a, ni->b);
 }
 
+/* Whether the backward's z product gives a node's values less its log-normaliser lse (float16
+ * and bfloat16: log-probabilities, which keep the dtype's 8 or 11 significant bits where the
+ * probability matters, as the unfused path's logits cannot), not its logits: for |lse| <= 1e7
+ * (not NaN), where float32's sum z - lse is as good as z itself. */
+template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
+    return sizeof(typename tdt_elem<DT>::T) < sizeof(acc_t<DT>) && fabs(lse) <= 1e7;
+}
+
+/* The value of W's padded columns of ones: 256 for float16, so that -lse / 256 fits its range
+ * (|lse| <= 1e7); 1 otherwise. A power of two: -lse's parts stay exact. */
+template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
+
 /* Block j: node first + j's h into row j of hs (pitch ldh, the dtype), zero where the node is
- * not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H: the
- * d W product's row of ones, which makes its column H the sum of dz over the nodes, d bias. */
+ * not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H (the
+ * bias's operand in the z product; in the d W product it makes column H of d W the sum of dz
+ * over the nodes, d bias) and, in the backward of a node with lp_shift, -lse / lse_unit in the
+ * next TDT_JOINT_LSE_PARTS columns (against W's padded columns of lse_unit): its value in the
+ * dtype, then the rest's, and so on (bfloat16: 24 significant bits together; float16: 33 less
+ * what its subnormals lose, at worst 8e-6 absolute where |lse| < 100). */
 template <int DT>
 __global__ void __launch_bounds__(kRowThreads) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                                int64_t limit, typename tdt_elem<DT>::T *hs,
                                                                int64_t ldh, int backward) {
+    typedef tdt_elem<DT> TE;
     __shared__ node_info ni;
     __shared__ int take;
+    __shared__ double nlse; /* -lse, or 0 */
     if (threadIdx.x == 0) {
         const int64_t n = first + blockIdx.x;
+        nlse = 0.0;
         if (backward) {
             take = node_bwd(a, n, limit, &ni);
+            if (take) {
+                const double lse = tdt_wblock(&a.wb, ni.b, ni.t, ni.u)[tdt_w_lse(a.D)];
+                if (lp_shift<DT>(lse)) nlse = -lse;
+            }
         } else {
             int64_t Tb, Ub;
             node_decode(a, n, limit, &ni, &Tb, &Ub);
@@ -247,16 +280,25 @@ __global__ void __launch_bounds__(kRowThreads) gemm_h_kernel(const __grid_consta
         }
     }
     __syncthreads();
-    typename tdt_elem<DT>::T *row = hs + (int64_t)blockIdx.x * ldh;
+    typename TE::T *row = hs + (int64_t)blockIdx.x * ldh;
     for (int64_t k = threadIdx.x; k < ldh; k += blockDim.x) {
         acc_t<DT> h = 0, x, keep;
         if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
-        row[k] = tdt_elem<DT>::from_acc(k == a.H ? (acc_t<DT>)1 : h);
+        typename TE::T e = TE::from_acc(k == a.H ? (acc_t<DT>)1 : h);
+        if (k > a.H && k <= a.H + TDT_JOINT_LSE_PARTS) {
+            double rest = nlse / lse_unit<DT>();
+            for (int64_t i = a.H; i < k; ++i) {
+                e = TE::from_double(rest);
+                rest -= (double)TE::to_acc(e);
+            }
+        }
+        row[k] = e;
     }
 }
 
-/* A row of z (accumulate type) in 16-byte vectors of N values: rows start 16-byte aligned (the
- * pitch ldz is a multiple of 8), and the last O mod N values are the row's scalar tail. */
+/* A row of z in 16-byte vectors of N values of type A (the accumulate type, or the dtype's bits
+ * in the backward): rows start 16-byte aligned (the pitch ldz is a multiple of 8), and the last
+ * O mod N values are the row's scalar tail. */
 template <typename A> struct zvec {
     enum { N = 16 / (int)sizeof(A) };
     A v[N];
@@ -264,16 +306,21 @@ template <typename A> struct zvec {
         const uint4 raw = *reinterpret_cast<const uint4 *>(p);
         memcpy(v, &raw, sizeof raw);
     }
+    __device__ __forceinline__ void store(A *p) const {
+        uint4 raw;
+        memcpy(&raw, v, sizeof raw);
+        *reinterpret_cast<uint4 *>(p) = raw;
+    }
 };
 
-/* N values of a row of z plus bias (accumulate type): gpu_common.cuh's batch for lse_add. */
+/* N values of a row of z (bias included; accumulate type): gpu_common.cuh's batch for lse_add. */
 template <typename A, int N_> struct zbatch {
     enum { N = N_ };
     A v[N_];
     __device__ __forceinline__ A at(int j) const { return v[j]; }
 };
 
-/* The log-sum-exp of the first V values of row zr (plus bias) in the units X, the lanes of a
+/* The log-sum-exp of the first V values of row zr (bias included) in the units X, the lanes of a
  * warp together (gpu_common.cuh's lse_lane, lse_add, lse_group: the unfused normaliser's, from
  * the reference zb, the blank's value); every lane gets the result (float64, natural units),
  * and *huge (warp-uniform) where the row needs natural units (tdt_rexp2::fits). */
@@ -292,13 +339,12 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *
         x.load(zr + q * N);
         zbatch<A, N> bt;
 #pragma unroll
-        for (int e = 0; e < N; ++e) bt.v[e] = a.bias ? x.v[e] + ld<DT>(a.bias, q * N + e) : x.v[e];
+        for (int e = 0; e < N; ++e) bt.v[e] = x.v[e];
         lse_add<X>(st, bt);
     }
     if (nv * N + lane < a.V) {
         zbatch<A, 1> bt;
         bt.v[0] = zr[nv * N + lane];
-        if (a.bias) bt.v[0] += ld<DT>(a.bias, nv * N + lane);
         lse_add<X>(st, bt);
     }
     *huge = X::MAY_OVERFLOW ? __any_sync(0xffffffffu, st.huge) : 0;
@@ -306,7 +352,7 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *
 }
 
 /* Warp w of block j: node first + 8 j + w's block of the workspace from its row of z (pitch
- * ldz) plus bias, as joint_fwd_kernel writes it: the log-normaliser over the V token values by
+ * ldz; the product added the bias), as joint_fwd_kernel writes it: the log-normaliser over the V token values by
  * the unfused normaliser's online log-sum-exp (row_lse), each lane a 16-byte vector at a time,
  * in the fast units (base 2 but for float64), again in natural units for a row with a value
  * beyond what those hold (tdt_rexp2::fits: |value| > 1e7). */
@@ -322,11 +368,7 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     node_decode(a, first + j, limit, &ni, &Tb, &Ub);
     if (!ni.valid) return; /* warp-uniform */
     const A *zr = z + j * ldz;
-    auto zo = [&](int64_t o) {
-        A v = zr[o];
-        if (a.bias) v += ld<DT>(a.bias, o);
-        return v;
-    };
+    auto zo = [&](int64_t o) { return zr[o]; };
     int huge;
     double lse = row_lse<DT, X>(a, zr, zo(a.blank), lane, &huge);
     if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>>(a, zr, zo(a.blank), lane, &huge); /* rare */
@@ -336,26 +378,22 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     node_block<A>(a, ni, lse, zo(a.blank), ni.has_label && ni.y >= 0 ? zo(ni.y) : (A)0, zd);
 }
 
-/* Warp w of block j (j < count): node first + 8 j + w's dz from its row of z (pitch ldz,
- * accumulate type) plus bias, written over that row in the dtype: element o at o of the row seen
- * as dtype values (for a 16-bit dtype the row's first half), zero from O to ldz. The token values
- * but the blank and the label as the unfused gradient's rows (gpu_common.cuh's tdt_row_grad:
- * base 2 where lse fits), those two and the durations by node_dz in float64. Zero for nodes
- * outside a feasible lattice and past limit. Each batch of kDzPasses passes reads that many
- * 16-byte vectors a lane (loads in flight together), waits for the warp, then writes them: a
- * batch's writes land on values of that batch or earlier ones, already read, and the next
- * batch reads past them. */
+/* Warp w of block j (j < count): node first + 8 j + w's dz from its row of the backward's z
+ * product (pitch ldd, the dtype: the node's logits, bias included, less lse where lp_shift),
+ * written over it: zero from O on, for nodes outside a feasible lattice and past limit. The
+ * token values but the blank and the label as the unfused gradient's rows (gpu_common.cuh's
+ * tdt_row_grad, base 2 where the reference fits: 0 for log-probabilities, else lse); those two
+ * and the durations by node_dz_known in float64, from the forward's node block. Each lane
+ * reads kDzPasses 16-byte vectors before it writes them back (loads in flight together). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                      int64_t limit, int64_t count, acc_t<DT> *z, int64_t ldz) {
+                                                      int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
+                                                      int64_t ldd, int64_t ldz) {
     typedef acc_t<DT> A;
     typedef typename tdt_elem<DT>::T E;
     typedef typename tdt_rexp_fast<DT>::X XF;
     typedef tdt_rexp_nat<DT> XN;
-    enum { N = zvec<A>::N };
-    struct alignas(sizeof(E) * N) evec {
-        E v[N];
-    };
+    enum { N = zvec<E>::N };
     __shared__ node_info nis[8];
     __shared__ node_coef ncs[8];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -369,55 +407,64 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     row_coef<XN> cn = {};
     bool fast = false;
     if (ni.valid) { /* nc is set */
-        fast = XF::fits(nc.lse) && nc.lse == nc.lse;
+        const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
+        fast = XF::fits(ref) && ref == ref;
         double fix = 1.0; /* r's rounding, folded into occ */
-        if (fast) cf.r = XF::ref_fix(nc.lse, &fix);
+        if (fast) cf.r = XF::ref_fix(ref, &fix);
         cf.occ = (A)(nc.g.tok_occ * fix);
-        cn.r = (A)nc.lse;
+        cn.r = (A)ref;
         cn.occ = (A)nc.g.tok_occ;
         cf.cl = cn.cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
         cf.scale = cn.scale = (A)nc.gb;
     }
-    const auto dz = [&](int64_t o, A v) -> E {
+    const auto dz = [&](int64_t o, E v) -> E {
         if (!ni.valid || o >= a.O) return tdt_elem<DT>::from_acc((A)0);
-        if (a.bias) v += ld<DT>(a.bias, o);
-        if (o >= a.V || o == a.blank || o == ni.y) return tdt_elem<DT>::from_acc((A)node_dz(a, ni, nc, o, v));
-        return tdt_elem<DT>::from_acc(fast ? tdt_row_grad(cf, v) : tdt_row_grad(cn, v));
+        if (o >= a.V || o == a.blank || o == ni.y) return tdt_elem<DT>::from_acc((A)node_dz_known(a, ni, nc, o));
+        const A x = tdt_elem<DT>::to_acc(v);
+        return tdt_elem<DT>::from_acc(fast ? tdt_row_grad(cf, x) : tdt_row_grad(cn, x));
     };
-    A *const zr = z + j * ldz;
-    E *const dr = reinterpret_cast<E *>(zr);
+    E *const dr = d + j * ldd;
     const int64_t nv = ldz / N; /* ldz: a multiple of 8 */
     for (int64_t q0 = 0; q0 < nv; q0 += 32 * kDzPasses) { /* warp-uniform */
-        zvec<A> x[kDzPasses];
+        zvec<E> x[kDzPasses];
 #pragma unroll
         for (int p = 0; p < kDzPasses; ++p) {
             const int64_t q = q0 + 32 * p + lane;
-            if (q < nv) x[p].load(zr + q * N);
+            if (q < nv) x[p].load(dr + q * N);
         }
-        __syncwarp();
 #pragma unroll
         for (int p = 0; p < kDzPasses; ++p) {
             const int64_t q = q0 + 32 * p + lane;
             if (q < nv) {
-                evec out;
+                zvec<E> out;
 #pragma unroll
                 for (int e = 0; e < N; ++e) out.v[e] = dz(q * N + e, x[p].v[e]);
-                *reinterpret_cast<evec *>(dr + q * N) = out;
+                out.store(dr + q * N);
             }
         }
     }
 }
 
-/* W into wp in the dtype: rows of pitch ldwp, zero past H and from O to ldz. */
+/* W into wp in the dtype, rows of pitch ldwp: W's row, the bias (zero without one), lse_unit in
+ * the TDT_JOINT_LSE_PARTS columns after it (against h's -lse), zeros after those; zero rows from
+ * O to ldz. */
 template <int DT>
 __global__ void gemm_wpad_kernel(const __grid_constant__ joint_args a, typename tdt_elem<DT>::T *wp, int64_t ldwp,
                                  int64_t ldz) {
     typedef typename tdt_elem<DT>::T E;
     const E *W = static_cast<const E *>(a.W);
+    const E *bias = static_cast<const E *>(a.bias);
+    const E zero = tdt_elem<DT>::from_acc((acc_t<DT>)0), one = tdt_elem<DT>::from_double(lse_unit<DT>());
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ldz * ldwp;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t o = i / ldwp, k = i - o * ldwp;
-        wp[i] = o < a.O && k < a.H ? W[o * a.W_s + k] : E(0);
+        E v = zero;
+        if (o < a.O) {
+            if (k < a.H) v = W[o * a.W_s + k];
+            else if (k == a.H) v = bias ? bias[o] : zero;
+            else if (k <= a.H + TDT_JOINT_LSE_PARTS) v = one;
+        }
+        wp[i] = v;
     }
 }
 
@@ -479,19 +526,21 @@ template <int DT> struct gemm_run {
         return cuda(cudaGetLastError(), "launching the joint's W kernel");
     }
 
-    /* z (ldz x N) = W padded (ldz x H) h (H x N) */
-    tdt_status_t zgemm(lt_gemm *zg) const {
+    /* z + bias (ldz x N) = W padded (ldz x ldh) h (ldh x N): in the forward in the accumulate
+     * type, pitch ldz; in the backward in the dtype, pitch lddz (dz's layout), less lse where h
+     * carries it */
+    tdt_status_t zgemm(lt_gemm *zg, bool backward) const {
         const cublasStatus_t c =
-            zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, true, false,
-                     plan.g_ldz, nodes(), a.H, wp(), plan.g_ldwp, hs(), plan.g_ldh, z(), plan.g_ldz,
-                     TDT_JOINT_LT_BYTES);
+            zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab,
+                     backward ? lt_types<DT>::ab : lt_types<DT>::d, true, false, plan.g_ldz, nodes(), plan.g_ldh,
+                     wp(), plan.g_ldwp, hs(), plan.g_ldh, z(), backward ? lddz() : plan.g_ldz, TDT_JOINT_LT_BYTES);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
     }
 
     tdt_status_t forward() const {
         lt_gemm zg;
         tdt_status_t st = pad_w();
-        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg);
+        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg, false);
         if (st != TDT_STATUS_SUCCESS) return st;
         const int64_t all = a.B * a.maxT;
         for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows) {
@@ -509,10 +558,11 @@ template <int DT> struct gemm_run {
         const bool want_w = a.W_g || a.bias_g, want_x = a.enc_g || a.pred_g;
         A *const wacc = reinterpret_cast<A *>(s + plan.g_w);
         A *const dx = reinterpret_cast<A *>(s + plan.g_dx);
-        const E *const dz = reinterpret_cast<const E *>(z());
+        E *const dzw = reinterpret_cast<E *>(z());
+        const E *const dz = dzw;
         lt_gemm zg, wg, hg;
         tdt_status_t st = call->c.do_forward ? TDT_STATUS_SUCCESS : pad_w();
-        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg);
+        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg, true);
         if (st != TDT_STATUS_SUCCESS) return st;
         cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
         /* d W and d bias (ldh x O, column-major, pitch ldw) += h, its row of ones and its zero rows
@@ -544,8 +594,8 @@ template <int DT> struct gemm_run {
             const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
             if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
-            gemm_dz_kernel<DT><<<(unsigned)((nodes() + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(), z(),
-                                                                                 plan.g_ldz);
+            gemm_dz_kernel<DT><<<(unsigned)((nodes() + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(), dzw,
+                                                                                 lddz(), plan.g_ldz);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
             if (want_w) {
                 c = wg.run(h, &one, hs() + wrow0, dz, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);

@@ -19,16 +19,23 @@
  * The GEMM schedule (joint_gemm.cu) lays out the same scratch its own way (a call takes one
  * schedule, so the scratch is the larger of the two layouts), for chunks of G consecutive
  * (b, t) rows, N = G (U + 1) nodes:
- *   g_z      [N * ldz]          the chunk's logits z (accumulate type, O rows of pitch ldz,
- *                               O rounded up to 8), then in place its dz (in the dtype)
- *   g_h      [N * ldh]          the chunk's h (the dtype: the products' operand; pitch ldh, H + 1
- *                               rounded up to 8), a 1 at column H (d bias's operand), then zeros
+ *   g_z      [N * ldz]          the chunk's logits z plus bias (accumulate type, O rows of pitch
+ *                               ldz, O rounded up to 8); in the backward the same rows hold z
+ *                               plus bias in the dtype (less lse for float16 and bfloat16), then
+ *                               in place its dz
+ *   g_h      [N * ldh]          the chunk's h (the dtype: the products' operand; pitch ldh, H + 4
+ *                               rounded up to 8), a 1 at column H (the bias's operand in the z
+ *                               product, d bias's in the d W product), then TDT_JOINT_LSE_PARTS
+ *                               columns that are zero but in the backward of float16 and
+ *                               bfloat16, -lse split into that many values of the dtype, then
+ *                               zeros
  *   g_dx     [N * H]            d h, then in place d(enc + pred) (accumulate type)
  *   g_pred   [B * (U + 1) * H]  as pred_acc
  *   g_w      [ldz * ldw]        d W (columns 0..H-1 of ldz rows of pitch ldw = ldh; rows from O
  *                               on are zero) and d bias (column H), summed over the chunks so far
- *   g_wp     [ldz * ldwp]       W in the dtype, its rows padded to ldwp (H rounded up to 8) and
- *                               zero rows from O to ldz
+ *   g_wp     [ldz * ldwp]       W in the dtype, its rows padded to ldwp = ldh: the bias at column
+ *                               H, ones in the TDT_JOINT_LSE_PARTS columns after it, zeros after
+ *                               those, and zero rows from O to ldz
  *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
  * Every product's dimensions and pitches are thus multiples of 8 (ldz, ldh, ldwp), as cuBLASLt's
  * vectorised kernels want (the rows of z, dz and d W from O to ldz are zeros): with O = 8198 its
@@ -50,6 +57,7 @@
 #define TDT_JOINT_PLAN_TILE 32
 #define TDT_JOINT_Z_BYTES ((size_t)128 << 20)
 #define TDT_JOINT_LT_BYTES ((size_t)4 << 20)
+#define TDT_JOINT_LSE_PARTS 3 /* h's columns after its 1 that carry -lse in the backward (joint_gemm.cu) */
 
 typedef struct tdt_gpu_joint_plan {
     int64_t rows;   /* R: (b, t) rows of nodes a backward chunk, >= 1 */
@@ -97,9 +105,9 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     size_t g = 0, zrow, nodes, zb, hb, db, wb;
     if (O > INT64_MAX / 16 || H > INT64_MAX / 16 / elem || H > INT64_MAX / 16 / acc) return 0;
     p->g_ldz = (O + 7) / 8 * 8;
-    p->g_ldh = (H + 1 + 7) / 8 * 8;
+    p->g_ldh = (H + 1 + TDT_JOINT_LSE_PARTS + 7) / 8 * 8;
     p->g_ldw = p->g_ldh;
-    p->g_ldwp = (H + 7) / 8 * 8;
+    p->g_ldwp = p->g_ldh;
     /* a node's z, h and d h */
     if (!tdt_mul_size((size_t)p->g_ldz, (size_t)acc, &zb) || !tdt_mul_size((size_t)p->g_ldh, (size_t)elem, &hb) ||
         !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 4 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
