@@ -35,7 +35,7 @@ cache; CPU: the growth of the peak resident set (VmHWM, reset first) over one st
 fresh subprocess), the fused workspace and the unfused logits' bytes, and the GEMM work's achieved
 GFLOP/s (4 passes of 2 x nodes x H x (V + D): forward, recompute, d h, d W), beside a plain GEMM
 of the same work's shape (V + D rounded up to 8) measured in the same run ("x gemm"; bfloat16 on
-CUDA, the run's dtype on the CPU).
+CUDA, the run's dtype on the CPU); --plot writes a PNG of time and peak memory, fused against unfused.
 
 With --joint-skip EPS,... (and --joint NAMES) the approximate backward (tdt_joint_loss's
 skip_below) is timed against the exact fused path on the same inputs, random (the --joint inputs)
@@ -418,7 +418,8 @@ def main():
     p.add_argument("--threads", type=int, default=0,
                    help="CPU: torch.set_num_threads(N), which the binding passes on to the "
                         "library (default 0: every core this process may use)")
-    p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--plot", help="write a PNG plot here (with --joint: time and peak memory, "
+                                   "fused against unfused)")
     p.add_argument("--graph", action="store_true",
                    help="CUDA: also time the step captured in a CUDA graph (no host work a step)")
     p.add_argument("--no-validate", action="store_true",
@@ -873,7 +874,48 @@ def joint_main(args, device):
                 sys.stdout.flush()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+    if args.plot:
+        joint_plot(rows, args.plot, device if device.type == "cpu"
+                   else torch.cuda.get_device_name(device))
     return 0 if all(r["ok"] for r in rows) else 1
+
+
+def joint_plot(rows, path, device):
+    """The --joint table as a PNG: forward+backward time (left) and peak extra memory (right,
+    log scale) of the fused and the unfused path per shape and dtype; a shape the unfused path
+    cannot run shows the fused bars alone."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot written")
+        return
+    rows = [r for r in rows if r["ok"]]
+    labels = ["%s\n%s%s" % (r["shape"], r["dtype"], "\n%d thr" % r["threads"] if r["threads"] else "")
+              for r in rows]
+    xs = list(range(len(rows)))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(rows)), 4.5))
+    for ax, key, unit, log in ((axes[0], "ms", "forward+backward, ms", False),
+                               (axes[1], "peak_mb", "peak extra memory, MB (log)", True)):
+        for i, (path_name, label) in enumerate((("fused", "fused (tdt_joint_loss)"),
+                                                ("unfused", "unfused (PyTorch joint + tdt_loss_joint)"))):
+            vals = [r.get("%s_%s" % (path_name, key)) or 0 for r in rows]
+            bars = ax.bar([x + (i - 0.5) * 0.4 for x in xs], vals, 0.4, label=label)
+            for b, v in zip(bars, vals):
+                if v:
+                    ax.annotate("%.0f" % v if v >= 10 else "%.1f" % v, (b.get_x() + b.get_width() / 2, v),
+                                ha="center", va="bottom", fontsize=6)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(unit)
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, fontsize=7)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("warp_tdt fused joint + TDT loss against the unfused path, %s" % device, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print("plot written to %s" % path)
 
 
 def plot(rows, path, device):
