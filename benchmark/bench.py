@@ -880,24 +880,32 @@ def joint_main(args, device):
     return 0 if all(r["ok"] for r in rows) else 1
 
 
-def joint_plot(rows, path, device):
-    """The --joint table as a PNG: forward+backward time (left) and peak extra memory (right,
-    log scale) of the fused and the unfused path per shape and dtype; a shape the unfused path
-    cannot run shows the fused bars alone."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (and a line saying so) where it is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib missing: no plot written")
+        return None
+    return plt
+
+
+def joint_plot(rows, path, device):
+    """The --joint table as a PNG: forward+backward time (left) and peak extra memory (right),
+    log scales, of the fused and the unfused path per shape and dtype; a shape the unfused path
+    cannot run shows the fused bars alone."""
+    plt = pyplot()
+    if plt is None:
         return
     rows = [r for r in rows if r["ok"]]
     labels = ["%s\n%s%s" % (r["shape"], r["dtype"], "\n%d thr" % r["threads"] if r["threads"] else "")
               for r in rows]
     xs = list(range(len(rows)))
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(rows)), 4.5))
-    for ax, key, unit, log in ((axes[0], "ms", "forward+backward, ms", False),
-                               (axes[1], "peak_mb", "peak extra memory, MB (log)", True)):
+    for ax, key, unit in ((axes[0], "ms", "forward+backward, ms (log)"),
+                          (axes[1], "peak_mb", "peak extra memory, MB (log)")):
         for i, (path_name, label) in enumerate((("fused", "fused (tdt_joint_loss)"),
                                                 ("unfused", "unfused (PyTorch joint + tdt_loss_joint)"))):
             vals = [r.get("%s_%s" % (path_name, key)) or 0 for r in rows]
@@ -906,12 +914,11 @@ def joint_plot(rows, path, device):
                 if v:
                     ax.annotate("%.0f" % v if v >= 10 else "%.1f" % v, (b.get_x() + b.get_width() / 2, v),
                                 ha="center", va="bottom", fontsize=6)
-        if log:
-            ax.set_yscale("log")
+        ax.set_yscale("log")
         ax.set_ylabel(unit)
         ax.set_xticks(xs)
         ax.set_xticklabels(labels, fontsize=7)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="lower left")
     fig.suptitle("warp_tdt fused joint + TDT loss against the unfused path, %s" % device, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -919,12 +926,8 @@ def joint_plot(rows, path, device):
 
 
 def plot(rows, path, device):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot written")
+    plt = pyplot()
+    if plt is None:
         return
     rows = [r for r in rows if r["ok"]]
     labels = ["%s\n%s" % (r["shape"], r["dtype"]) for r in rows]
