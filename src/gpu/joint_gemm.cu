@@ -224,7 +224,6 @@ template <> struct lt_types<TDT_DTYPE_BFLOAT16> {
 
 /* ---- kernels --------------------------------------------------------------------------------- */
 
-const int kRowThreads = 128; /* a node's row of H or O values a block */
 /* gemm_dz_kernel's passes a batch: 16-byte loads in flight a lane. With one, the kernel took 2.4x
  * its memory time (12.2 ms at huge-joint bf16, 512 MB chunks, H100, commit 2a60fb6). */
 const int kDzPasses = 4;
@@ -249,53 +248,6 @@ template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
  * (|lse| <= 1e7); 1 otherwise. A power of two: -lse's parts stay exact. */
 template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
 
-/* Block j: node first + j's h into row j of hs (pitch ldh, the dtype), zero where the node is
- * not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H (the
- * bias's operand in the z product; in the d W product it makes column H of d W the sum of dz
- * over the nodes, d bias) and, in the backward of a node with lp_shift, -lse / lse_unit in the
- * next TDT_JOINT_LSE_PARTS columns (against W's padded columns of lse_unit): its value in the
- * dtype, then the rest's, and so on (bfloat16: 24 significant bits together; float16: 33 less
- * what its subnormals lose, at worst 8e-6 absolute where |lse| < 100). */
-template <int DT>
-__global__ void __launch_bounds__(kRowThreads) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                               int64_t limit, typename tdt_elem<DT>::T *hs,
-                                                               int64_t ldh, int backward) {
-    typedef tdt_elem<DT> TE;
-    __shared__ node_info ni;
-    __shared__ int take;
-    __shared__ double nlse; /* -lse, or 0 */
-    if (threadIdx.x == 0) {
-        const int64_t n = first + blockIdx.x;
-        nlse = 0.0;
-        if (backward) {
-            take = node_bwd(a, n, limit, &ni);
-            if (take) {
-                const double lse = tdt_wblock(&a.wb, ni.b, ni.t, ni.u)[tdt_w_lse(a.D)];
-                if (lp_shift<DT>(lse)) nlse = -lse;
-            }
-        } else {
-            int64_t Tb, Ub;
-            node_decode(a, n, limit, &ni, &Tb, &Ub);
-            take = ni.valid;
-        }
-    }
-    __syncthreads();
-    typename TE::T *row = hs + (int64_t)blockIdx.x * ldh;
-    for (int64_t k = threadIdx.x; k < ldh; k += blockDim.x) {
-        acc_t<DT> h = 0, x, keep;
-        if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
-        typename TE::T e = TE::from_acc(k == a.H ? (acc_t<DT>)1 : h);
-        if (k > a.H && k <= a.H + TDT_JOINT_LSE_PARTS) {
-            double rest = nlse / lse_unit<DT>();
-            for (int64_t i = a.H; i < k; ++i) {
-                e = TE::from_double(rest);
-                rest -= (double)TE::to_acc(e);
-            }
-        }
-        row[k] = e;
-    }
-}
-
 /* A row of z in 16-byte vectors of N values of type A (the accumulate type, or the dtype's bits
  * in the backward): rows start 16-byte aligned (the pitch ldz is a multiple of 8), and the last
  * O mod N values are the row's scalar tail. */
@@ -312,6 +264,60 @@ template <typename A> struct zvec {
         *reinterpret_cast<uint4 *>(p) = raw;
     }
 };
+
+/* Warp w of block i: node first + j's h (j = 8 i + w < count) into row j of hs (pitch ldh, the
+ * dtype), each lane 16 bytes at a time, zero where the node is
+ * not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H (the
+ * bias's operand in the z product; in the d W product it makes column H of d W the sum of dz
+ * over the nodes, d bias) and, in the backward of a node with lp_shift, -lse / lse_unit in the
+ * next TDT_JOINT_LSE_PARTS columns (against W's padded columns of lse_unit): its value in the
+ * dtype, then the rest's, and so on (bfloat16: 24 significant bits together; float16: 33 less
+ * what its subnormals lose, at worst 8e-6 absolute where |lse| < 100). */
+template <int DT>
+__global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
+                                                     int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
+                                                     int backward) {
+    typedef tdt_elem<DT> TE;
+    typedef typename TE::T E;
+    enum { N = zvec<E>::N };
+    const int lane = threadIdx.x & 31;
+    const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (j >= count) return; /* warp-uniform */
+    node_info ni; /* every lane decodes the node: the same loads */
+    int take;
+    double nlse = 0.0; /* -lse, or 0 */
+    if (backward) {
+        take = node_bwd(a, first + j, limit, &ni);
+        if (take) {
+            const double lse = tdt_wblock(&a.wb, ni.b, ni.t, ni.u)[tdt_w_lse(a.D)];
+            if (lp_shift<DT>(lse)) nlse = -lse;
+        }
+    } else {
+        int64_t Tb, Ub;
+        node_decode(a, first + j, limit, &ni, &Tb, &Ub);
+        take = ni.valid;
+    }
+    E *const row = hs + j * ldh;
+    for (int64_t k0 = (int64_t)lane * N; k0 < ldh; k0 += 32 * N) { /* ldh: a multiple of 8 */
+        zvec<E> out;
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            const int64_t k = k0 + e;
+            acc_t<DT> h = 0, x, keep;
+            if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
+            E v = TE::from_acc(k == a.H ? (acc_t<DT>)1 : h);
+            if (k > a.H && k <= a.H + TDT_JOINT_LSE_PARTS) {
+                double rest = nlse / lse_unit<DT>();
+                for (int64_t i = a.H; i < k; ++i) {
+                    v = TE::from_double(rest);
+                    rest -= (double)TE::to_acc(v);
+                }
+            }
+            out.v[e] = v;
+        }
+        out.store(row + k0);
+    }
+}
 
 /* N values of a row of z (bias included; accumulate type): gpu_common.cuh's batch for lse_add. */
 template <typename A, int N_> struct zbatch {
@@ -468,18 +474,19 @@ __global__ void gemm_wpad_kernel(const __grid_constant__ joint_args a, typename 
     }
 }
 
-/* Block j (j < count): node first + j's d(enc + pred) = d h * the dropout's factor * act', in
- * place over its row of dx (pitch H); zero outside a feasible lattice. */
+/* Warp w of block i: node first + j's d(enc + pred) = d h * the dropout's factor * act' (j =
+ * 8 i + w < count), in place over row j of dx (pitch H); zero outside a feasible lattice. */
 template <int DT>
-__global__ void __launch_bounds__(kRowThreads) gemm_dx_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                                int64_t limit, acc_t<DT> *dx) {
+__global__ void __launch_bounds__(256) gemm_dx_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                      int64_t limit, int64_t count, acc_t<DT> *dx) {
     typedef acc_t<DT> A;
-    __shared__ node_info ni;
-    __shared__ int take;
-    if (threadIdx.x == 0) take = node_bwd(a, first + blockIdx.x, limit, &ni);
-    __syncthreads();
-    A *const row = dx + (int64_t)blockIdx.x * a.H;
-    for (int64_t k = threadIdx.x; k < a.H; k += blockDim.x) row[k] = take ? node_dx<DT>(a, ni, k, row[k]) : (A)0;
+    const int lane = threadIdx.x & 31;
+    const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (j >= count) return; /* warp-uniform */
+    node_info ni; /* every lane decodes the node: the same loads */
+    const int take = node_bwd(a, first + j, limit, &ni);
+    A *const row = dx + j * a.H;
+    for (int64_t k = lane; k < a.H; k += 32) row[k] = take ? node_dx<DT>(a, ni, k, row[k]) : (A)0;
 }
 
 /* ---- host ------------------------------------------------------------------------------------ */
@@ -510,7 +517,8 @@ template <int DT> struct gemm_run {
     /* g_h and g_z for the chunk of rows [r0, r0 + rows) */
     tdt_status_t hz(const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
         const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
-        gemm_h_kernel<DT><<<(unsigned)nodes(), kRowThreads, 0, stream>>>(a, first, limit, hs(), plan.g_ldh, backward);
+        gemm_h_kernel<DT><<<(unsigned)((nodes() + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(), hs(), plan.g_ldh,
+                                                                              backward);
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         const A one = 1, zero = 0;
@@ -604,7 +612,8 @@ template <int DT> struct gemm_run {
             if (!want_x) continue;
             c = hg.run(h, &one, wp(), dz, &zero, dx, ws(), TDT_JOINT_LT_BYTES, stream);
             if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d h = dz W)");
-            gemm_dx_kernel<DT><<<(unsigned)(rows * a.row), kRowThreads, 0, stream>>>(a, first, limit, dx);
+            gemm_dx_kernel<DT><<<(unsigned)((rows * a.row + 7) / 8), 256, 0, stream>>>(a, first, limit, rows * a.row,
+                                                                                    dx);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dx kernel")) != TDT_STATUS_SUCCESS) return st;
             ch.chunk_row0 = r0;
             ch.chunk_rows = rows;
