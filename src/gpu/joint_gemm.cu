@@ -224,9 +224,10 @@ template <> struct lt_types<TDT_DTYPE_BFLOAT16> {
 
 /* ---- kernels --------------------------------------------------------------------------------- */
 
-/* gemm_dz_kernel's passes a batch: 16-byte loads in flight a lane. With one, the kernel took 2.4x
- * its memory time (12.2 ms at huge-joint bf16, 512 MB chunks, H100, commit 2a60fb6). */
-const int kDzPasses = 4;
+/* The row kernels' passes a batch (gemm_node_kernel's log-sum-exp, gemm_dz_kernel): 16-byte
+ * loads in flight a lane. With one, the dz kernel took 2.4x its memory time (12.2 ms at
+ * huge-joint bf16, 512 MB chunks, H100, commit 2a60fb6). */
+const int kRowPasses = 4;
 
 /* Whether node n (n < limit) enters the backward: valid as node_decode has it, in a feasible
  * sample (node_setup_bwd's rule, without its coefficients). */
@@ -263,6 +264,7 @@ template <typename A> struct zvec {
         memcpy(&raw, v, sizeof raw);
         *reinterpret_cast<uint4 *>(p) = raw;
     }
+    __device__ __forceinline__ A at(int j) const { return v[j]; } /* a batch for lse_add */
 };
 
 /* Warp w of block i: node first + j's h (j = 8 i + w < count) into row j of hs (pitch ldh, the
@@ -340,13 +342,16 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *
     st.s = (A)0;
     st.huge = 0;
     const int64_t nv = a.V / N;
-    for (int64_t q = lane; q < nv; q += 32) {
-        zvec<A> x;
-        x.load(zr + q * N);
-        zbatch<A, N> bt;
+    for (int64_t q0 = 0; q0 < nv; q0 += 32 * kRowPasses) { /* each lane's vectors in order q */
+        zvec<A> x[kRowPasses];
 #pragma unroll
-        for (int e = 0; e < N; ++e) bt.v[e] = x.v[e];
-        lse_add<X>(st, bt);
+        for (int p = 0; p < kRowPasses; ++p) {
+            const int64_t q = q0 + 32 * p + lane;
+            if (q < nv) x[p].load(zr + q * N);
+        }
+#pragma unroll
+        for (int p = 0; p < kRowPasses; ++p)
+            if (q0 + 32 * p + lane < nv) lse_add<X>(st, x[p]);
     }
     if (nv * N + lane < a.V) {
         zbatch<A, 1> bt;
@@ -384,13 +389,40 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     node_block<A>(a, ni, lse, zo(a.blank), ni.has_label && ni.y >= 0 ? zo(ni.y) : (A)0, zd);
 }
 
+/* The bulk of a row of dz in place over the row d of nv 16-byte vectors (the dtype): every value
+ * x as tdt_row_grad(c, x), each lane kRowPasses vectors read before it writes them back (loads in
+ * flight together). No branch an element: the outputs the bulk formula does not give are
+ * written over afterwards. */
+template <int DT, typename X>
+__device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t nv, const row_coef<X> &c, int lane) {
+    typedef typename tdt_elem<DT>::T E;
+    enum { N = zvec<E>::N };
+    for (int64_t q0 = 0; q0 < nv; q0 += 32 * kRowPasses) { /* warp-uniform */
+        zvec<E> x[kRowPasses];
+#pragma unroll
+        for (int p = 0; p < kRowPasses; ++p) {
+            const int64_t q = q0 + 32 * p + lane;
+            if (q < nv) x[p].load(d + q * N);
+        }
+#pragma unroll
+        for (int p = 0; p < kRowPasses; ++p) {
+            const int64_t q = q0 + 32 * p + lane;
+            if (q < nv) {
+#pragma unroll
+                for (int e = 0; e < N; ++e) x[p].v[e] = tdt_elem<DT>::from_acc(tdt_row_grad(c, tdt_elem<DT>::to_acc(x[p].v[e])));
+                x[p].store(d + q * N);
+            }
+        }
+    }
+}
+
 /* Warp w of block j (j < count): node first + 8 j + w's dz from its row of the backward's z
  * product (pitch ldd, the dtype: the node's logits, bias included, less lse where lp_shift),
  * written over it: zero from O on, for nodes outside a feasible lattice and past limit. The
- * token values but the blank and the label as the unfused gradient's rows (gpu_common.cuh's
- * tdt_row_grad, base 2 where the reference fits: 0 for log-probabilities, else lse); those two
- * and the durations by node_dz_known in float64, from the forward's node block. Each lane
- * reads kDzPasses 16-byte vectors before it writes them back (loads in flight together). */
+ * token values as the unfused gradient's rows (dz_stream: gpu_common.cuh's tdt_row_grad, base 2
+ * where the reference fits: 0 for log-probabilities, else lse); then, over those, the blank,
+ * the label and the durations by node_dz_known in float64, from the forward's node block, and
+ * the zeros from O to ldz (after a __syncwarp, which orders the two writes of those values). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
@@ -409,45 +441,39 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     __syncwarp();
     const node_info &ni = nis[w];
     const node_coef &nc = ncs[w];
-    row_coef<XF> cf = {};
-    row_coef<XN> cn = {};
-    bool fast = false;
-    if (ni.valid) { /* nc is set */
-        const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
-        fast = XF::fits(ref) && ref == ref;
-        double fix = 1.0; /* r's rounding, folded into occ */
-        if (fast) cf.r = XF::ref_fix(ref, &fix);
-        cf.occ = (A)(nc.g.tok_occ * fix);
-        cn.r = (A)ref;
-        cn.occ = (A)nc.g.tok_occ;
-        cf.cl = cn.cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
-        cf.scale = cn.scale = (A)nc.gb;
-    }
-    const auto dz = [&](int64_t o, E v) -> E {
-        if (!ni.valid || o >= a.O) return tdt_elem<DT>::from_acc((A)0);
-        if (o >= a.V || o == a.blank || o == ni.y) return tdt_elem<DT>::from_acc((A)node_dz_known(a, ni, nc, o));
-        const A x = tdt_elem<DT>::to_acc(v);
-        return tdt_elem<DT>::from_acc(fast ? tdt_row_grad(cf, x) : tdt_row_grad(cn, x));
-    };
     E *const dr = d + j * ldd;
     const int64_t nv = ldz / N; /* ldz: a multiple of 8 */
-    for (int64_t q0 = 0; q0 < nv; q0 += 32 * kDzPasses) { /* warp-uniform */
-        zvec<E> x[kDzPasses];
+    if (!ni.valid) { /* warp-uniform */
+        zvec<E> zero;
 #pragma unroll
-        for (int p = 0; p < kDzPasses; ++p) {
-            const int64_t q = q0 + 32 * p + lane;
-            if (q < nv) x[p].load(dr + q * N);
-        }
-#pragma unroll
-        for (int p = 0; p < kDzPasses; ++p) {
-            const int64_t q = q0 + 32 * p + lane;
-            if (q < nv) {
-                zvec<E> out;
-#pragma unroll
-                for (int e = 0; e < N; ++e) out.v[e] = dz(q * N + e, x[p].v[e]);
-                out.store(dr + q * N);
-            }
-        }
+        for (int e = 0; e < N; ++e) zero.v[e] = tdt_elem<DT>::from_acc((A)0);
+        for (int64_t q = lane; q < nv; q += 32) zero.store(dr + q * N);
+        return;
+    }
+    const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
+    const A cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
+    if (XF::fits(ref)) { /* false for NaN */
+        double fix = 1.0; /* r's rounding, folded into occ */
+        row_coef<XF> c;
+        c.r = XF::ref_fix(ref, &fix);
+        c.occ = (A)(nc.g.tok_occ * fix);
+        c.cl = cl;
+        c.scale = (A)nc.gb;
+        dz_stream<DT>(dr, nv, c, lane);
+    } else {
+        row_coef<XN> c;
+        c.r = (A)ref;
+        c.occ = (A)nc.g.tok_occ;
+        c.cl = cl;
+        c.scale = (A)nc.gb;
+        dz_stream<DT>(dr, nv, c, lane);
+    }
+    __syncwarp();
+    /* entry i: the blank, the label (none: -1), the D durations, then O .. ldz - 1 */
+    const int64_t fix_n = 2 + a.D + (ldz - a.O);
+    for (int64_t i = lane; i < fix_n; i += 32) {
+        const int64_t o = i == 0 ? a.blank : i == 1 ? ni.y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
+        if (o >= 0) dr[o] = tdt_elem<DT>::from_acc(o < a.O ? (A)node_dz_known(a, ni, nc, o) : (A)0);
     }
 }
 
