@@ -918,7 +918,7 @@ def joint_plot(rows, path, device):
         ax.set_ylabel(unit)
         ax.set_xticks(xs)
         ax.set_xticklabels(labels, fontsize=7)
-    axes[0].legend(fontsize=7, loc="lower left")
+    axes[0].legend(fontsize=7, loc="upper left")
     fig.suptitle("warp_tdt fused joint + TDT loss against the unfused path, %s" % device, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
