@@ -268,13 +268,13 @@ template <typename A> struct zvec {
 };
 
 /* Warp w of block i: node first + j's h (j = 8 i + w < count) into row j of hs (pitch ldh, the
- * dtype), each lane 16 bytes at a time, zero where the node is
- * not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H (the
- * bias's operand in the z product; in the d W product it makes column H of d W the sum of dz
- * over the nodes, d bias) and, in the backward of a node with lp_shift, -lse / lse_unit in the
- * next TDT_JOINT_LSE_PARTS columns (against W's padded columns of lse_unit): its value in the
- * dtype, then the rest's, and so on (bfloat16: 24 significant bits together; float16: 33 less
- * what its subnormals lose, at worst 8e-6 absolute where |lse| < 100). */
+ * dtype), each lane 16 bytes at a time, zero where the node is not taken (backward: not in a
+ * feasible lattice) and past H, but for a 1 at column H (the bias's operand in the z product; in
+ * the d W product it makes column H of d W the sum of dz over the nodes, d bias) and, in the
+ * backward of a node with lp_shift, -lse / lse_unit in the next TDT_JOINT_LSE_PARTS columns
+ * (against W's padded columns of lse_unit): its value in the dtype, then the rest's, and so on
+ * (bfloat16: 24 significant bits together; float16: 33 less what its subnormals lose, at worst
+ * 8e-6 absolute where |lse| < 100). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
                                                      int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
@@ -363,10 +363,10 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *
 }
 
 /* Warp w of block j: node first + 8 j + w's block of the workspace from its row of z (pitch
- * ldz; the product added the bias), as joint_fwd_kernel writes it: the log-normaliser over the V token values by
- * the unfused normaliser's online log-sum-exp (row_lse), each lane a 16-byte vector at a time,
- * in the fast units (base 2 but for float64), again in natural units for a row with a value
- * beyond what those hold (tdt_rexp2::fits: |value| > 1e7). */
+ * ldz; the product added the bias), as joint_fwd_kernel writes it: the log-normaliser over the V
+ * token values by the unfused normaliser's online log-sum-exp (row_lse), each lane kRowPasses
+ * 16-byte vectors in flight, in the fast units (base 2 but for float64), again in natural units
+ * for a row with a value beyond what those hold (tdt_rexp2::fits: |value| > 1e7). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                         int64_t limit, const acc_t<DT> *z, int64_t ldz) {
@@ -409,7 +409,8 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
             const int64_t q = q0 + 32 * p + lane;
             if (q < nv) {
 #pragma unroll
-                for (int e = 0; e < N; ++e) x[p].v[e] = tdt_elem<DT>::from_acc(tdt_row_grad(c, tdt_elem<DT>::to_acc(x[p].v[e])));
+                for (int e = 0; e < N; ++e)
+                    x[p].v[e] = tdt_elem<DT>::from_acc(tdt_row_grad(c, tdt_elem<DT>::to_acc(x[p].v[e])));
                 x[p].store(d + q * N);
             }
         }
