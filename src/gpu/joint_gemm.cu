@@ -321,6 +321,17 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
     }
 }
 
+/* A lane's batch of a row of 16-byte vectors: x[p] = vector q0 + 32 p + lane of row, for those
+ * below nv (the loads in flight together). */
+template <typename A>
+__device__ __forceinline__ void load_passes(zvec<A> (&x)[kRowPasses], const A *row, int64_t q0, int64_t nv, int lane) {
+#pragma unroll
+    for (int p = 0; p < kRowPasses; ++p) {
+        const int64_t q = q0 + 32 * p + lane;
+        if (q < nv) x[p].load(row + q * zvec<A>::N);
+    }
+}
+
 /* N values of a row of z (bias included; accumulate type): gpu_common.cuh's batch for lse_add. */
 template <typename A, int N_> struct zbatch {
     enum { N = N_ };
@@ -344,11 +355,7 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *
     const int64_t nv = a.V / N;
     for (int64_t q0 = 0; q0 < nv; q0 += 32 * kRowPasses) { /* each lane's vectors in order q */
         zvec<A> x[kRowPasses];
-#pragma unroll
-        for (int p = 0; p < kRowPasses; ++p) {
-            const int64_t q = q0 + 32 * p + lane;
-            if (q < nv) x[p].load(zr + q * N);
-        }
+        load_passes(x, zr, q0, nv, lane);
 #pragma unroll
         for (int p = 0; p < kRowPasses; ++p)
             if (q0 + 32 * p + lane < nv) lse_add<X>(st, x[p]);
@@ -399,11 +406,7 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
     enum { N = zvec<E>::N };
     for (int64_t q0 = 0; q0 < nv; q0 += 32 * kRowPasses) { /* warp-uniform */
         zvec<E> x[kRowPasses];
-#pragma unroll
-        for (int p = 0; p < kRowPasses; ++p) {
-            const int64_t q = q0 + 32 * p + lane;
-            if (q < nv) x[p].load(d + q * N);
-        }
+        load_passes(x, d, q0, nv, lane);
 #pragma unroll
         for (int p = 0; p < kRowPasses; ++p) {
             const int64_t q = q0 + 32 * p + lane;
