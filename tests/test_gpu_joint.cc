@@ -503,6 +503,27 @@ TEST(GpuJoint, ParakeetVocabulary) {
     for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32, TDT_DTYPE_BFLOAT16}) check_case(c, dt);
 }
 
+// V + D and H around the GEMM schedule's padding to multiples of 8: its W rows and h columns
+// (the bias, -lse's parts), dz's zero tail, and the rows shorter than one 16-byte vector
+TEST(GpuJoint, OutputsAndHiddenSizesOffTheVectors) {
+    REQUIRE_GPU();
+    struct S {
+        int64_t V, H;
+        std::vector<int> durs;
+    };
+    for (const S &s : {S{1, 5, {}}, S{2, 5, {1}}, S{3, 5, {0, 1, 2, 3, 4}}, S{40, 5, {}}, S{67, 5, {1, 2}},
+                       S{11, 1, {0, 1, 2}}, S{11, 7, {0, 1, 2}}, S{11, 70, {0, 1, 2}}}) {
+        Case c;
+        c.V = s.V;
+        c.H = s.H;
+        c.durations = s.durs;
+        c.B = 2, c.maxT = 3, c.maxU = s.V > 1 ? 2 : 0;
+        c.seed = 11;
+        c.name = "V + D = " + std::to_string(c.O()) + ", H = " + std::to_string(c.H);
+        for (tdt_dtype_t dt : kAll) check_case(c, dt);
+    }
+}
+
 TEST(GpuJoint, WideHiddenSmallerTiles) {
     REQUIRE_GPU();
     Case c;  // float64 at H = 1000 takes tiles of 8 nodes (shared memory), float32 of 16
