@@ -442,6 +442,20 @@ template <typename X> struct row_coef {
     typename X::Acc r, occ, cl, scale;
 };
 
+/* The coefficients for a row whose reference is ref (natural units; for base 2 within X::fits),
+ * its tok_occ, clip cl and upstream scale. */
+template <typename X>
+__device__ __forceinline__ row_coef<X> tdt_row_coef(double ref, double tok_occ, typename X::Acc cl, double scale) {
+    typedef typename X::Acc Acc;
+    row_coef<X> c;
+    double fix; /* r's rounding, folded into occ (1 in natural units) */
+    c.r = X::ref_fix(ref, &fix);
+    c.occ = (Acc)(tok_occ * fix);
+    c.cl = cl;
+    c.scale = (Acc)scale;
+    return c;
+}
+
 template <typename X>
 __device__ __forceinline__ typename X::Acc tdt_row_grad(const row_coef<X> &c, typename X::Acc x) {
     typename X::Acc g = X::term(x, c.r) * c.occ;

@@ -682,20 +682,12 @@ __device__ __forceinline__ void grad_node(const tdt_gpu_args_t &a, const tdt_arc
         if (a.log_probs) {
             zero_row<DT, G>(gz, V, lane);
         } else if (fast) {
-            row_coef<XF> c;
-            double fix; /* r's rounding, folded into occ */
-            c.r = XF::ref_fix(lse, &fix);
-            c.occ = (Acc)(ng.tok_occ * fix);
-            c.cl = cl;
-            c.scale = (Acc)gb;
+            const row_coef<XF> c = tdt_row_coef<XF>(lse, ng.tok_occ, cl, gb);
             if (same16) grad_row_vec<DT, G, grad_staged<DT, MODE>::STAGES>(z, gz, V, lane, c);
             else grad_row_scalar<DT, G>(z, gz, V, lane, c);
         } else {
-            row_coef<XN> c; /* the previous formula: exp(z - lse) in the accumulate precision */
-            c.r = (Acc)lse;
-            c.occ = (Acc)ng.tok_occ;
-            c.cl = cl;
-            c.scale = (Acc)gb;
+            /* the previous formula: exp(z - lse) in the accumulate precision */
+            const row_coef<XN> c = tdt_row_coef<XN>(lse, ng.tok_occ, cl, gb);
             grad_row_scalar<DT, G>(z, gz, V, lane, c);
         }
         if (own_b) gz[vb] = gsb;

@@ -699,7 +699,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
     if (num_sms < 1) num_sms = 1;
     /* the schedule: TDT_GPU_JOINT=gemm (joint_gemm.cu), or =tiles (below); unset, the GEMM
-     * schedule where cuBLASLt loads (6-39x faster: docs/joint.md), else the tiles */
+     * schedule where cuBLASLt loads (6-47x faster: docs/joint.md), else the tiles */
     const char *sched = getenv("TDT_GPU_JOINT");
     bool gemm;
     if (!sched || !*sched) gemm = tdt_gpu_joint_gemm_available();

@@ -386,14 +386,11 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     node_decode(a, first + j, limit, &ni, &Tb, &Ub);
     if (!ni.valid) return; /* warp-uniform */
     const A *zr = z + j * ldz;
-    auto zo = [&](int64_t o) { return zr[o]; };
     int huge;
-    double lse = row_lse<DT, X>(a, zr, zo(a.blank), lane, &huge);
-    if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>>(a, zr, zo(a.blank), lane, &huge); /* rare */
+    double lse = row_lse<DT, X>(a, zr, zr[a.blank], lane, &huge);
+    if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>>(a, zr, zr[a.blank], lane, &huge); /* rare */
     if (lane != 0) return;
-    A zd[TDT_MAX_DURATIONS];
-    for (int k = 0; k < a.D; ++k) zd[k] = zo(a.V + k);
-    node_block<A>(a, ni, lse, zo(a.blank), ni.has_label && ni.y >= 0 ? zo(ni.y) : (A)0, zd);
+    node_block<A>(a, ni, lse, zr[a.blank], ni.has_label && ni.y >= 0 ? zr[ni.y] : (A)0, zr + a.V);
 }
 
 /* The bulk of a row of dz in place over the row d of nv 16-byte vectors (the dtype): every value
@@ -456,22 +453,10 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     }
     const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
     const A cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
-    if (XF::fits(ref)) { /* false for NaN */
-        double fix = 1.0; /* r's rounding, folded into occ */
-        row_coef<XF> c;
-        c.r = XF::ref_fix(ref, &fix);
-        c.occ = (A)(nc.g.tok_occ * fix);
-        c.cl = cl;
-        c.scale = (A)nc.gb;
-        dz_stream<DT>(dr, nv, c, lane);
-    } else {
-        row_coef<XN> c;
-        c.r = (A)ref;
-        c.occ = (A)nc.g.tok_occ;
-        c.cl = cl;
-        c.scale = (A)nc.gb;
-        dz_stream<DT>(dr, nv, c, lane);
-    }
+    if (XF::fits(ref)) /* false for NaN */
+        dz_stream<DT>(dr, nv, tdt_row_coef<XF>(ref, nc.g.tok_occ, cl, nc.gb), lane);
+    else
+        dz_stream<DT>(dr, nv, tdt_row_coef<XN>(ref, nc.g.tok_occ, cl, nc.gb), lane);
     __syncwarp();
     /* entry i: the blank, the label (none: -1), the D durations, then O .. ldz - 1 */
     const int64_t fix_n = 2 + a.D + (ldz - a.O);
