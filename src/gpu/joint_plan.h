@@ -43,8 +43,8 @@
  * G keeps g_z, g_h and g_dx together near the chunk budget, TDT_JOINT_Z_BYTES unless the
  * caller gives another (joint.cu: the environment variable TDT_GPU_JOINT_CHUNK_KB), at least one
  * row. At the shapes above in bfloat16: 119 + 5 + 9 (G 36) + 2 + 21 + 10.5 + 4 MB. The budget
- * trades memory for time: huge-joint bfloat16 forward+backward took 85, 51 and 43 ms with 32,
- * 128 and 512 MB (joint_gpu_bench --iters 3, H100, warp-tdt 0.7.0).
+ * trades memory for time: huge-joint bfloat16 forward+backward took 68, 42 and 36 ms with 32,
+ * 128 and 512 MB (joint_gpu_bench --iters 5, H100, warp-tdt 0.7.0 at commit f806fb6).
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
