@@ -71,10 +71,15 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
         EXPECT_EQ((p.g_ldw * s.acc) % 16, 0);
         EXPECT_GE(p.g_ldwp, s.H);
         EXPECT_EQ(p.g_ldwp % 8, 0) << "W's padded rows";
-        const size_t nodes = (size_t)p.g_rows * row;
+        // the backward's chunk: twice the forward's rows where its z (in the dtype) is half as large
+        const int64_t k = s.acc / s.elem;
+        EXPECT_EQ(p.g_rows_b, std::min<int64_t>(k * p.g_rows, std::max<int64_t>(p.g_rows, s.B * s.T)));
+        const size_t nodes = (size_t)p.g_rows * row, nodes_b = (size_t)p.g_rows_b * row;
+        EXPECT_LE(nodes_b * (size_t)p.g_ldz * (size_t)s.elem, nodes * (size_t)p.g_ldz * acc)
+            << "the backward's z fits the forward's buffer";
         expect_disjoint({{p.g_z, nodes * (size_t)p.g_ldz * acc},
-                         {p.g_h, nodes * (size_t)p.g_ldh * (size_t)s.elem},
-                         {p.g_dx, nodes * H * acc},
+                         {p.g_h, nodes_b * (size_t)p.g_ldh * (size_t)s.elem},
+                         {p.g_dx, nodes_b * H * acc},
                          {p.g_pred, (size_t)s.B * row * H * acc},
                          {p.g_w, (size_t)p.g_ldz * (size_t)p.g_ldw * acc},
                          {p.g_wp, (size_t)p.g_ldz * (size_t)p.g_ldwp * (size_t)s.elem},
@@ -93,8 +98,8 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
         tdt_gpu_joint_plan_t p;
         ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, 0, &p));
         const size_t row = (size_t)(s.U + 1), acc = (size_t)s.acc;
-        const size_t chunk = (size_t)p.g_rows * row *
-                             ((size_t)p.g_ldz * acc + (size_t)p.g_ldh * (size_t)s.elem + (size_t)s.H * acc);
+        const size_t chunk = (size_t)p.g_rows * row * (size_t)p.g_ldz * acc +
+                             (size_t)p.g_rows_b * row * ((size_t)p.g_ldh * (size_t)s.elem + (size_t)s.H * acc);
         if (p.g_rows > 1) {
             EXPECT_LE(chunk, TDT_JOINT_Z_BYTES);
         }
@@ -105,10 +110,11 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
     }
     // huge-joint in bfloat16: the GEMM schedule's chunk holds hundreds of nodes, and the scratch
     // is the chunk budget plus what does not grow with the nodes: d W's float32 accumulator and
-    // W padded (8200 x 648 and 8200 x 640: 21.3 + 10.5 MB), d pred's (2.1 MB), cuBLASLt's 4 MB
+    // W padded (8200 x 648 each: 21.3 + 10.6 MB), d pred's (2.1 MB), cuBLASLt's 4 MB
     tdt_gpu_joint_plan_t p;
     ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, &p));
     EXPECT_GE(p.g_rows * 101, 500);
+    EXPECT_EQ(p.g_rows_b, 2 * p.g_rows);
     EXPECT_LE(p.bytes, TDT_JOINT_Z_BYTES + 38 * MB) << p.bytes / MB << " MB";
 }
 

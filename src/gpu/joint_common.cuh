@@ -228,21 +228,22 @@ template <int DT> __global__ void joint_dpred_kernel(const __grid_constant__ joi
     const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
     acc_t<DT> *accp = static_cast<acc_t<DT> *>(a.pred_acc);
     const int64_t n = a.row * a.H;
+    const int64_t b0 = a.chunk_row0 / a.maxT, t0 = a.chunk_row0 - b0 * a.maxT;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int64_t u = idx / a.H, k = idx - u * a.H;
-        int64_t cur = a.chunk_row0 / a.maxT;
-        acc_t<DT> s = 0;
-        for (int64_t r = 0; r < a.chunk_rows; ++r) {
-            const int64_t b = (a.chunk_row0 + r) / a.maxT;
-            if (b != cur) {
-                accp[(cur * a.row + u) * a.H + k] += s;
-                s = 0;
-                cur = b;
-            }
-            s += dx[(r * a.row + u) * a.H + k];
+        /* the chunk's rows sample by sample: rows [r, r_end) are sample b's frames */
+        int64_t b = b0, r = 0, r_end = a.maxT - t0;
+        while (r < a.chunk_rows) {
+            if (r_end > a.chunk_rows) r_end = a.chunk_rows;
+            acc_t<DT> s = 0;
+#pragma unroll 8 /* eight loads in flight (the sum's order unchanged) */
+            for (int64_t q = r; q < r_end; ++q) s += dx[(q * a.row + u) * a.H + k];
+            accp[(b * a.row + u) * a.H + k] += s;
+            r = r_end;
+            r_end += a.maxT;
+            ++b;
         }
-        accp[(cur * a.row + u) * a.H + k] += s;
     }
 }
 

@@ -7,8 +7,9 @@
  * First W is copied into g_wp, its rows padded from O to ldz (a multiple of 8) with zeros and its
  * columns from H to ldh: the bias, then TDT_JOINT_LSE_PARTS columns of ones. Every product's
  * dimensions and pitches are then multiples of 8, where cuBLASLt has its vectorised kernels
- * (joint_plan.h), and the z product adds the bias. Per chunk of N = G (U + 1) nodes, in the
- * padded (b, t, u) order:
+ * (joint_plan.h), and the z product adds the bias. Per chunk of N = G (U + 1) nodes in the
+ * forward, N_b = G_b (U + 1) in the backward (G_b = 2 G for float16 and bfloat16, whose backward
+ * z takes half the bytes; joint_plan.h), in the padded (b, t, u) order:
  *   forward   h = dropout(act(enc + pred)) into g_h (the dtype, zero rows for the nodes that
  *             are not valid, a 1 at column H); z + bias = [h 1 0] [W bias 1]^T (cuBLASLt,
  *             accumulate type) into g_z; per node, from its row, the node's block as
@@ -24,7 +25,7 @@
  *             d(enc + pred) = d h * the dropout's factor * act' in place, and joint_common.cuh's
  *             reductions into d enc (u ascending) and d pred (chunks, then t, ascending). At the
  *             end d pred, d W and d bias are written in the dtype.
- * So four products of 2 N ldh (V + D) a chunk, forward and backward together, as the tiles'
+ * So four products of 2 N ldh (V + D) for N nodes, forward and backward together, as the tiles'
  * schedule has five; cuBLASLt picks each product's kernel for the device, once a call (every
  * chunk has the same shapes and buffers).
  *
@@ -418,7 +419,7 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
 }
 
 /* Warp w of block j (j < count): node first + 8 j + w's dz from its row of the backward's z
- * product (pitch ldd, the dtype: the node's logits, bias included, less lse where lp_shift),
+ * product (pitch ldz, the dtype: the node's logits, bias included, less lse where lp_shift),
  * written over it: zero from O on, for nodes outside a feasible lattice and past limit. The
  * token values as the unfused gradient's rows (dz_stream: gpu_common.cuh's tdt_row_grad, base 2
  * where the reference fits: 0 for log-probabilities, else lse); then, over those, the blank,
@@ -427,7 +428,7 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
-                                                      int64_t ldd, int64_t ldz) {
+                                                      int64_t ldz) {
     typedef acc_t<DT> A;
     typedef typename tdt_elem<DT>::T E;
     typedef typename tdt_rexp_fast<DT>::X XF;
@@ -442,7 +443,7 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     __syncwarp();
     const node_info &ni = nis[w];
     const node_coef &nc = ncs[w];
-    E *const dr = d + j * ldd;
+    E *const dr = d + j * ldz;
     const int64_t nv = ldz / N; /* ldz: a multiple of 8 */
     if (!ni.valid) { /* warp-uniform */
         zvec<E> zero;
@@ -521,9 +522,8 @@ template <int DT> struct gemm_run {
     E *hs() const { return reinterpret_cast<E *>(s + plan.g_h); }
     E *wp() const { return reinterpret_cast<E *>(s + plan.g_wp); }
     void *ws() const { return s + plan.g_lt; }
-    int64_t nodes() const { return plan.g_rows * a.row; }
-    /* dz's pitch in dtype elements: the rows of z (A) reused */
-    int64_t lddz() const { return plan.g_ldz * (int64_t)(sizeof(A) / sizeof(E)); }
+    /* a chunk's nodes: forward, backward (twice as many for float16 and bfloat16) */
+    int64_t nodes(bool backward) const { return (backward ? plan.g_rows_b : plan.g_rows) * a.row; }
 
     tdt_status_t cuda(cudaError_t e, const char *what) const {
         return e == cudaSuccess ? TDT_STATUS_SUCCESS : tdt_gpu_cuda_fail(e, what);
@@ -531,9 +531,8 @@ template <int DT> struct gemm_run {
 
     /* g_h and g_z for the chunk of rows [r0, r0 + rows) */
     tdt_status_t hz(const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
-        const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
-        gemm_h_kernel<DT><<<(unsigned)((nodes() + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(), hs(), plan.g_ldh,
-                                                                              backward);
+        const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(backward);
+        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(a, first, limit, n, hs(), plan.g_ldh, backward);
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         const A one = 1, zero = 0;
@@ -549,14 +548,13 @@ template <int DT> struct gemm_run {
         return cuda(cudaGetLastError(), "launching the joint's W kernel");
     }
 
-    /* z + bias (ldz x N) = W padded (ldz x ldh) h (ldh x N): in the forward in the accumulate
-     * type, pitch ldz; in the backward in the dtype, pitch lddz (dz's layout), less lse where h
-     * carries it */
+    /* z + bias (ldz x N) = W padded (ldz x ldh) h (ldh x N), pitch ldz: in the forward in the
+     * accumulate type; in the backward (N_b nodes) in the dtype, less lse where h carries it */
     tdt_status_t zgemm(lt_gemm *zg, bool backward) const {
         const cublasStatus_t c =
             zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab,
-                     backward ? lt_types<DT>::ab : lt_types<DT>::d, true, false, plan.g_ldz, nodes(), plan.g_ldh,
-                     wp(), plan.g_ldwp, hs(), plan.g_ldh, z(), backward ? lddz() : plan.g_ldz, TDT_JOINT_LT_BYTES);
+                     backward ? lt_types<DT>::ab : lt_types<DT>::d, true, false, plan.g_ldz, nodes(backward),
+                     plan.g_ldh, wp(), plan.g_ldwp, hs(), plan.g_ldh, z(), plan.g_ldz, TDT_JOINT_LT_BYTES);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
     }
 
@@ -595,12 +593,13 @@ template <int DT> struct gemm_run {
         const int64_t wrow0 = a.W_g ? 0 : a.H, wrows = a.W_g ? plan.g_ldh : 1;
         if (want_w)
             c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, true,
-                        wrows, plan.g_ldz, nodes(), hs() + wrow0, plan.g_ldh, dz, lddz(), wacc + wrow0,
+                        wrows, plan.g_ldz, nodes(true), hs() + wrow0, plan.g_ldh, dz, plan.g_ldz, wacc + wrow0,
                         plan.g_ldw, TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
         if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
             c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, false,
-                        a.H, nodes(), plan.g_ldz, wp(), plan.g_ldwp, dz, lddz(), dx, a.H, TDT_JOINT_LT_BYTES);
+                        a.H, nodes(true), plan.g_ldz, wp(), plan.g_ldwp, dz, plan.g_ldz, dx, a.H,
+                        TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d h = dz W");
         if (want_w) {
             if ((st = cuda(cudaMemsetAsync(wacc, 0, (size_t)(plan.g_ldz * plan.g_ldw) * sizeof(A), stream),
@@ -613,12 +612,12 @@ template <int DT> struct gemm_run {
         const A one = 1, zero = 0;
         joint_args ch = a;
         const int64_t all = a.B * a.maxT;
-        for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows) {
-            const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
+        for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows_b) {
+            const int64_t rows = all - r0 < plan.g_rows_b ? all - r0 : plan.g_rows_b;
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
             if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
-            gemm_dz_kernel<DT><<<(unsigned)((nodes() + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(), dzw,
-                                                                                 lddz(), plan.g_ldz);
+            gemm_dz_kernel<DT><<<(unsigned)((nodes(true) + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(true),
+                                                                                     dzw, plan.g_ldz);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
             if (want_w) {
                 c = wg.run(h, &one, hs() + wrow0, dz, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);

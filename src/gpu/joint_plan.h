@@ -18,18 +18,20 @@
  *
  * The GEMM schedule (joint_gemm.cu) lays out the same scratch its own way (a call takes one
  * schedule, so the scratch is the larger of the two layouts), for chunks of G consecutive
- * (b, t) rows, N = G (U + 1) nodes:
+ * (b, t) rows in the forward, N = G (U + 1) nodes, and of G_b = G x acc / elem rows in the
+ * backward (twice as many for float16 and bfloat16, whose backward z takes half the bytes),
+ * N_b = G_b (U + 1) nodes:
  *   g_z      [N * ldz]          the chunk's logits z plus bias (accumulate type, O rows of pitch
- *                               ldz, O rounded up to 8); in the backward the same rows hold z
- *                               plus bias in the dtype (less lse for float16 and bfloat16), then
- *                               in place its dz
- *   g_h      [N * ldh]          the chunk's h (the dtype: the products' operand; pitch ldh, H + 4
+ *                               ldz, O rounded up to 8); in the backward N_b rows of pitch ldz
+ *                               hold z plus bias in the dtype (less lse for float16 and
+ *                               bfloat16), then in place its dz
+ *   g_h      [N_b * ldh]        the chunk's h (the dtype: the products' operand; pitch ldh, H + 4
  *                               rounded up to 8), a 1 at column H (the bias's operand in the z
  *                               product, d bias's in the d W product), then TDT_JOINT_LSE_PARTS
  *                               columns that are zero but in the backward of float16 and
  *                               bfloat16, -lse split into that many values of the dtype, then
  *                               zeros
- *   g_dx     [N * H]            d h, then in place d(enc + pred) (accumulate type)
+ *   g_dx     [N_b * H]          d h, then in place d(enc + pred) (accumulate type)
  *   g_pred   [B * (U + 1) * H]  as pred_acc
  *   g_w      [ldz * ldw]        d W (columns 0..H-1 of ldz rows of pitch ldw = ldh; rows from O
  *                               on are zero) and d bias (column H), summed over the chunks so far
@@ -42,9 +44,9 @@
  * kernels loaded 2 or 1 values at a time.
  * G keeps g_z, g_h and g_dx together near the chunk budget, TDT_JOINT_Z_BYTES unless the
  * caller gives another (joint.cu: the environment variable TDT_GPU_JOINT_CHUNK_KB), at least one
- * row. At the shapes above in bfloat16: 119 + 5 + 9 (G 36) + 2 + 21 + 10.5 + 4 MB. The budget
- * trades memory for time: huge-joint bfloat16 forward+backward took 68, 42 and 36 ms with 32,
- * 128 and 512 MB (joint_gpu_bench --iters 5, H100, warp-tdt 0.7.0 at commit f806fb6).
+ * row. At the shapes above in bfloat16: 101 + 8 + 16 (G 32, G_b 64) + 2 + 21 + 10.6 + 4 MB. The
+ * budget trades memory for time: huge-joint bfloat16 forward+backward took 68, 42 and 36 ms with
+ * 32, 128 and 512 MB (joint_gpu_bench --iters 5, H100, warp-tdt 0.7.0 at commit f806fb6).
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
@@ -63,7 +65,8 @@ typedef struct tdt_gpu_joint_plan {
     int64_t rows;   /* R: (b, t) rows of nodes a backward chunk, >= 1 */
     int64_t parts;  /* P: node partitions of d W, >= 1 */
     size_t dx, pred_acc, w_part, b_part; /* byte offsets from the scratch's (aligned) start */
-    int64_t g_rows, g_ldz, g_ldh, g_ldw, g_ldwp; /* the GEMM schedule: G, and its pitches (elements) */
+    int64_t g_rows, g_rows_b; /* the GEMM schedule: G (forward), G_b (backward) */
+    int64_t g_ldz, g_ldh, g_ldw, g_ldwp; /* its pitches (elements) */
     size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt; /* its byte offsets */
     size_t bytes;   /* the scratch's size, TDT_WS_ALIGN slack included */
 } tdt_gpu_joint_plan_t;
@@ -108,18 +111,24 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     p->g_ldh = (H + 1 + TDT_JOINT_LSE_PARTS + 7) / 8 * 8;
     p->g_ldw = p->g_ldh;
     p->g_ldwp = p->g_ldh;
-    /* a node's z, h and d h */
+    /* a forward node's z, and the h and d h of k = acc / elem backward nodes (whose z in the
+     * dtype takes the place of one node's in the accumulate type) */
+    const int64_t k = acc / elem >= 1 ? acc / elem : 1;
     if (!tdt_mul_size((size_t)p->g_ldz, (size_t)acc, &zb) || !tdt_mul_size((size_t)p->g_ldh, (size_t)elem, &hb) ||
         !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 4 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
         return 0;
-    if (!tdt_mul_size((size_t)row, zb + hb + db, &zrow)) return 0;
+    if (!tdt_mul_size((size_t)row, zb + (size_t)k * (hb + db), &zrow)) return 0;
     if (chunk_bytes == 0) chunk_bytes = TDT_JOINT_Z_BYTES;
     int64_t G = zrow > 0 ? (int64_t)(chunk_bytes / zrow) : 1;
     if (G > all_rows) G = all_rows;
     if (G < 1) G = 1;
+    int64_t Gb = G > all_rows / k ? all_rows : G * k;
+    if (Gb < G) Gb = G;
     p->g_rows = G;
+    p->g_rows_b = Gb;
     if (!tdt_mul_size((size_t)G, (size_t)row, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)p->g_ldz, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_z)) return 0;
+    if (!tdt_mul_size((size_t)Gb, (size_t)row, &nodes)) return 0;
     if (!tdt_mul_size(nodes, (size_t)p->g_ldh, &n) || !tdt_ws_take(&g, n, (size_t)elem, &p->g_h)) return 0;
     if (!tdt_mul_size(nodes, (size_t)H, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_dx)) return 0;
     if (!tdt_mul_size((size_t)B, row_elems, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_pred)) return 0;
