@@ -659,6 +659,57 @@ TEST(GpuJoint, ChunkBudgetVariable) {
     for (tdt_dtype_t dt : kAll) check_case(c, dt);
 }
 
+// float32's products in the GEMM schedule: on bfloat16 parts (TDT_GPU_JOINT_FLOAT32 unset or
+// "split") or float32 kernels ("sgemm"); both against the CPU, the split as accurate as the
+// float32 kernels (each gradient's largest error, relative to its largest value, within 4x theirs
+// or 1e-6), with one (b, t) row a chunk as well (the backward's chunks then one row); a bad value
+// is refused.
+TEST(GpuJoint, Float32ProductsVariable) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), f32("TDT_GPU_JOINT_FLOAT32"), chunk("TDT_GPU_JOINT_CHUNK_KB");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    Case c;
+    c.name = "float32 products";
+    c.B = 3, c.maxT = 9, c.maxU = 5, c.V = 300, c.H = 70;
+    c.durations = {0, 1, 2, 4};
+    c.dropout = 0.1;
+    c.ragged = true;
+    c.seed = 21;
+    const Data d = make_data(c, TDT_DTYPE_FLOAT32);
+    setenv("TDT_GPU_JOINT_FLOAT32", "tf32", 1);
+    const Out bad = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU);
+    EXPECT_EQ(bad.st, TDT_STATUS_INVALID_OPTION) << bad.err;
+    EXPECT_NE(bad.err.find("TDT_GPU_JOINT_FLOAT32"), std::string::npos) << bad.err;
+    const Out want = run(c, d, TDT_DTYPE_FLOAT64, TDT_LOCATION_CPU);
+    ASSERT_EQ(want.st, TDT_STATUS_SUCCESS) << want.err;
+    auto err = [](const std::vector<double> &g, const std::vector<double> &w) {
+        double e = 0.0, scale = 0.0;
+        for (size_t i = 0; i < w.size(); ++i) {
+            e = std::max(e, std::fabs(g[i] - w[i]));
+            scale = std::max(scale, std::fabs(w[i]));
+        }
+        return scale > 0.0 ? e / scale : e;
+    };
+    for (const char *kb : {"", "1"}) {
+        setenv("TDT_GPU_JOINT_CHUNK_KB", kb, 1);
+        std::vector<double> errs[2];
+        for (int m = 0; m < 2; ++m) {
+            setenv("TDT_GPU_JOINT_FLOAT32", m == 0 ? "sgemm" : "split", 1);
+            SCOPED_TRACE(std::string(m == 0 ? "sgemm" : "split") + ", chunk KB \"" + kb + "\"");
+            check_case(c, TDT_DTYPE_FLOAT32);
+            const Out got = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU);
+            ASSERT_EQ(got.st, TDT_STATUS_SUCCESS) << got.err;
+            errs[m] = {err(got.costs, want.costs), err(got.enc_g, want.enc_g), err(got.pred_g, want.pred_g),
+                       err(got.W_g, want.W_g), err(got.bias_g, want.bias_g)};
+        }
+        const char *names[] = {"costs", "enc_grad", "pred_grad", "weight_grad", "bias_grad"};
+        for (int i = 0; i < 5; ++i)
+            EXPECT_LE(errs[1][i], std::max(4 * errs[0][i], 1e-6))
+                << names[i] << ": split products' error " << errs[1][i] << ", float32 kernels' " << errs[0][i]
+                << " (chunk KB \"" << kb << "\")";
+    }
+}
+
 TEST(GpuJoint, DeterministicAcrossRuns) {
     REQUIRE_GPU();
     Case c;

@@ -17,18 +17,22 @@ namespace {
 struct Shape {
     const char *name;
     int64_t B, T, U, O, H, acc, elem;
+    int split;  // float32's products on bfloat16 parts
 };
 
 const Shape kShapes[] = {
-    {"huge-joint bf16", 8, 375, 100, 8198, 640, 4, 2},
-    {"huge-joint f32", 8, 375, 100, 8198, 640, 4, 4},
-    {"parakeet-joint f64", 4, 200, 40, 8198, 640, 8, 8},
-    {"long-joint bf16", 1, 1500, 400, 1030, 640, 4, 2},
-    {"xl-joint bf16", 32, 750, 200, 8198, 640, 4, 2},
-    {"two outputs, a million rows", 1000, 1000, 0, 2, 640, 4, 2},
-    {"one node", 1, 1, 0, 1, 1, 4, 4},
-    {"odd hidden", 3, 7, 5, 13, 37, 4, 2},
-    {"empty batch", 0, 5, 3, 9, 16, 4, 4},
+    {"huge-joint bf16", 8, 375, 100, 8198, 640, 4, 2, 0},
+    {"huge-joint f32", 8, 375, 100, 8198, 640, 4, 4, 0},
+    {"huge-joint f32 split", 8, 375, 100, 8198, 640, 4, 4, 1},
+    {"odd hidden f32 split", 3, 7, 5, 13, 37, 4, 4, 1},
+    {"one node f32 split", 1, 1, 0, 1, 1, 4, 4, 1},
+    {"parakeet-joint f64", 4, 200, 40, 8198, 640, 8, 8, 0},
+    {"long-joint bf16", 1, 1500, 400, 1030, 640, 4, 2, 0},
+    {"xl-joint bf16", 32, 750, 200, 8198, 640, 4, 2, 0},
+    {"two outputs, a million rows", 1000, 1000, 0, 2, 640, 4, 2, 0},
+    {"one node", 1, 1, 0, 1, 1, 4, 4, 0},
+    {"odd hidden", 3, 7, 5, 13, 37, 4, 2, 0},
+    {"empty batch", 0, 5, 3, 9, 16, 4, 4, 0},
 };
 
 const size_t MB = size_t(1) << 20;
@@ -52,7 +56,7 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
     for (const Shape &s : kShapes) {
         SCOPED_TRACE(s.name);
         tdt_gpu_joint_plan_t p;
-        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, 0, &p));
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, 0, &p));
         const size_t row = (size_t)(s.U + 1), H = (size_t)s.H, O = (size_t)s.O, acc = (size_t)s.acc;
         ASSERT_GE(p.rows, 1);
         ASSERT_GE(p.parts, 1);
@@ -69,20 +73,26 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
         EXPECT_EQ(p.g_ldh % 8, 0) << "the d W product's rows";
         EXPECT_GE(p.g_ldw, p.g_ldh) << "d W has d bias as its column H, and ldh rows";
         EXPECT_EQ((p.g_ldw * s.acc) % 16, 0);
-        EXPECT_GE(p.g_ldwp, s.H);
-        EXPECT_EQ(p.g_ldwp % 8, 0) << "W's padded rows";
-        // the backward's chunk: twice the forward's rows where its z (in the dtype) is half as large
-        const int64_t k = s.acc / s.elem;
-        EXPECT_EQ(p.g_rows_b, std::min<int64_t>(k * p.g_rows, std::max<int64_t>(p.g_rows, s.B * s.T)));
+        EXPECT_EQ(p.g_split, s.split);
+        const int64_t blocks = s.split ? TDT_JOINT_SPLIT_BLOCKS : 1;
+        const size_t ob = s.split ? 2 : (size_t)s.elem;  // the products' operand
+        EXPECT_EQ(p.g_ldhp, blocks * p.g_ldh);
+        EXPECT_EQ(p.g_ldwp, blocks * p.g_ldh) << "W's padded rows";
+        // the backward's chunk: the forward's rows, but for split products (z and dz's three
+        // bfloat16 parts: 10 bytes a value to the forward's 4), at least one row
+        const size_t zbb = (size_t)p.g_ldz * (acc + (s.split ? 6 : 0));
+        if (!s.split) EXPECT_EQ(p.g_rows_b, p.g_rows);
+        else EXPECT_EQ(p.g_rows_b, std::max<int64_t>(1, p.g_rows * 2 / 5));
         const size_t nodes = (size_t)p.g_rows * row, nodes_b = (size_t)p.g_rows_b * row;
-        EXPECT_LE(nodes_b * (size_t)p.g_ldz * (size_t)s.elem, nodes * (size_t)p.g_ldz * acc)
-            << "the backward's z fits the forward's buffer";
-        expect_disjoint({{p.g_z, nodes * (size_t)p.g_ldz * acc},
-                         {p.g_h, nodes_b * (size_t)p.g_ldh * (size_t)s.elem},
+        if (p.g_rows_b > 1) {
+            EXPECT_LE(nodes_b * zbb, nodes * (size_t)p.g_ldz * acc) << "the backward's z fits the forward's buffer";
+        }
+        expect_disjoint({{p.g_z, std::max(nodes * (size_t)p.g_ldz * acc, nodes_b * zbb)},
+                         {p.g_h, nodes * (size_t)p.g_ldhp * ob},
                          {p.g_dx, nodes_b * H * acc},
                          {p.g_pred, (size_t)s.B * row * H * acc},
                          {p.g_w, (size_t)p.g_ldz * (size_t)p.g_ldw * acc},
-                         {p.g_wp, (size_t)p.g_ldz * (size_t)p.g_ldwp * (size_t)s.elem},
+                         {p.g_wp, (size_t)p.g_ldz * (size_t)p.g_ldwp * ob},
                          {p.g_lt, TDT_JOINT_LT_BYTES}},
                         p, "gemm");
         // a chunk is whole (b, t) rows, never more than the problem has (but at least one)
@@ -96,14 +106,16 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
     for (const Shape &s : kShapes) {
         SCOPED_TRACE(s.name);
         tdt_gpu_joint_plan_t p;
-        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, 0, &p));
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, 0, &p));
         const size_t row = (size_t)(s.U + 1), acc = (size_t)s.acc;
-        const size_t chunk = (size_t)p.g_rows * row * (size_t)p.g_ldz * acc +
-                             (size_t)p.g_rows_b * row * ((size_t)p.g_ldh * (size_t)s.elem + (size_t)s.H * acc);
+        const size_t chunk = (size_t)p.g_rows * row *
+                             ((size_t)p.g_ldz * acc + (size_t)p.g_ldhp * (s.split ? 2 : (size_t)s.elem) +
+                              (size_t)s.H * acc);
         if (p.g_rows > 1) {
             EXPECT_LE(chunk, TDT_JOINT_Z_BYTES);
         }
-        const size_t fixed = (size_t)s.B * row * (size_t)s.H * acc + 2 * (size_t)s.O * (size_t)s.H * acc;
+        const size_t fixed = (size_t)s.B * row * (size_t)s.H * acc + 2 * (size_t)s.O * (size_t)s.H * acc +
+                             (s.split ? 12 * (size_t)p.g_ldz * (size_t)p.g_ldh : 0);
         EXPECT_LE(p.bytes, fixed + TDT_JOINT_Z_BYTES + 2 * TDT_JOINT_DX_BYTES + TDT_JOINT_WPART_BYTES +
                                TDT_JOINT_LT_BYTES + 16 * MB)
             << "scratch " << p.bytes / MB << " MB";
@@ -112,18 +124,21 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
     // is the chunk budget plus what does not grow with the nodes: d W's float32 accumulator and
     // W padded (8200 x 648 each: 21.3 + 10.6 MB), d pred's (2.1 MB), cuBLASLt's 4 MB
     tdt_gpu_joint_plan_t p;
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, &p));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 0, &p));
     EXPECT_GE(p.g_rows * 101, 500);
-    EXPECT_EQ(p.g_rows_b, 2 * p.g_rows);
     EXPECT_LE(p.bytes, TDT_JOINT_Z_BYTES + 38 * MB) << p.bytes / MB << " MB";
+    // float32 with split products: W's parts (8200 x 3888 bfloat16, 64 MB) in W padded's place
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 4, 1, 0, &p));
+    EXPECT_GE(p.g_rows_b * 101, 500);
+    EXPECT_LE(p.bytes, TDT_JOINT_Z_BYTES + 96 * MB) << p.bytes / MB << " MB";
 }
 
 // A chunk budget (TDT_GPU_JOINT_CHUNK_KB) scales the GEMM schedule's chunk and nothing else.
 TEST(JointPlan, ChunkBudgetScalesTheChunk) {
     tdt_gpu_joint_plan_t def, big, tiny;
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, &def));
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 8 * TDT_JOINT_Z_BYTES, &big));
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 1, &tiny));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 0, &def));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 8 * TDT_JOINT_Z_BYTES, &big));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 1, &tiny));
     EXPECT_GE(big.g_rows, 8 * def.g_rows - 1) << "8x the budget, " << big.g_rows << " rows";
     EXPECT_LE(big.g_rows, 8 * def.g_rows + 8);
     EXPECT_EQ(tiny.g_rows, 1) << "a chunk holds at least one row";
@@ -135,11 +150,11 @@ TEST(JointPlan, ChunkBudgetScalesTheChunk) {
 
 TEST(JointPlan, OverflowingSizesAreRefused) {
     tdt_gpu_joint_plan_t p;
-    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, 1030, INT64_C(1) << 60, 4, 2, 0, &p));
-    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, INT64_C(1) << 61, 640, 4, 2, 0, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, 1030, INT64_C(1) << 60, 4, 2, 0, 0, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, INT64_C(1) << 61, 640, 4, 2, 0, 0, &p));
     // B (U + 1) H values of d pred's sums past SIZE_MAX bytes (B T itself fits: the lattice's
     // layout checks it before the plan is asked)
-    EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, 0, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, 0, 0, &p));
 }
 
 }  // namespace

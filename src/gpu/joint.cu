@@ -688,6 +688,15 @@ long long joint_chunk_bytes() {
     return kb << 10;
 }
 
+/* float32's products in the GEMM schedule (joint_plan.h): TDT_GPU_JOINT_FLOAT32 = "split" (the
+ * default: on bfloat16 tensor cores, each operand the sum of three bfloat16 parts) or "sgemm"
+ * (float32 kernels on the CUDA cores, 3-5x the time); 1, 0, or -1 where set to anything else. */
+int joint_float32_split() {
+    const char *v = getenv("TDT_GPU_JOINT_FLOAT32");
+    if (!v || !*v || strcmp(v, "split") == 0) return 1;
+    return strcmp(v, "sgemm") == 0 ? 0 : -1;
+}
+
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     const tdt_joint_problem_t &p = call->jp;
     const tdt_call_t &c = call->c;
@@ -723,9 +732,16 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
                       getenv("TDT_GPU_JOINT_CHUNK_KB"));
         return TDT_STATUS_INVALID_OPTION;
     }
+    const int split = joint_float32_split();
+    if (split < 0) {
+        tdt_set_error("TDT_GPU_JOINT_FLOAT32 = \"%s\": float32's products are \"split\" (on bfloat16 "
+                      "parts, the default) or \"sgemm\"",
+                      getenv("TDT_GPU_JOINT_FLOAT32"));
+        return TDT_STATUS_INVALID_OPTION;
+    }
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
-                            tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), (size_t)chunk,
+                            tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), split, (size_t)chunk,
                             &plan) ||
         ((c.do_backward || gemm) && call->scratch_bytes < plan.bytes)) {
         tdt_set_error("the joint's GPU scratch (%zu bytes) is smaller than its plan needs (%zu)",
@@ -768,7 +784,7 @@ extern "C" size_t tdt_gpu_joint_scratch_bytes(const tdt_joint_problem_t *problem
     if (!tdt_gpu_joint_plan(problem->batch, problem->max_frames, problem->max_labels,
                             problem->num_outputs, problem->hidden,
                             tdt_acc_is_double(problem->dtype) ? 8 : 4, tdt_dtype_size(problem->dtype),
-                            chunk > 0 ? (size_t)chunk : 0, &plan))
+                            joint_float32_split() != 0, chunk > 0 ? (size_t)chunk : 0, &plan))
         return SIZE_MAX; /* the dispatch layer refuses it */
     return plan.bytes;
 }

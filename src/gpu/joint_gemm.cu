@@ -8,8 +8,7 @@
  * columns from H to ldh: the bias, then TDT_JOINT_LSE_PARTS columns of ones. Every product's
  * dimensions and pitches are then multiples of 8, where cuBLASLt has its vectorised kernels
  * (joint_plan.h), and the z product adds the bias. Per chunk of N = G (U + 1) nodes in the
- * forward, N_b = G_b (U + 1) in the backward (G_b = 2 G for float16 and bfloat16, whose backward
- * z takes half the bytes; joint_plan.h), in the padded (b, t, u) order:
+ * forward, N_b = G_b (U + 1) in the backward (joint_plan.h), in the padded (b, t, u) order:
  *   forward   h = dropout(act(enc + pred)) into g_h (the dtype, zero rows for the nodes that
  *             are not valid, a 1 at column H); z + bias = [h 1 0] [W bias 1]^T (cuBLASLt,
  *             accumulate type) into g_z; per node, from its row, the node's block as
@@ -28,6 +27,14 @@
  * So four products of 2 N ldh (V + D) for N nodes, forward and backward together, as the tiles'
  * schedule has five; cuBLASLt picks each product's kernel for the device, once a call (every
  * chunk has the same shapes and buffers).
+ *
+ * float32's products are split by default (TDT_GPU_JOINT_FLOAT32, joint.cu): W padded, h and dz
+ * each as three bfloat16 parts whose sum is the float32 value exactly (split3), and a product as
+ * the six products of parts whose indices add up to at most 2, on bfloat16 tensor cores: the z
+ * product as one product of six times the inner size (W's and h's rows hold the parts in six
+ * blocks, joint_plan.h), d W and d h as six products into the same float32 sums. The three
+ * products left out are below 2^-22 of the whole; the float32 kernels ("sgemm") take 3-5x the
+ * time (docs/joint.md).
  *
  * Precision: the forward's z and the products' sums in the accumulate type, as the tiles'
  * schedule; h and dz rounded to the dtype where it is float16 or bfloat16 (the tensor cores'
@@ -250,6 +257,41 @@ template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
  * (|lse| <= 1e7); 1 otherwise. A power of two: -lse's parts stay exact. */
 template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
 
+/* Split products (float32, joint_plan.h): x as three bfloat16 values (bit patterns) whose sum is
+ * x exactly, its 24 significant bits 8 at a time by truncation (so that no part rounds up past
+ * float32's range; the last part of a float32 subnormal loses its low bits). */
+__device__ __forceinline__ void split3(float x, uint16_t (&part)[3]) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+        const uint32_t hi = __float_as_uint(x) & 0xffff0000u;
+        part[i] = (uint16_t)(hi >> 16);
+        x -= __uint_as_float(hi);
+    }
+}
+
+/* The part in each of the TDT_JOINT_SPLIT_BLOCKS blocks of W's and of h's rows: block k of the
+ * z product pairs W's part kWPart[k] with h's kHPart[k], the six pairs whose parts add up to at
+ * most 2 (the three dropped are below 2^-22 of the product). */
+__device__ __forceinline__ int w_part_of(int k) { return k < 3 ? k : k == 4 ? 1 : 0; }
+__device__ __forceinline__ int h_part_of(int k) { return k < 3 ? 0 : k < 5 ? 1 : 2; }
+
+/* The four values v[0..3] of a row's columns k0..k0 + 3 into a split row (pitch in blocks of
+ * ldb values): block k gets part part_of(k), 8 bytes a store. */
+template <int (*part_of)(int)>
+__device__ __forceinline__ void store_split4(uint16_t *row, int64_t ldb, int64_t k0, const float (&v)[4]) {
+    uint16_t parts[4][3];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) split3(v[e], parts[e]);
+#pragma unroll
+    for (int k = 0; k < TDT_JOINT_SPLIT_BLOCKS; ++k) {
+        const int i = part_of(k);
+        uint2 raw;
+        raw.x = (uint32_t)parts[0][i] | (uint32_t)parts[1][i] << 16;
+        raw.y = (uint32_t)parts[2][i] | (uint32_t)parts[3][i] << 16;
+        *reinterpret_cast<uint2 *>(row + k * ldb + k0) = raw;
+    }
+}
+
 /* A row of z in 16-byte vectors of N values of type A (the accumulate type, or the dtype's bits
  * in the backward): rows start 16-byte aligned (the pitch ldz is a multiple of 8), and the last
  * O mod N values are the row's scalar tail. */
@@ -275,11 +317,12 @@ template <typename A> struct zvec {
  * backward of a node with lp_shift, -lse / lse_unit in the next TDT_JOINT_LSE_PARTS columns
  * (against W's padded columns of lse_unit): its value in the dtype, then the rest's, and so on
  * (bfloat16: 24 significant bits together; float16: 33 less what its subnormals lose, at worst
- * 8e-6 absolute where |lse| < 100). */
+ * 8e-6 absolute where |lse| < 100). With split products (float32, split not NULL) h's three
+ * bfloat16 parts go into row j of split instead, in the blocks joint_plan.h gives them. */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
                                                      int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
-                                                     int backward) {
+                                                     int backward, uint16_t *split) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
     enum { N = zvec<E>::N };
@@ -318,7 +361,11 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
             }
             out.v[e] = v;
         }
-        out.store(row + k0);
+        if (DT == TDT_DTYPE_FLOAT32 && split) /* split products: h's parts, six blocks of ldh */
+            store_split4<h_part_of>(split + j * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0,
+                                    reinterpret_cast<const float(&)[4]>(out.v));
+        else
+            out.store(row + k0);
     }
 }
 
@@ -394,6 +441,27 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     node_block<A>(a, ni, lse, zr[a.blank], ni.has_label && ni.y >= 0 ? zr[ni.y] : (A)0, zr + a.V);
 }
 
+/* A row of nv 16-byte vectors of float32 dz into its three bfloat16 parts: row d of the matrices
+ * at out, out + stride and out + 2 stride, lane by lane (the lanes' stores of d before this
+ * ordered by the caller's __syncwarp). */
+template <typename E>
+__device__ __forceinline__ void split_row(const E *d, uint16_t *out, int64_t stride, int64_t nv, int lane) {
+    for (int64_t q = lane; q < nv; q += 32) {
+        zvec<float> x;
+        x.load(reinterpret_cast<const float *>(d) + q * 4);
+        uint16_t parts[4][3];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) split3(x.v[e], parts[e]);
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+            uint2 raw;
+            raw.x = (uint32_t)parts[0][i] | (uint32_t)parts[1][i] << 16;
+            raw.y = (uint32_t)parts[2][i] | (uint32_t)parts[3][i] << 16;
+            *reinterpret_cast<uint2 *>(out + i * stride + q * 4) = raw;
+        }
+    }
+}
+
 /* The bulk of a row of dz in place over the row d of nv 16-byte vectors (the dtype): every value
  * x as tdt_row_grad(c, x), each lane kRowPasses vectors read before it writes them back (loads in
  * flight together). No branch an element: the outputs the bulk formula does not give are
@@ -424,11 +492,13 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
  * token values as the unfused gradient's rows (dz_stream: gpu_common.cuh's tdt_row_grad, base 2
  * where the reference fits: 0 for log-probabilities, else lse); then, over those, the blank,
  * the label and the durations by node_dz_known in float64, from the forward's node block, and
- * the zeros from O to ldz (after a __syncwarp, which orders the two writes of those values). */
+ * the zeros from O to ldz (after a __syncwarp, which orders the two writes of those values).
+ * With split products (float32, split not NULL) the row's three bfloat16 parts then go into row
+ * j of the three matrices split, split + split_stride, split + 2 split_stride (pitch ldz). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
-                                                      int64_t ldz) {
+                                                      int64_t ldz, uint16_t *split, int64_t split_stride) {
     typedef acc_t<DT> A;
     typedef typename tdt_elem<DT>::T E;
     typedef typename tdt_rexp_fast<DT>::X XF;
@@ -450,6 +520,7 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
 #pragma unroll
         for (int e = 0; e < N; ++e) zero.v[e] = tdt_elem<DT>::from_acc((A)0);
         for (int64_t q = lane; q < nv; q += 32) zero.store(dr + q * N);
+        if (DT == TDT_DTYPE_FLOAT32 && split) split_row(dr, split + j * ldz, split_stride, nv, lane);
         return;
     }
     const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
@@ -465,28 +536,47 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
         const int64_t o = i == 0 ? a.blank : i == 1 ? ni.y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
         if (o >= 0) dr[o] = tdt_elem<DT>::from_acc(o < a.O ? (A)node_dz_known(a, ni, nc, o) : (A)0);
     }
+    if (DT == TDT_DTYPE_FLOAT32 && split) {
+        __syncwarp();
+        split_row(dr, split + j * ldz, split_stride, nv, lane);
+    }
 }
 
 /* W into wp in the dtype, rows of pitch ldwp: W's row, the bias (zero without one), lse_unit in
  * the TDT_JOINT_LSE_PARTS columns after it (against h's -lse), zeros after those; zero rows from
  * O to ldz. */
 template <int DT>
+__device__ __forceinline__ typename tdt_elem<DT>::T wpad_value(const joint_args &a, int64_t o, int64_t k) {
+    typedef typename tdt_elem<DT>::T E;
+    const E zero = tdt_elem<DT>::from_acc((acc_t<DT>)0);
+    if (o >= a.O) return zero;
+    if (k < a.H) return static_cast<const E *>(a.W)[o * a.W_s + k];
+    if (k == a.H) return a.bias ? static_cast<const E *>(a.bias)[o] : zero;
+    return k <= a.H + TDT_JOINT_LSE_PARTS ? tdt_elem<DT>::from_double(lse_unit<DT>()) : zero;
+}
+
+template <int DT>
 __global__ void gemm_wpad_kernel(const __grid_constant__ joint_args a, typename tdt_elem<DT>::T *wp, int64_t ldwp,
                                  int64_t ldz) {
-    typedef typename tdt_elem<DT>::T E;
-    const E *W = static_cast<const E *>(a.W);
-    const E *bias = static_cast<const E *>(a.bias);
-    const E zero = tdt_elem<DT>::from_acc((acc_t<DT>)0), one = tdt_elem<DT>::from_double(lse_unit<DT>());
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ldz * ldwp;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t o = i / ldwp, k = i - o * ldwp;
-        E v = zero;
-        if (o < a.O) {
-            if (k < a.H) v = W[o * a.W_s + k];
-            else if (k == a.H) v = bias ? bias[o] : zero;
-            else if (k <= a.H + TDT_JOINT_LSE_PARTS) v = one;
-        }
-        wp[i] = v;
+        const int64_t o = i / ldwp;
+        wp[i] = wpad_value<DT>(a, o, i - o * ldwp);
+    }
+}
+
+/* Split products (float32): W padded as gemm_wpad_kernel has it, as its bfloat16 parts in the
+ * blocks of ldh values that joint_plan.h gives them (rows of TDT_JOINT_SPLIT_BLOCKS ldh), four
+ * columns a thread. */
+__global__ void gemm_wsplit_kernel(const __grid_constant__ joint_args a, uint16_t *wp, int64_t ldh, int64_t ldz) {
+    const int64_t quads = ldh / 4;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ldz * quads;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = i / quads, k0 = (i - o * quads) * 4;
+        float v[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = wpad_value<TDT_DTYPE_FLOAT32>(a, o, k0 + e);
+        store_split4<w_part_of>(wp + o * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0, v);
     }
 }
 
@@ -507,6 +597,12 @@ __global__ void __launch_bounds__(256) gemm_dx_kernel(const __grid_constant__ jo
 
 /* ---- host ------------------------------------------------------------------------------------ */
 
+/* Split products: the six pairs (i, j) of dz's part i and W's or h's part j with i + j < 3,
+ * smallest first; h's part j is in block kSplitHBlock[j] of its row, W's in block j. */
+const int kSplitTerms = 6;
+const int kSplitTerm[kSplitTerms][2] = {{2, 0}, {1, 1}, {0, 2}, {1, 0}, {0, 1}, {0, 0}};
+const int kSplitHBlock[3] = {0, 3, 5};
+
 template <int DT> struct gemm_run {
     typedef acc_t<DT> A;
     typedef typename tdt_elem<DT>::T E;
@@ -520,9 +616,18 @@ template <int DT> struct gemm_run {
 
     A *z() const { return reinterpret_cast<A *>(s + plan.g_z); }
     E *hs() const { return reinterpret_cast<E *>(s + plan.g_h); }
+    /* split products (float32): h's parts, or NULL; dz's three parts (matrices of N_b x ldz) */
+    bool split() const { return DT == TDT_DTYPE_FLOAT32 && plan.g_split; }
+    uint16_t *hsplit() const { return split() ? reinterpret_cast<uint16_t *>(s + plan.g_h) : NULL; }
+    uint16_t *dzsplit() const {
+        return split() ? reinterpret_cast<uint16_t *>(s + plan.g_z + (size_t)(nodes(true) * plan.g_ldz) * sizeof(A))
+                       : NULL;
+    }
+    /* the products' operand type and inner pitch of h and W */
+    cudaDataType_t opnd() const { return split() ? CUDA_R_16BF : lt_types<DT>::ab; }
     E *wp() const { return reinterpret_cast<E *>(s + plan.g_wp); }
     void *ws() const { return s + plan.g_lt; }
-    /* a chunk's nodes: forward, backward (twice as many for float16 and bfloat16) */
+    /* a chunk's nodes: forward, backward (2/5 of the rows for float32 with split products) */
     int64_t nodes(bool backward) const { return (backward ? plan.g_rows_b : plan.g_rows) * a.row; }
 
     tdt_status_t cuda(cudaError_t e, const char *what) const {
@@ -532,7 +637,8 @@ template <int DT> struct gemm_run {
     /* g_h and g_z for the chunk of rows [r0, r0 + rows) */
     tdt_status_t hz(const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
         const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(backward);
-        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(a, first, limit, n, hs(), plan.g_ldh, backward);
+        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(a, first, limit, n, hs(), plan.g_ldh, backward,
+                                                                         hsplit());
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         const A one = 1, zero = 0;
@@ -543,7 +649,11 @@ template <int DT> struct gemm_run {
     /* W padded into wp: by the forward, and by a backward whose call has no forward (in a call
      * with both, the forward's copy is there: nothing else writes wp) */
     tdt_status_t pad_w() const {
-        gemm_wpad_kernel<DT><<<flat_blocks(plan.g_ldz * plan.g_ldwp, num_sms), 256, 0, stream>>>(a, wp(), plan.g_ldwp,
+        if (split())
+            gemm_wsplit_kernel<<<flat_blocks(plan.g_ldz * plan.g_ldh / 4, num_sms), 256, 0, stream>>>(
+                a, reinterpret_cast<uint16_t *>(wp()), plan.g_ldh, plan.g_ldz);
+        else
+            gemm_wpad_kernel<DT><<<flat_blocks(plan.g_ldz * plan.g_ldwp, num_sms), 256, 0, stream>>>(a, wp(), plan.g_ldwp,
                                                                                               plan.g_ldz);
         return cuda(cudaGetLastError(), "launching the joint's W kernel");
     }
@@ -552,9 +662,9 @@ template <int DT> struct gemm_run {
      * accumulate type; in the backward (N_b nodes) in the dtype, less lse where h carries it */
     tdt_status_t zgemm(lt_gemm *zg, bool backward) const {
         const cublasStatus_t c =
-            zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab,
+            zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(),
                      backward ? lt_types<DT>::ab : lt_types<DT>::d, true, false, plan.g_ldz, nodes(backward),
-                     plan.g_ldh, wp(), plan.g_ldwp, hs(), plan.g_ldh, z(), plan.g_ldz, TDT_JOINT_LT_BYTES);
+                     plan.g_ldhp, wp(), plan.g_ldwp, hs(), plan.g_ldhp, z(), plan.g_ldz, TDT_JOINT_LT_BYTES);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
     }
 
@@ -591,14 +701,23 @@ template <int DT> struct gemm_run {
          * kernels (with 641 rows it took an sm_75 kernel at twice the d h product's time, H100);
          * without d W, the row of ones alone (d bias, row H) */
         const int64_t wrow0 = a.W_g ? 0 : a.H, wrows = a.W_g ? plan.g_ldh : 1;
+        /* split products: each of these products is six, of the parts (dz_i, h_j or W_j) with
+         * i + j < 3, smallest first, into the same sums; the operands' alignments are those of
+         * the parts' blocks (the kernels chosen for the least aligned) */
+        const char *ops = reinterpret_cast<const char *>(dzsplit());
+        const size_t pstride = (size_t)(nodes(true) * plan.g_ldz) * 2, hblk = (size_t)plan.g_ldh * 2;
         if (want_w)
-            c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, true,
-                        wrows, plan.g_ldz, nodes(true), hs() + wrow0, plan.g_ldh, dz, plan.g_ldz, wacc + wrow0,
+            c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
+                        plan.g_ldz, nodes(true),
+                        split() ? (const void *)(reinterpret_cast<const char *>(hsplit() + wrow0) + hblk) : hs() + wrow0,
+                        plan.g_ldhp, split() ? (const void *)(ops + pstride) : dz, plan.g_ldz, wacc + wrow0,
                         plan.g_ldw, TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
         if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
-            c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, lt_types<DT>::ab, lt_types<DT>::d, false, false,
-                        a.H, nodes(true), plan.g_ldz, wp(), plan.g_ldwp, dz, plan.g_ldz, dx, a.H,
+            c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
+                        nodes(true), plan.g_ldz,
+                        split() ? (const void *)(reinterpret_cast<const char *>(wp()) + hblk) : (const void *)wp(),
+                        plan.g_ldwp, split() ? (const void *)(ops + pstride) : dz, plan.g_ldz, dx, a.H,
                         TDT_JOINT_LT_BYTES);
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d h = dz W");
         if (want_w) {
@@ -616,15 +735,30 @@ template <int DT> struct gemm_run {
             const int64_t rows = all - r0 < plan.g_rows_b ? all - r0 : plan.g_rows_b;
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
             if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
-            gemm_dz_kernel<DT><<<(unsigned)((nodes(true) + 7) / 8), 256, 0, stream>>>(a, first, limit, nodes(true),
-                                                                                     dzw, plan.g_ldz);
+            gemm_dz_kernel<DT><<<(unsigned)((nodes(true) + 7) / 8), 256, 0, stream>>>(
+                a, first, limit, nodes(true), dzw, plan.g_ldz, dzsplit(), nodes(true) * plan.g_ldz);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
+            const int nterms = split() ? kSplitTerms : 1;
             if (want_w) {
-                c = wg.run(h, &one, hs() + wrow0, dz, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);
+                for (int t = 0; t < nterms && c == CUBLAS_STATUS_SUCCESS; ++t) {
+                    const void *hh = hs() + wrow0, *dd = dz;
+                    if (split()) {
+                        hh = reinterpret_cast<const char *>(hsplit() + wrow0) + kSplitHBlock[kSplitTerm[t][1]] * hblk;
+                        dd = ops + kSplitTerm[t][0] * pstride;
+                    }
+                    c = wg.run(h, &one, hh, dd, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);
+                }
                 if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d W += dz^T h)");
             }
             if (!want_x) continue;
-            c = hg.run(h, &one, wp(), dz, &zero, dx, ws(), TDT_JOINT_LT_BYTES, stream);
+            for (int t = 0; t < nterms && c == CUBLAS_STATUS_SUCCESS; ++t) {
+                const void *ww = wp(), *dd = dz;
+                if (split()) {
+                    ww = reinterpret_cast<const char *>(wp()) + kSplitTerm[t][1] * hblk; /* W_j: block j */
+                    dd = ops + kSplitTerm[t][0] * pstride;
+                }
+                c = hg.run(h, &one, ww, dd, t == 0 ? &zero : &one, dx, ws(), TDT_JOINT_LT_BYTES, stream);
+            }
             if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d h = dz W)");
             gemm_dx_kernel<DT><<<(unsigned)((rows * a.row + 7) / 8), 256, 0, stream>>>(a, first, limit, rows * a.row,
                                                                                     dx);

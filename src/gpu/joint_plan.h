@@ -18,35 +18,44 @@
  *
  * The GEMM schedule (joint_gemm.cu) lays out the same scratch its own way (a call takes one
  * schedule, so the scratch is the larger of the two layouts), for chunks of G consecutive
- * (b, t) rows in the forward, N = G (U + 1) nodes, and of G_b = G x acc / elem rows in the
- * backward (twice as many for float16 and bfloat16, whose backward z takes half the bytes),
- * N_b = G_b (U + 1) nodes:
+ * (b, t) rows in the forward, N = G (U + 1) nodes, and of G_b rows in the backward, N_b =
+ * G_b (U + 1) nodes: G_b = G, but for float32 with split products (below), where a backward
+ * node's z and dz's three parts take 10 bytes a value to the forward's 4, and G_b = 2 G / 5:
  *   g_z      [N * ldz]          the chunk's logits z plus bias (accumulate type, O rows of pitch
  *                               ldz, O rounded up to 8); in the backward N_b rows of pitch ldz
  *                               hold z plus bias in the dtype (less lse for float16 and
- *                               bfloat16), then in place its dz
- *   g_h      [N_b * ldh]        the chunk's h (the dtype: the products' operand; pitch ldh, H + 4
- *                               rounded up to 8), a 1 at column H (the bias's operand in the z
- *                               product, d bias's in the d W product), then TDT_JOINT_LSE_PARTS
- *                               columns that are zero but in the backward of float16 and
- *                               bfloat16, -lse split into that many values of the dtype, then
- *                               zeros
+ *                               bfloat16), then in place its dz; with split products, dz's
+ *                               three bfloat16 parts after those rows (3 matrices, N_b x ldz)
+ *   g_h      [N * ldhp]         the chunk's h, the products' operand: the dtype, pitch ldhp =
+ *                               ldh (H + 4 rounded up to 8), a 1 at column H (the bias's operand
+ *                               in the z product, d bias's in the d W product), then
+ *                               TDT_JOINT_LSE_PARTS columns that are zero but in the backward of
+ *                               float16 and bfloat16, -lse split into that many values of the
+ *                               dtype, then zeros; with split products, bfloat16 and pitch
+ *                               ldhp = 6 ldh: six blocks of ldh, h's parts h0 h0 h0 h1 h1 h2
  *   g_dx     [N_b * H]          d h, then in place d(enc + pred) (accumulate type)
  *   g_pred   [B * (U + 1) * H]  as pred_acc
  *   g_w      [ldz * ldw]        d W (columns 0..H-1 of ldz rows of pitch ldw = ldh; rows from O
  *                               on are zero) and d bias (column H), summed over the chunks so far
  *   g_wp     [ldz * ldwp]       W in the dtype, its rows padded to ldwp = ldh: the bias at column
  *                               H, ones in the TDT_JOINT_LSE_PARTS columns after it, zeros after
- *                               those, and zero rows from O to ldz
+ *                               those, and zero rows from O to ldz; with split products,
+ *                               bfloat16 and ldwp = 6 ldh: the parts W0 W1 W2 W0 W1 W0, so that
+ *                               [W parts] [h parts]^T is the six products W_i h_j, i + j < 3
  *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
+ * Split products (float32 where the caller asks: joint.cu's TDT_GPU_JOINT_FLOAT32): each float32
+ * operand is the exact sum of three bfloat16 values (its 24 significant bits, 8 at a time, by
+ * truncation), and a product of two of them is the sum of the six products of parts whose
+ * indices add up to at most 2, on bfloat16 tensor cores with float32 sums: the three dropped are
+ * below 2^-22 of the product, under float32's own sums over H or the nodes.
  * Every product's dimensions and pitches are thus multiples of 8 (ldz, ldh, ldwp), as cuBLASLt's
  * vectorised kernels want (the rows of z, dz and d W from O to ldz are zeros): with O = 8198 its
  * kernels loaded 2 or 1 values at a time.
  * G keeps g_z, g_h and g_dx together near the chunk budget, TDT_JOINT_Z_BYTES unless the
  * caller gives another (joint.cu: the environment variable TDT_GPU_JOINT_CHUNK_KB), at least one
- * row. At the shapes above in bfloat16: 101 + 8 + 16 (G 32, G_b 64) + 2 + 21 + 10.6 + 4 MB. The
- * budget trades memory for time: huge-joint bfloat16 forward+backward took 68, 42 and 36 ms with
- * 32, 128 and 512 MB (joint_gpu_bench --iters 5, H100, warp-tdt 0.7.0 at commit f806fb6).
+ * row. At the shapes above in bfloat16: 119 + 5 + 9 (G 36) + 2 + 21 + 10.6 + 4 MB. The budget
+ * trades memory for time: huge-joint bfloat16 forward+backward took 68, 42 and 36 ms with 32,
+ * 128 and 512 MB (joint_gpu_bench --iters 5, H100, warp-tdt 0.7.0 at commit f806fb6).
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
@@ -59,6 +68,7 @@
 #define TDT_JOINT_PLAN_TILE 32
 #define TDT_JOINT_Z_BYTES ((size_t)128 << 20)
 #define TDT_JOINT_LT_BYTES ((size_t)4 << 20)
+#define TDT_JOINT_SPLIT_BLOCKS 6 /* split products: the blocks of h's and W's rows (joint_gemm.cu) */
 #define TDT_JOINT_LSE_PARTS 3 /* h's columns after its 1 that carry -lse in the backward (joint_gemm.cu) */
 
 typedef struct tdt_gpu_joint_plan {
@@ -66,16 +76,18 @@ typedef struct tdt_gpu_joint_plan {
     int64_t parts;  /* P: node partitions of d W, >= 1 */
     size_t dx, pred_acc, w_part, b_part; /* byte offsets from the scratch's (aligned) start */
     int64_t g_rows, g_rows_b; /* the GEMM schedule: G (forward), G_b (backward) */
-    int64_t g_ldz, g_ldh, g_ldw, g_ldwp; /* its pitches (elements) */
+    int64_t g_ldz, g_ldh, g_ldhp, g_ldw, g_ldwp; /* its pitches (elements) */
+    int g_split; /* float32's products on bfloat16 parts (joint_gemm.cu) */
     size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt; /* its byte offsets */
     size_t bytes;   /* the scratch's size, TDT_WS_ALIGN slack included */
 } tdt_gpu_joint_plan_t;
 
 /* The plan for B, max_frames, max_labels, num_outputs O, hidden H, an accumulate type of acc
- * bytes (4 or 8), a dtype of elem bytes (2, 4 or 8) and the GEMM schedule's chunk budget
- * (chunk_bytes; 0 for TDT_JOINT_Z_BYTES). 0 on overflow. */
+ * bytes (4 or 8), a dtype of elem bytes (2, 4 or 8), split products (1: float32's products on
+ * bfloat16 parts; only with acc = elem = 4) and the GEMM schedule's chunk budget (chunk_bytes;
+ * 0 for TDT_JOINT_Z_BYTES). 0 on overflow. */
 TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels, int64_t O,
-                              int64_t H, int64_t acc, int64_t elem, size_t chunk_bytes,
+                              int64_t H, int64_t acc, int64_t elem, int split, size_t chunk_bytes,
                               tdt_gpu_joint_plan_t *p) {
     size_t row_elems, oh, cursor = 0, n;
     const int64_t row = max_labels + 1;
@@ -107,34 +119,40 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     /* the GEMM schedule's layout, from the same start */
     size_t g = 0, zrow, nodes, zb, hb, db, wb;
     if (O > INT64_MAX / 16 || H > INT64_MAX / 16 / elem || H > INT64_MAX / 16 / acc) return 0;
+    p->g_split = split && acc == 4 && elem == 4;
+    const int64_t blocks = p->g_split ? TDT_JOINT_SPLIT_BLOCKS : 1, ob = p->g_split ? 2 : elem;
     p->g_ldz = (O + 7) / 8 * 8;
     p->g_ldh = (H + 1 + TDT_JOINT_LSE_PARTS + 7) / 8 * 8;
+    p->g_ldhp = p->g_ldh * blocks;
     p->g_ldw = p->g_ldh;
-    p->g_ldwp = p->g_ldh;
-    /* a forward node's z, and the h and d h of k = acc / elem backward nodes (whose z in the
-     * dtype takes the place of one node's in the accumulate type) */
-    const int64_t k = acc / elem >= 1 ? acc / elem : 1;
-    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)acc, &zb) || !tdt_mul_size((size_t)p->g_ldh, (size_t)elem, &hb) ||
-        !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 4 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
+    p->g_ldwp = p->g_ldhp;
+    /* a node's bytes: forward z (zb), backward z and dz's parts (zbb), h (hb), d h (db) */
+    size_t zbb;
+    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)acc, &zb) || !tdt_mul_size((size_t)p->g_ldhp, (size_t)ob, &hb) ||
+        !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 8 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
         return 0;
-    if (!tdt_mul_size((size_t)row, zb + (size_t)k * (hb + db), &zrow)) return 0;
+    zbb = zb + (p->g_split ? 3 * (size_t)p->g_ldz * 2 : 0);
+    if (!tdt_mul_size((size_t)row, zb + hb + db, &zrow)) return 0;
     if (chunk_bytes == 0) chunk_bytes = TDT_JOINT_Z_BYTES;
     int64_t G = zrow > 0 ? (int64_t)(chunk_bytes / zrow) : 1;
     if (G > all_rows) G = all_rows;
     if (G < 1) G = 1;
-    int64_t Gb = G > all_rows / k ? all_rows : G * k;
-    if (Gb < G) Gb = G;
+    int64_t Gb = zbb > 0 ? (int64_t)((size_t)G * zb / zbb) : G; /* G zb: at most the budget, or one row's */
+    if (Gb < 1) Gb = 1;
     p->g_rows = G;
     p->g_rows_b = Gb;
+    size_t zf, zbk;
+    if (!tdt_mul_size((size_t)G, (size_t)row, &nodes) || !tdt_mul_size(nodes, zb, &zf)) return 0;
+    if (!tdt_mul_size((size_t)Gb, (size_t)row, &nodes) || !tdt_mul_size(nodes, zbb, &zbk)) return 0;
+    if (!tdt_ws_take(&g, zf > zbk ? zf : zbk, 1, &p->g_z)) return 0;
     if (!tdt_mul_size((size_t)G, (size_t)row, &nodes)) return 0;
-    if (!tdt_mul_size(nodes, (size_t)p->g_ldz, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_z)) return 0;
+    if (!tdt_mul_size(nodes, hb, &n) || !tdt_ws_take(&g, n, 1, &p->g_h)) return 0;
     if (!tdt_mul_size((size_t)Gb, (size_t)row, &nodes)) return 0;
-    if (!tdt_mul_size(nodes, (size_t)p->g_ldh, &n) || !tdt_ws_take(&g, n, (size_t)elem, &p->g_h)) return 0;
     if (!tdt_mul_size(nodes, (size_t)H, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_dx)) return 0;
     if (!tdt_mul_size((size_t)B, row_elems, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_pred)) return 0;
     if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldw, &wb) || !tdt_ws_take(&g, wb, (size_t)acc, &p->g_w))
         return 0;
-    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldwp, &wb) || !tdt_ws_take(&g, wb, (size_t)elem, &p->g_wp))
+    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldwp, &wb) || !tdt_ws_take(&g, wb, (size_t)ob, &p->g_wp))
         return 0;
     if (!tdt_ws_take(&g, TDT_JOINT_LT_BYTES, 1, &p->g_lt)) return 0;
     if (g > cursor) cursor = g;
