@@ -1,0 +1,409 @@
+/*
+ * joint_lse_proto.cu - a prototype of the fused joint's forward on the tensor cores, z never
+ * written: each block keeps its tile of 128 nodes' rows of h in shared memory and streams W's
+ * token rows through it, z = h W^T by mma.sync m16n8k16 (bfloat16 operands, float32 sums), each
+ * tile of z folded at once into a running log-sum-exp a node: the GEMM schedule's forward z
+ * product and node kernel (src/gpu/joint_gemm.cu) in one pass, with no buffer of z.
+ *
+ * Measured and not taken (docs/joint.md): on an H100 at huge-joint's 303,000 nodes it took
+ * 16.8 ms (191 TFLOP/s) where cuBLAS's z product and a row pass take 9.7 ms (cuBLAS alone 6.5 ms,
+ * 497 TFLOP/s). A forward that beats them needs Hopper's wgmma and TMA, not mma.sync.
+ *
+ * It is checked before it is timed: its log-normalisers against float64 sums over z computed by
+ * cuBLAS from the same bfloat16 operands (max |difference| / max(1, |lse|) printed, and the run
+ * fails beyond 1e-5), then timed against what the GEMM schedule does now (cuBLAS's z product
+ * into float32, then a warp a node's log-sum-exp over its row) and against cuBLAS's product
+ * alone.
+ *
+ *   joint_lse_proto [--nodes N] [--vocab V] [--hidden K] [--iters I]
+ * defaults: huge-joint's 303000 nodes (B 8, T 375, U + 1 101), V 8193, K 648 (H 640 with the
+ * bias's column and padding: the GEMM schedule's pitch ldh).
+ */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "tdt.h"
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+namespace {
+
+const int BM = 128;   /* nodes a block */
+const int BN = 128;   /* W rows a tile */
+const int BK = 32;    /* inner values a pipeline stage */
+const int STAGES = 4; /* W's stages in flight */
+const int PAD = 8;    /* values after each shared row: ldmatrix's 8 rows fall in distinct banks */
+const int WROW = BK + PAD;
+const int THREADS = 256;
+const float LOG2E = 1.4426950408889634f;
+
+/* shared memory a block for rows of ldh values (a multiple of 8) */
+inline size_t lse_smem_bytes(int64_t ldh) {
+    const int64_t kp = (ldh + BK - 1) / BK * BK;
+    return (size_t)(BM * (kp + PAD) + STAGES * BN * WROW) * 2;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared, asynchronously; zeros where !full */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += a b, one m16n8k16 tile: a row-major 16 x 16, b 16 x 8 (W's rows: k contiguous) */
+template <int DT> __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                          uint32_t b1) {
+    if (DT == TDT_DTYPE_BFLOAT16)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* a running log-sum-exp in base 2: m the largest value so far, s the sum of 2^(x - m) */
+struct lse2 {
+    float m, s;
+};
+__device__ __forceinline__ lse2 lse2_merge(lse2 a, lse2 b) {
+    const float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY) return a;
+    return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
+}
+
+/*
+ * lse[n] (natural units) of z[n, 0..V) = h[n] W^T for the nodes n < count: h's rows (pitch ldh,
+ * a multiple of 8, zeros past the inner size) and W's rows (pitch ldh), the dtype's bits.
+ *
+ * A block: BM nodes, 8 warps as 4 (nodes) x 2 (W rows), each 32 nodes x 64 W rows of a tile as
+ * 2 x 8 mma tiles. h's BM x ldh stay in shared memory (rows padded to a multiple of BK); W's
+ * token rows stream through STAGES stages of BN x BK, the (tile, stage) sequence flattened so
+ * that the next tile's first stages load during the current tile's last. After each tile a
+ * thread folds its 64 values (4 nodes x 16 W rows) into its nodes' running sums (base 2, its own
+ * largest value); at the end the 4 lanes of a node and the 2 warps of its W rows merge theirs.
+ * A NaN in a row makes its lse NaN.
+ */
+template <int DT>
+__global__ void __launch_bounds__(THREADS, 1)
+    joint_lse_kernel(const uint16_t *__restrict__ h, const uint16_t *__restrict__ W, int64_t ldh, float *lse,
+                     int64_t count, int V) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int kst = (int)((ldh + BK - 1) / BK), HROW = kst * BK + PAD, k8s = kst * BK / 8;
+    uint16_t *hs = reinterpret_cast<uint16_t *>(smem);
+    uint16_t *ws = hs + BM * HROW;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 1, wn = warp & 1;
+    const int64_t node0 = (int64_t)blockIdx.x * BM;
+    const int steps = (V + BN - 1) / BN * kst;
+
+    /* h's rows, in the first group */
+    for (int c = tid; c < BM * k8s; c += THREADS) {
+        const int r = c / k8s, k8 = c - r * k8s;
+        const bool in = node0 + r < count && k8 * 8 < ldh;
+        cp_async16(smem_addr(hs + r * HROW + k8 * 8), h + (in ? (node0 + r) * ldh + k8 * 8 : 0), in);
+    }
+    auto load_stage = [&](int step) {
+        if (step < steps) {
+            const int tile = step / kst, kk = step - tile * kst;
+            uint16_t *dst = ws + (step % STAGES) * BN * WROW;
+#pragma unroll
+            for (int i = 0; i < BN * BK / 8 / THREADS; ++i) {
+                const int c = tid + i * THREADS, r = c / (BK / 8), k8 = c % (BK / 8);
+                const int64_t row = (int64_t)tile * BN + r, k = (int64_t)kk * BK + k8 * 8;
+                const bool in = row < V && k < ldh;
+                cp_async16(smem_addr(dst + r * WROW + k8 * 8), W + (in ? row * ldh + k : 0), in);
+            }
+        }
+        cp_commit(); /* every step a group, empty or not: the wait below counts them */
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) load_stage(s);
+
+    float acc[2][8][4];
+    auto clear = [&]() {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    };
+    clear();
+    lse2 run[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) run[i][hf] = {-INFINITY, 0.f};
+
+    const int g = lane >> 2, t = lane & 3;
+    /* ldmatrix's rows: A (h) row lane % 16 at column 8 (lane / 16); B (W) row 8 (lane / 16) +
+     * lane % 8 at column 8 ((lane / 8) % 2): the fragments of m16n8k16 */
+    const uint32_t a_base = smem_addr(hs + (wm * 32 + (lane & 15)) * HROW + (lane >> 4) * 8);
+    const int b_row = wn * 64 + (lane >> 4) * 8 + (lane & 7), b_col = ((lane >> 3) & 1) * 8;
+
+    for (int step = 0; step < steps; ++step) {
+        cp_wait<STAGES - 2>();
+        __syncthreads(); /* this step's stage is in; every warp is done with the one reloaded next */
+        load_stage(step + STAGES - 1);
+        const int tile = step / kst, kk = step - tile * kst;
+        const uint32_t wst = smem_addr(ws + (step % STAGES) * BN * WROW);
+#pragma unroll
+        for (int k16 = 0; k16 < BK / 16; ++k16) {
+            uint32_t a[2][4], b[4][4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                ldsm_x4(a[i], a_base + (uint32_t)((i * 16 * HROW + kk * BK + k16 * 16) * 2));
+#pragma unroll
+            for (int p = 0; p < 4; ++p)
+                ldsm_x4(b[p], wst + (uint32_t)(((b_row + p * 16) * WROW + b_col + k16 * 16) * 2));
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    mma16816<DT>(acc[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+        }
+        if (kk == kst - 1) { /* the tile's z is whole: fold it in, start the next */
+            const int col0 = tile * BN + wn * 64 + 2 * t;
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c)
+                            if (col0 + j * 8 + c < V) mx = fmaxf(mx, acc[i][j][hf * 2 + c] * LOG2E);
+                    lse2 &r = run[i][hf];
+                    if (mx > r.m) {
+                        r.s *= exp2f(r.m - mx);
+                        r.m = mx;
+                    }
+                    float s = 0.f;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+#pragma unroll
+                        for (int c = 0; c < 2; ++c)
+                            if (col0 + j * 8 + c < V) s += exp2f(fmaf(acc[i][j][hf * 2 + c], LOG2E, -r.m));
+                    r.s += s;
+                }
+            clear();
+        }
+    }
+    cp_wait<0>();
+    __syncthreads();
+    /* the 4 lanes of a node, then the 2 warps of its W rows (W's stages reused) */
+    float *red = reinterpret_cast<float *>(ws); /* m [2][BM], then s [2][BM] */
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            lse2 r = run[i][hf];
+#pragma unroll
+            for (int o = 1; o <= 2; o <<= 1)
+                r = lse2_merge(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+            if (t == 0) {
+                const int row = wm * 32 + i * 16 + hf * 8 + g;
+                red[wn * BM + row] = r.m;
+                red[2 * BM + wn * BM + row] = r.s;
+            }
+        }
+    __syncthreads();
+    if (tid < BM && node0 + tid < count) {
+        const lse2 r = lse2_merge({red[tid], red[2 * BM + tid]}, {red[BM + tid], red[3 * BM + tid]});
+        lse[node0 + tid] = (r.m + log2f(r.s)) / LOG2E;
+    }
+}
+
+
+/* the GEMM schedule's way: a warp a node, the log-sum-exp of its first V values of z (float32,
+ * pitch ldz), base 2, in float32 */
+__global__ void lse_rows_kernel(const float *z, int64_t ldz, float *lse, int64_t nodes, int V) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (n >= nodes) return;
+    const float *zr = z + n * ldz;
+    lse2 r = {-INFINITY, 0.f};
+    for (int v = lane * 4; v < V; v += 128) {
+        float x[4];
+        if (v + 3 < V) {
+            const float4 q = *reinterpret_cast<const float4 *>(zr + v);
+            x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
+        } else {
+            for (int e = 0; e < 4; ++e) x[e] = v + e < V ? zr[v + e] : -INFINITY;
+        }
+        for (int e = 0; e < 4; ++e) r = lse2_merge(r, {x[e] * LOG2E, x[e] == -INFINITY ? 0.f : 1.f});
+    }
+    for (int o = 16; o >= 1; o >>= 1) r = lse2_merge(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+    if (lane == 0) lse[n] = (r.m + log2f(r.s)) / LOG2E;
+}
+
+/* float64 reference of a row's log-sum-exp from float32 z */
+__global__ void lse_ref_kernel(const float *z, int64_t ldz, double *lse, int64_t nodes, int V) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (n >= nodes) return;
+    const float *zr = z + n * ldz;
+    double m = -INFINITY;
+    for (int v = lane; v < V; v += 32) m = fmax(m, (double)zr[v]);
+    for (int o = 16; o >= 1; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+    double s = 0.0;
+    for (int v = lane; v < V; v += 32) s += exp((double)zr[v] - m);
+    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) lse[n] = m + log(s);
+}
+
+__device__ __forceinline__ float unit_hash(uint64_t i, uint32_t seed) {
+    uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    return (float)((x >> 40) & 0xffffff) / 16777216.0f; /* [0, 1) */
+}
+/* values uniform in [-scale, scale); columns from `zero_from` on are zero (h's padding) */
+__global__ void fill_kernel(__nv_bfloat16 *p, int64_t rows, int K, int zero_from, float scale, uint32_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * K; i += (int64_t)gridDim.x * blockDim.x) {
+        const int k = (int)(i % K);
+        p[i] = __float2bfloat16(k >= zero_from ? 0.f : (2.f * unit_hash(i, seed) - 1.f) * scale);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    int64_t nodes = 303000;
+    int V = 8193, K = 648, iters = 5;
+    static const option opts[] = {{"nodes", required_argument, 0, 'n'}, {"vocab", required_argument, 0, 'v'},
+                                  {"hidden", required_argument, 0, 'k'}, {"iters", required_argument, 0, 'i'},
+                                  {0, 0, 0, 0}};
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        if (c == 'n') nodes = atoll(optarg);
+        else if (c == 'v') V = atoi(optarg);
+        else if (c == 'k') K = atoi(optarg);
+        else if (c == 'i') iters = atoi(optarg);
+        else {
+            fprintf(stderr, "usage: %s [--nodes N] [--vocab V] [--hidden K] [--iters I]\n", argv[0]);
+            return 2;
+        }
+    }
+    const int Kp = (K + 7) / 8 * 8, ldz = (V + 7) / 8 * 8;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("joint_lse_proto: %s, nodes %lld, V %d, K %d (padded %d), iters %d\n", prop.name, (long long)nodes, V, K,
+           Kp, iters);
+    __nv_bfloat16 *h, *W;
+    float *lse_f, *lse_r, *z;
+    double *lse_ref;
+    CK(cudaMalloc(&h, (size_t)nodes * Kp * 2));
+    CK(cudaMalloc(&W, (size_t)ldz * Kp * 2));
+    CK(cudaMalloc(&lse_f, nodes * 4));
+    CK(cudaMalloc(&lse_r, nodes * 4));
+    CK(cudaMalloc(&lse_ref, nodes * 8));
+    fill_kernel<<<1024, 256>>>(h, nodes, Kp, K, 1.0f, 1);
+    fill_kernel<<<1024, 256>>>(W, ldz, Kp, K, 3.0f / sqrtf((float)K), 2);
+    /* z for the check and the GEMM schedule's way, in chunks of at most 64 K nodes */
+    const int64_t chunk = std::min<int64_t>(nodes, 65536);
+    CK(cudaMalloc(&z, (size_t)chunk * ldz * 4));
+    cublasHandle_t hb;
+    cublasCreate(&hb);
+    const float one = 1.f, zero = 0.f;
+    auto gemm = [&](int64_t n0, int64_t n) { /* z (ldz x n, column-major: node rows) = W h^T */
+        return cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, ldz, (int)n, Kp, &one, W, CUDA_R_16BF, Kp, h + n0 * Kp,
+                            CUDA_R_16BF, Kp, &zero, z, CUDA_R_32F, ldz, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    const size_t smem = lse_smem_bytes(Kp);
+    auto *kern = joint_lse_kernel<TDT_DTYPE_BFLOAT16>;
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const unsigned blocks = (unsigned)((nodes + BM - 1) / BM);
+    auto fused = [&]() {
+        kern<<<blocks, THREADS, smem>>>(reinterpret_cast<const uint16_t *>(h),
+                                                  reinterpret_cast<const uint16_t *>(W), Kp, lse_f, nodes, V);
+    };
+    auto unfused = [&](bool rows) {
+        for (int64_t n0 = 0; n0 < nodes; n0 += chunk) {
+            const int64_t n = std::min(chunk, nodes - n0);
+            gemm(n0, n);
+            if (rows) lse_rows_kernel<<<(unsigned)((n + 7) / 8), 256>>>(z, ldz, lse_r + n0, n, V);
+        }
+    };
+    /* check */
+    fused();
+    CK(cudaGetLastError());
+    for (int64_t n0 = 0; n0 < nodes; n0 += chunk) {
+        const int64_t n = std::min(chunk, nodes - n0);
+        if (gemm(n0, n) != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx failed\n");
+            return 1;
+        }
+        lse_ref_kernel<<<(unsigned)((n + 7) / 8), 256>>>(z, ldz, lse_ref + n0, n, V);
+        lse_rows_kernel<<<(unsigned)((n + 7) / 8), 256>>>(z, ldz, lse_r + n0, n, V);
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<float> f(nodes), r(nodes);
+    std::vector<double> ref(nodes);
+    CK(cudaMemcpy(f.data(), lse_f, nodes * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(r.data(), lse_r, nodes * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ref.data(), lse_ref, nodes * 8, cudaMemcpyDeviceToHost));
+    double ef = 0, er = 0;
+    int64_t worst = 0;
+    for (int64_t i = 0; i < nodes; ++i) {
+        const double d = fabs(f[i] - ref[i]) / std::max(1.0, fabs(ref[i]));
+        if (!(d <= ef)) ef = d, worst = i;
+        er = std::max(er, fabs(r[i] - ref[i]) / std::max(1.0, fabs(ref[i])));
+    }
+    printf("check: fused max rel. difference %.3g (node %lld: %.9g, want %.9g), rows kernel %.3g\n", ef,
+           (long long)worst, f[worst], ref[worst], er);
+    if (!(ef <= 1e-5)) {
+        printf("FAILED: the fused kernel's log-normalisers differ\n");
+        return 1;
+    }
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    auto time = [&](auto fn) {
+        fn();
+        CK(cudaEventRecord(e0));
+        for (int i = 0; i < iters; ++i) fn();
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        return ms / iters;
+    };
+    const double flop = 2.0 * (double)nodes * V * Kp;
+    const float tf = time(fused), tu = time([&] { unfused(true); }), tg = time([&] { unfused(false); });
+    printf("fused z + log-sum-exp        %8.3f ms  %6.1f TFLOP/s\n", tf, flop / tf / 1e9);
+    printf("cuBLAS z (float32) + rows    %8.3f ms  %6.1f TFLOP/s  (fused / this %.2f)\n", tu, flop / tu / 1e9, tf / tu);
+    printf("cuBLAS z alone               %8.3f ms  %6.1f TFLOP/s\n", tg, flop / tg / 1e9);
+    return 0;
+}
