@@ -93,7 +93,8 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
                          {p.g_pred, (size_t)s.B * row * H * acc},
                          {p.g_w, (size_t)p.g_ldz * (size_t)p.g_ldw * acc},
                          {p.g_wp, (size_t)p.g_ldz * (size_t)p.g_ldwp * ob},
-                         {p.g_lt, TDT_JOINT_LT_BYTES}},
+                         {p.g_lt, TDT_JOINT_LT_BYTES},
+                         {p.g_nf, s.split ? (nodes_b + 1) * 4 : 0}},
                         p, "gemm");
         // a chunk is whole (b, t) rows, never more than the problem has (but at least one)
         EXPECT_LE(p.g_rows, std::max<int64_t>(1, s.B * s.T));

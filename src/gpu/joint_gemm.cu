@@ -28,13 +28,14 @@
  * schedule has five; cuBLASLt picks each product's kernel for the device, once a call (every
  * chunk has the same shapes and buffers).
  *
- * float32's products are split by default (TDT_GPU_JOINT_FLOAT32, joint.cu): W padded, h and dz
+ * float32's products are split where TDT_GPU_JOINT_FLOAT32=split asks (joint.cu): W padded, h and dz
  * each as three bfloat16 parts whose sum is the float32 value exactly (split3), and a product as
  * the six products of parts whose indices add up to at most 2, on bfloat16 tensor cores: the z
  * product as one product of six times the inner size (W's and h's rows hold the parts in six
  * blocks, joint_plan.h), d W and d h as six products into the same float32 sums. The three
- * products left out are below 2^-22 of the whole; the float32 kernels ("sgemm") take 3-5x the
- * time (docs/joint.md).
+ * products left out are below 2^-25 of the whole. A dz row with a value that is not finite goes
+ * in as zeros, its terms added in float32 by split_fix_dw_kernel and split_fix_dh_kernel. The
+ * float32 kernels (the default) take about 1.5x the time (docs/joint.md).
  *
  * Precision: the forward's z and the products' sums in the accumulate type, as the tiles'
  * schedule; h and dz rounded to the dtype where it is float16 or bfloat16 (the tensor cores'
@@ -258,20 +259,29 @@ template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
 template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
 
 /* Split products (float32, joint_plan.h): x as three bfloat16 values (bit patterns) whose sum is
- * x exactly, its 24 significant bits 8 at a time by truncation (so that no part rounds up past
- * float32's range; the last part of a float32 subnormal loses its low bits). */
+ * x exactly: the bfloat16 nearest x, the one nearest the rest, then the rest (at most 8
+ * significant bits of x's 24 are left for it, so it is exact; |part 1| <= 2^-8 |x|, |part 2| <=
+ * 2^-16 |x|). A part that would round past bfloat16's largest value is truncated instead; the
+ * last part of a float32 subnormal loses its low bits. Infinities and NaN: the value, then
+ * zeros. */
 __device__ __forceinline__ void split3(float x, uint16_t (&part)[3]) {
+    if (!isfinite(x)) {
+        part[0] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+        part[1] = part[2] = 0;
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
-        const uint32_t hi = __float_as_uint(x) & 0xffff0000u;
-        part[i] = (uint16_t)(hi >> 16);
-        x -= __uint_as_float(hi);
+        uint16_t b = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+        if ((b & 0x7fffu) == 0x7f80u) b = (uint16_t)(__float_as_uint(x) >> 16); /* rounded to infinity */
+        part[i] = b;
+        x -= __uint_as_float((uint32_t)b << 16);
     }
 }
 
 /* The part in each of the TDT_JOINT_SPLIT_BLOCKS blocks of W's and of h's rows: block k of the
  * z product pairs W's part kWPart[k] with h's kHPart[k], the six pairs whose parts add up to at
- * most 2 (the three dropped are below 2^-22 of the product). */
+ * most 2 (the three dropped are below 2^-25 of the product). */
 __device__ __forceinline__ int w_part_of(int k) { return k < 3 ? k : k == 4 ? 1 : 0; }
 __device__ __forceinline__ int h_part_of(int k) { return k < 3 ? 0 : k < 5 ? 1 : 2; }
 
@@ -443,15 +453,23 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
 
 /* A row of nv 16-byte vectors of float32 dz into its three bfloat16 parts: row d of the matrices
  * at out, out + stride and out + 2 stride, lane by lane (the lanes' stores of d before this
- * ordered by the caller's __syncwarp). */
+ * ordered by the caller's __syncwarp). A row with a value that is not finite gets zero parts
+ * instead (an infinity's products with other operands' zero parts would be NaN where float32's
+ * are infinite): its flag is set and the count raised, and split_fix_dw_kernel and
+ * split_fix_dh_kernel add its terms in float32. All the warp's lanes call this. */
 template <typename E>
-__device__ __forceinline__ void split_row(const E *d, uint16_t *out, int64_t stride, int64_t nv, int lane) {
+__device__ __forceinline__ void split_row(const E *d, uint16_t *out, int64_t stride, int64_t nv, int lane,
+                                          int *flag, int *count) {
+    bool bad = false;
     for (int64_t q = lane; q < nv; q += 32) {
         zvec<float> x;
         x.load(reinterpret_cast<const float *>(d) + q * 4);
         uint16_t parts[4][3];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) split3(x.v[e], parts[e]);
+        for (int e = 0; e < 4; ++e) {
+            bad |= !isfinite(x.v[e]);
+            split3(x.v[e], parts[e]);
+        }
 #pragma unroll
         for (int i = 0; i < 3; ++i) {
             uint2 raw;
@@ -459,6 +477,14 @@ __device__ __forceinline__ void split_row(const E *d, uint16_t *out, int64_t str
             raw.y = (uint32_t)parts[2][i] | (uint32_t)parts[3][i] << 16;
             *reinterpret_cast<uint2 *>(out + i * stride + q * 4) = raw;
         }
+    }
+    bad = __any_sync(0xffffffffu, bad);
+    if (bad) /* each lane over its own vectors again: no ordering needed */
+        for (int64_t q = lane; q < nv; q += 32)
+            for (int i = 0; i < 3; ++i) *reinterpret_cast<uint2 *>(out + i * stride + q * 4) = make_uint2(0u, 0u);
+    if (lane == 0) {
+        *flag = bad;
+        if (bad) atomicAdd(count, 1);
     }
 }
 
@@ -494,11 +520,13 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
  * the label and the durations by node_dz_known in float64, from the forward's node block, and
  * the zeros from O to ldz (after a __syncwarp, which orders the two writes of those values).
  * With split products (float32, split not NULL) the row's three bfloat16 parts then go into row
- * j of the three matrices split, split + split_stride, split + 2 split_stride (pitch ldz). */
+ * j of the three matrices split, split + split_stride, split + 2 split_stride (pitch ldz), and
+ * nf[1 + j] flags a row with a value that is not finite (nf[0] counts them; split_row). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
-                                                      int64_t ldz, uint16_t *split, int64_t split_stride) {
+                                                      int64_t ldz, uint16_t *split, int64_t split_stride,
+                                                      int *nf) {
     typedef acc_t<DT> A;
     typedef typename tdt_elem<DT>::T E;
     typedef typename tdt_rexp_fast<DT>::X XF;
@@ -520,7 +548,7 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
 #pragma unroll
         for (int e = 0; e < N; ++e) zero.v[e] = tdt_elem<DT>::from_acc((A)0);
         for (int64_t q = lane; q < nv; q += 32) zero.store(dr + q * N);
-        if (DT == TDT_DTYPE_FLOAT32 && split) split_row(dr, split + j * ldz, split_stride, nv, lane);
+        if (DT == TDT_DTYPE_FLOAT32 && split) split_row(dr, split + j * ldz, split_stride, nv, lane, nf + 1 + j, nf);
         return;
     }
     const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
@@ -538,7 +566,7 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     }
     if (DT == TDT_DTYPE_FLOAT32 && split) {
         __syncwarp();
-        split_row(dr, split + j * ldz, split_stride, nv, lane);
+        split_row(dr, split + j * ldz, split_stride, nv, lane, nf + 1 + j, nf);
     }
 }
 
@@ -577,6 +605,43 @@ __global__ void gemm_wsplit_kernel(const __grid_constant__ joint_args a, uint16_
 #pragma unroll
         for (int e = 0; e < 4; ++e) v[e] = wpad_value<TDT_DTYPE_FLOAT32>(a, o, k0 + e);
         store_split4<w_part_of>(wp + o * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0, v);
+    }
+}
+
+/* Split products: the chunk's dz rows flagged by split_row (nf[0] of them; nothing to do for
+ * none) went into the d W product as zeros; their terms are added here in float32, rows
+ * ascending, as float32's kernels have them (infinities included): d W and d bias (rows
+ * [r0, r0 + nr) of d W's column-major ldz columns, pitch ldw) += dz[n]^T h[n], h from its three
+ * parts (block 0, 3 and 5 of its row, joint_plan.h). */
+__global__ void split_fix_dw_kernel(const int *nf, int64_t rows, const float *dz, int64_t ldz, const uint16_t *hs,
+                                    int64_t ldh, float *wacc, int64_t ldw, int64_t r0, int64_t nr, int64_t O) {
+    if (nf[0] == 0) return;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < O * nr; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = i / nr, k = r0 + (i - o * nr);
+        float s = 0.0f;
+        for (int64_t n = 0; n < rows; ++n) {
+            if (!nf[1 + n]) continue;
+            const uint16_t *hr = hs + n * TDT_JOINT_SPLIT_BLOCKS * ldh + k;
+            const float h = __uint_as_float((uint32_t)hr[0] << 16) + __uint_as_float((uint32_t)hr[3 * ldh] << 16) +
+                            __uint_as_float((uint32_t)hr[5 * ldh] << 16);
+            s += dz[n * ldz + o] * h;
+        }
+        wacc[o * ldw + k] += s;
+    }
+}
+
+/* Split products: d h of the chunk's flagged dz rows (zeros from the d h product) in float32,
+ * over W padded's rows ascending: d h[n] = dz[n] W. */
+__global__ void split_fix_dh_kernel(const __grid_constant__ joint_args a, const int *nf, int64_t rows, const float *dz,
+                                    int64_t ldz, float *dx) {
+    if (nf[0] == 0) return;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * a.H;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t n = i / a.H, k = i - n * a.H;
+        if (!nf[1 + n]) continue;
+        float s = 0.0f;
+        for (int64_t o = 0; o < a.O; ++o) s += dz[n * ldz + o] * wpad_value<TDT_DTYPE_FLOAT32>(a, o, k);
+        dx[i] = s;
     }
 }
 
@@ -623,6 +688,7 @@ template <int DT> struct gemm_run {
         return split() ? reinterpret_cast<uint16_t *>(s + plan.g_z + (size_t)(nodes(true) * plan.g_ldz) * sizeof(A))
                        : NULL;
     }
+    int *nf() const { return split() ? reinterpret_cast<int *>(s + plan.g_nf) : NULL; }
     /* the products' operand type and inner pitch of h and W */
     cudaDataType_t opnd() const { return split() ? CUDA_R_16BF : lt_types<DT>::ab; }
     E *wp() const { return reinterpret_cast<E *>(s + plan.g_wp); }
@@ -735,8 +801,11 @@ template <int DT> struct gemm_run {
             const int64_t rows = all - r0 < plan.g_rows_b ? all - r0 : plan.g_rows_b;
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
             if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
+            if (split() && (st = cuda(cudaMemsetAsync(nf(), 0, sizeof(int), stream), "clearing the joint's flag count")) !=
+                               TDT_STATUS_SUCCESS)
+                return st;
             gemm_dz_kernel<DT><<<(unsigned)((nodes(true) + 7) / 8), 256, 0, stream>>>(
-                a, first, limit, nodes(true), dzw, plan.g_ldz, dzsplit(), nodes(true) * plan.g_ldz);
+                a, first, limit, nodes(true), dzw, plan.g_ldz, dzsplit(), nodes(true) * plan.g_ldz, nf());
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
             const int nterms = split() ? kSplitTerms : 1;
             if (want_w) {
@@ -749,6 +818,13 @@ template <int DT> struct gemm_run {
                     c = wg.run(h, &one, hh, dd, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);
                 }
                 if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d W += dz^T h)");
+                if (split()) {
+                    split_fix_dw_kernel<<<(unsigned)num_sms, 256, 0, stream>>>(
+                        nf(), nodes(true), reinterpret_cast<const float *>(dz), plan.g_ldz, hsplit(), plan.g_ldh,
+                        reinterpret_cast<float *>(wacc), plan.g_ldw, wrow0, wrows, a.O);
+                    if ((st = cuda(cudaGetLastError(), "launching the joint's d W fix-up")) != TDT_STATUS_SUCCESS)
+                        return st;
+                }
             }
             if (!want_x) continue;
             for (int t = 0; t < nterms && c == CUBLAS_STATUS_SUCCESS; ++t) {
@@ -760,6 +836,11 @@ template <int DT> struct gemm_run {
                 c = hg.run(h, &one, ww, dd, t == 0 ? &zero : &one, dx, ws(), TDT_JOINT_LT_BYTES, stream);
             }
             if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d h = dz W)");
+            if (split()) {
+                split_fix_dh_kernel<<<(unsigned)num_sms, 256, 0, stream>>>(
+                    a, nf(), nodes(true), reinterpret_cast<const float *>(dz), plan.g_ldz, reinterpret_cast<float *>(dx));
+                if ((st = cuda(cudaGetLastError(), "launching the joint's d h fix-up")) != TDT_STATUS_SUCCESS) return st;
+            }
             gemm_dx_kernel<DT><<<(unsigned)((rows * a.row + 7) / 8), 256, 0, stream>>>(a, first, limit, rows * a.row,
                                                                                     dx);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dx kernel")) != TDT_STATUS_SUCCESS) return st;

@@ -43,11 +43,13 @@
  *                               bfloat16 and ldwp = 6 ldh: the parts W0 W1 W2 W0 W1 W0, so that
  *                               [W parts] [h parts]^T is the six products W_i h_j, i + j < 3
  *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
- * Split products (float32 where the caller asks: joint.cu's TDT_GPU_JOINT_FLOAT32): each float32
- * operand is the exact sum of three bfloat16 values (its 24 significant bits, 8 at a time, by
- * truncation), and a product of two of them is the sum of the six products of parts whose
- * indices add up to at most 2, on bfloat16 tensor cores with float32 sums: the three dropped are
- * below 2^-22 of the product, under float32's own sums over H or the nodes.
+ *   g_nf     [1 + N_b] int32    split products only: the count of the chunk's dz rows with a
+ *                               value that is not finite, then a flag a row
+ * Split products (float32 where joint.cu's TDT_GPU_JOINT_FLOAT32 says split): each float32
+ * operand is the exact sum of three bfloat16 values (joint_gemm.cu's split3), and a product of
+ * two of them is the sum of the six products of parts whose indices add up to at most 2, on
+ * bfloat16 tensor cores with float32 sums: the three dropped are below 2^-25 of the product,
+ * under float32's own rounding.
  * Every product's dimensions and pitches are thus multiples of 8 (ldz, ldh, ldwp), as cuBLASLt's
  * vectorised kernels want (the rows of z, dz and d W from O to ldz are zeros): with O = 8198 its
  * kernels loaded 2 or 1 values at a time.
@@ -78,7 +80,7 @@ typedef struct tdt_gpu_joint_plan {
     int64_t g_rows, g_rows_b; /* the GEMM schedule: G (forward), G_b (backward) */
     int64_t g_ldz, g_ldh, g_ldhp, g_ldw, g_ldwp; /* its pitches (elements) */
     int g_split; /* float32's products on bfloat16 parts (joint_gemm.cu) */
-    size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt; /* its byte offsets */
+    size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt, g_nf; /* its byte offsets */
     size_t bytes;   /* the scratch's size, TDT_WS_ALIGN slack included */
 } tdt_gpu_joint_plan_t;
 
@@ -155,6 +157,10 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldwp, &wb) || !tdt_ws_take(&g, wb, (size_t)ob, &p->g_wp))
         return 0;
     if (!tdt_ws_take(&g, TDT_JOINT_LT_BYTES, 1, &p->g_lt)) return 0;
+    /* split products: a count and a flag a backward node (int32) */
+    if (!tdt_mul_size((size_t)Gb, (size_t)row, &nodes) ||
+        !tdt_ws_take(&g, p->g_split ? nodes + 1 : 0, 4, &p->g_nf))
+        return 0;
     if (g > cursor) cursor = g;
     if (cursor > (size_t)INT64_MAX - TDT_WS_ALIGN) return 0;
     p->bytes = cursor + TDT_WS_ALIGN;
