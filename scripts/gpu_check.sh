@@ -48,7 +48,7 @@ gtest_flag=""
 
 if want build; then
   step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTDT_CUDA_LINEINFO=ON $gtest_flag \
-    && cmake --build build-gpu -j$(nproc) --target all joint_gpu_bench"
+    && cmake --build build-gpu -j$(nproc) --target all joint_gpu_bench joint_lse_proto"
   if want tune; then
     step build_tune 240 bash -c "cmake -B build-tune -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DTDT_SWEEP_TUNING=ON $gtest_flag && cmake --build build-tune -j$(nproc) --target tdt_bench"
@@ -88,6 +88,13 @@ if want joint; then
   step joint_bench_py 240 python3 benchmark/bench.py --device cuda --iters 5 \
     --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes bfloat16,float32 \
     --plot "$OUT/joint.png"
+  # float32's split products (TDT_GPU_JOINT_FLOAT32=split: bfloat16 tensor cores on operands split
+  # into three parts; off by default): the GPU joint tests that cover them, then their benchmark
+  step joint_split_tests 120 env TDT_GPU_JOINT_FLOAT32=split build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
+  step joint_bench_split 150 env TDT_GPU_JOINT_FLOAT32=split build-gpu/benchmark/joint_gpu_bench --iters 5 \
+    --shapes parakeet-joint,huge-joint,long-joint --dtypes f32
+  # the mma.sync forward prototype, checked then timed against cuBLAS's z product and row pass
+  step joint_lse_proto 60 build-gpu/benchmark/joint_lse_proto --iters 5
   # the GEMM schedule's chunk budget (default 128 MB): 32 MB and 512 MB
   for kb in 32768 524288; do
     step joint_bench_chunk_$kb 120 env TDT_GPU_JOINT_CHUNK_KB=$kb build-gpu/benchmark/joint_gpu_bench \
