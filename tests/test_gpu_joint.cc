@@ -659,8 +659,8 @@ TEST(GpuJoint, ChunkBudgetVariable) {
     for (tdt_dtype_t dt : kAll) check_case(c, dt);
 }
 
-// float32's products in the GEMM schedule: on bfloat16 parts (TDT_GPU_JOINT_FLOAT32 unset or
-// "split") or float32 kernels ("sgemm"); both against the CPU, the split as accurate as the
+// float32's products in the GEMM schedule: float32 kernels (TDT_GPU_JOINT_FLOAT32 unset or
+// "sgemm") or bfloat16 parts ("split"); both against the CPU, the split as accurate as the
 // float32 kernels (each gradient's largest error, relative to its largest value, within 4x theirs
 // or 1e-6), with one (b, t) row a chunk as well (the backward's chunks then one row); a bad value
 // is refused.
