@@ -33,7 +33,7 @@
  * the six products of parts whose indices add up to at most 2, on bfloat16 tensor cores: the z
  * product as one product of six times the inner size (W's and h's rows hold the parts in six
  * blocks, joint_plan.h), d W and d h as six products into the same float32 sums. The three
- * products left out are below 2^-25 of the whole. A dz row with a value that is not finite goes
+ * products left out are at most 2^-23 of the whole. A dz row with a value that is not finite goes
  * in as zeros, its terms added in float32 by split_fix_dw_kernel and split_fix_dh_kernel. The
  * float32 kernels (the default) take about 1.5x the time (docs/joint.md).
  *
@@ -258,30 +258,12 @@ template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
  * (|lse| <= 1e7); 1 otherwise. A power of two: -lse's parts stay exact. */
 template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
 
-/* Split products (float32, joint_plan.h): x as three bfloat16 values (bit patterns) whose sum is
- * x exactly: the bfloat16 nearest x, the one nearest the rest, then the rest (at most 8
- * significant bits of x's 24 are left for it, so it is exact; |part 1| <= 2^-8 |x|, |part 2| <=
- * 2^-16 |x|). A part that would round past bfloat16's largest value is truncated instead; the
- * last part of a float32 subnormal loses its low bits. Infinities and NaN: the value, then
- * zeros. */
-__device__ __forceinline__ void split3(float x, uint16_t (&part)[3]) {
-    if (!isfinite(x)) {
-        part[0] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
-        part[1] = part[2] = 0;
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < 3; ++i) {
-        uint16_t b = __bfloat16_as_ushort(__float2bfloat16_rn(x));
-        if ((b & 0x7fffu) == 0x7f80u) b = (uint16_t)(__float_as_uint(x) >> 16); /* rounded to infinity */
-        part[i] = b;
-        x -= __uint_as_float((uint32_t)b << 16);
-    }
-}
+/* Split products (float32): joint_plan.h's tdt_split3. */
+__device__ __forceinline__ void split3(float x, uint16_t (&part)[3]) { tdt_split3(x, part); }
 
 /* The part in each of the TDT_JOINT_SPLIT_BLOCKS blocks of W's and of h's rows: block k of the
  * z product pairs W's part kWPart[k] with h's kHPart[k], the six pairs whose parts add up to at
- * most 2 (the three dropped are below 2^-25 of the product). */
+ * most 2 (the three dropped are at most 2^-23 of the product). */
 __device__ __forceinline__ int w_part_of(int k) { return k < 3 ? k : k == 4 ? 1 : 0; }
 __device__ __forceinline__ int h_part_of(int k) { return k < 3 ? 0 : k < 5 ? 1 : 2; }
 

@@ -46,10 +46,10 @@
  *   g_nf     [1 + N_b] int32    split products only: the count of the chunk's dz rows with a
  *                               value that is not finite, then a flag a row
  * Split products (float32 where joint.cu's TDT_GPU_JOINT_FLOAT32 says split): each float32
- * operand is the exact sum of three bfloat16 values (joint_gemm.cu's split3), and a product of
- * two of them is the sum of the six products of parts whose indices add up to at most 2, on
- * bfloat16 tensor cores with float32 sums: the three dropped are below 2^-25 of the product,
- * under float32's own rounding.
+ * operand is the exact sum of three bfloat16 values (tdt_split3 below), and a product of two of
+ * them is the sum of the six products of parts whose indices add up to at most 2, on bfloat16
+ * tensor cores with float32 sums: the three dropped are at most 2^-23 of the product, two units
+ * of float32's own rounding of it.
  * Every product's dimensions and pitches are thus multiples of 8 (ldz, ldh, ldwp), as cuBLASLt's
  * vectorised kernels want (the rows of z, dz and d W from O to ldz are zeros): with O = 8198 its
  * kernels loaded 2 or 1 values at a time.
@@ -61,6 +61,9 @@
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
+
+#include <stdint.h>
+#include <string.h>
 
 #include "common/workspace.h"
 
@@ -165,6 +168,44 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     if (cursor > (size_t)INT64_MAX - TDT_WS_ALIGN) return 0;
     p->bytes = cursor + TDT_WS_ALIGN;
     return 1;
+}
+
+/* The bfloat16 nearest x (its bits; ties to even; NaN stays NaN), as __float2bfloat16_rn. */
+TDT_HD uint16_t tdt_bf16_rn(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Split products (joint_gemm.cu): x as three bfloat16 values (bits) whose sum is x exactly:
+ * the bfloat16 nearest x, the one nearest the rest, then the rest (x's 24 significant bits less
+ * the 8 or so of each part before: at most 8 left, so it is exact). |part 1| <= 2^-8 |x| and
+ * |part 2| <= 2^-16 |x|, so of a product of two split values the three products of parts whose
+ * indices add up to 3 or more are at most 2^-23 of it. A part that would round past bfloat16's
+ * largest value is truncated instead (|part 1| <= 2^-7 |x| then, for |x| beyond that value
+ * less half its last place); below float32's normal range the last part loses the bits
+ * bfloat16's subnormals cannot hold. Infinities and NaN: the value, then zeros. */
+TDT_HD void tdt_split3(float x, uint16_t part[3]) {
+    if (!(x - x == 0.0f)) { /* infinite or NaN */
+        part[0] = tdt_bf16_rn(x);
+        part[1] = part[2] = 0;
+        return;
+    }
+    for (int i = 0; i < 3; ++i) {
+        uint16_t b = tdt_bf16_rn(x);
+        if ((b & 0x7fffu) == 0x7f80u) { /* rounded to an infinity: truncate */
+            uint32_t u;
+            memcpy(&u, &x, sizeof u);
+            b = (uint16_t)(u >> 16);
+        }
+        part[i] = b;
+        const uint32_t w = (uint32_t)b << 16;
+        float f;
+        memcpy(&f, &w, sizeof f);
+        x -= f;
+    }
 }
 
 #endif /* TDT_GPU_JOINT_PLAN_H */
