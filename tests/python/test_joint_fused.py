@@ -660,6 +660,26 @@ def test_cuda_bad_lengths_and_labels_raise(monkeypatch, asynchronous):
 
 
 @requires_cuda
+@pytest.mark.parametrize("products", ["sgemm", "split"])
+@pytest.mark.parametrize("chunk_kb", ["", "1"])
+def test_cuda_float32_products_within_the_unfused_error(monkeypatch, products, chunk_kb):
+    """float32's products as float32 kernels or on bfloat16 parts (TDT_GPU_JOINT_FLOAT32), with
+    the default chunks and one (b, t) row a chunk: as close to float64 as the unfused float32
+    path (4x its error or 1e-6, normwise)."""
+    monkeypatch.setenv("TDT_GPU_JOINT_FLOAT32", products)
+    monkeypatch.setenv("TDT_GPU_JOINT_CHUNK_KB", chunk_kb)
+    c = make(B=3, T=16, U=5, H=96, V=700, seed=35, scale=0.5, device="cuda")
+    ref_l, ref_g = run(unfused, c, reduction="none")
+    fl, fg = run(fused, c, reduction="none", dtype=torch.float32, dropout=0.1, seed=4)
+    ul, ug = run(unfused, c, reduction="none", dtype=torch.float32)
+    rl, rg = run(fused, c, reduction="none", dropout=0.1, seed=4)  # float64, the same mask
+    for name, f, u, r, rr in [("costs", fl, ul, rl, ref_l)] + list(zip(NAMES, fg, ug, rg, ref_g)):
+        ef = float((f.double() - r).norm() / r.norm())
+        eu = float((u.double() - rr).norm() / rr.norm())
+        assert ef <= 4 * eu + 1e-6, "%s %s: fused %.3g vs unfused %.3g" % (products, name, ef, eu)
+
+
+@requires_cuda
 def test_cuda_deterministic():
     c = make(B=3, T=30, U=8, H=64, V=257, seed=30, dtype=torch.float32, device="cuda")
     a = run(fused, c, reduction="none", dropout=0.1, seed=3)
