@@ -546,7 +546,7 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count);
  * either. TDT_GPU_JOINT_CHUNK_KB (a tuning knob, docs/joint.md) sets the GEMM schedule's chunk
  * budget (default 128 MB) for the size query and the call alike, as TDT_GPU_JOINT_FLOAT32 does
  * float32's products there: "sgemm" (the default, float32 kernels) or "split" (bfloat16 tensor
- * cores on operands split into three exact bfloat16 parts, 0.7x the time; docs/joint.md).
+ * cores on operands split into three exact bfloat16 parts, 0.67-0.80x the time; docs/joint.md).
  * docs/joint.md compares the two schedules.
  * ------------------------------------------------------------------------------------------- */
 

@@ -690,7 +690,7 @@ long long joint_chunk_bytes() {
 
 /* float32's products in the GEMM schedule (joint_plan.h): TDT_GPU_JOINT_FLOAT32 = "sgemm" (the
  * default: float32 kernels on the CUDA cores) or "split" (on bfloat16 tensor cores, each operand
- * the sum of three bfloat16 parts: 0.7x the time, docs/joint.md); 0, 1, or -1 where set to
+ * the sum of three bfloat16 parts: 0.67-0.80x the time, docs/joint.md); 0, 1, or -1 where set to
  * anything else. Read by the size query and by the call, like TDT_GPU_JOINT_CHUNK_KB. */
 int joint_float32_split() {
     const char *v = getenv("TDT_GPU_JOINT_FLOAT32");
