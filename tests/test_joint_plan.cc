@@ -7,9 +7,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstring>
-#include <random>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -162,33 +161,7 @@ TEST(JointPlan, OverflowingSizesAreRefused) {
     EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, 0, 0, &p));
 }
 
-float bits_to_float(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-}
-double bf16(uint16_t b) { return (double)bits_to_float((uint32_t)b << 16); }
-
-// tdt_bf16_rn: the nearest bfloat16, ties to even, against the two neighbours of every tested value.
-TEST(JointSplit, Bfloat16RoundsToNearestEven) {
-    std::mt19937 rng(7);
-    for (int i = 0; i < 200000; ++i) {
-        const uint32_t u = rng() & 0x7f7fffffu;  // finite, either sign below
-        const float x = bits_to_float(u | (i & 1 ? 0x80000000u : 0u));
-        const uint16_t b = tdt_bf16_rn(x);
-        const uint32_t lo = (u >> 16) << 16, hi = lo + 0x10000u;
-        // past the largest bfloat16 its neighbour is 2^128, rounded to an infinity
-        const double hv = hi == 0x7f800000u ? std::ldexp(1.0, 128) : (double)bits_to_float(hi);
-        const double dl = std::fabs(std::fabs((double)x) - (double)bits_to_float(lo)),
-                     dh = std::fabs(hv - std::fabs((double)x));
-        const uint16_t want = (uint16_t)(((dl < dh || (dl == dh && !((lo >> 16) & 1))) ? lo : hi) >> 16 |
-                                         (i & 1 ? 0x8000u : 0u));
-        ASSERT_EQ(b, want) << "x = " << x;
-    }
-    EXPECT_EQ(tdt_bf16_rn(INFINITY), 0x7f80);
-    EXPECT_EQ(tdt_bf16_rn(-INFINITY), 0xff80);
-    EXPECT_TRUE(std::isnan(bf16(tdt_bf16_rn(bits_to_float(0x7f800001u))))) << "a NaN whose payload is in the low bits";
-}
+double bf16(uint16_t b) { return (double)tdt_bf16_to_float(b); }
 
 // tdt_split3: three parts that sum to x exactly, each at most 2^-8 of x's size after the one
 // before (2^-7 where the first is truncated, past bfloat16's largest value), so that the
@@ -197,11 +170,11 @@ TEST(JointSplit, Bfloat16RoundsToNearestEven) {
 TEST(JointSplit, ThreePartsSumExactlyAndTheSixProductsHoldAFloat32Product) {
     std::mt19937 rng(11);
     std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 3.0f, 1.0f / 3.0f, FLT_MAX, -FLT_MAX, FLT_MIN,
-                             bits_to_float(0x7f7f8000u), bits_to_float(0x7f7fffffu), 1e-30f, 123456.789f};
+                             tdt_bits_to_float(0x7f7f8000u), tdt_bits_to_float(0x7f7fffffu), 1e-30f, 123456.789f};
     for (int i = 0; i < 200000; ++i) {
         // exponents over the normal range (2^-100 .. 2^100) and the top of it, both signs
         const uint32_t e = (i % 50 == 0) ? 254u - (rng() % 4) : 27u + rng() % 200u;
-        xs.push_back(bits_to_float((rng() & 0x807fffffu) | e << 23));
+        xs.push_back(tdt_bits_to_float((rng() & 0x807fffffu) | e << 23));
     }
     for (size_t i = 0; i < xs.size(); ++i) {
         const float x = xs[i];
@@ -211,7 +184,7 @@ TEST(JointSplit, ThreePartsSumExactlyAndTheSixProductsHoldAFloat32Product) {
         ASSERT_TRUE(std::isfinite(a) && std::isfinite(b) && std::isfinite(c)) << "x = " << x;
         ASSERT_EQ(a + b + c, (double)x) << "x = " << x << ": " << a << " + " << b << " + " << c;
         // 2^-8, or 2^-7 past bfloat16's largest value, where the first part is truncated
-        const int shift = std::fabs(x) >= bits_to_float(0x7f7f8000u) ? -7 : -8;
+        const int shift = std::fabs(x) >= tdt_bits_to_float(0x7f7f8000u) ? -7 : -8;
         ASSERT_LE(std::fabs(b), std::ldexp(std::fabs((double)x), shift)) << "x = " << x;
         ASSERT_LE(std::fabs(c), std::ldexp(std::fabs((double)x), -16)) << "x = " << x;
         const float y = xs[(i * 7919 + 13) % xs.size()];

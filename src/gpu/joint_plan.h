@@ -24,8 +24,10 @@
  *   g_z      [N * ldz]          the chunk's logits z plus bias (accumulate type, O rows of pitch
  *                               ldz, O rounded up to 8); in the backward N_b rows of pitch ldz
  *                               hold z plus bias in the dtype (less lse for float16 and
- *                               bfloat16), then in place its dz; with split products, dz's
- *                               three bfloat16 parts after those rows (3 matrices, N_b x ldz)
+ *                               bfloat16), then in place its dz; with split products, dz goes
+ *                               into its three bfloat16 parts after those rows (3 matrices,
+ *                               N_b x ldz) instead, but for a row with a value that is not
+ *                               finite (its dz in place, its parts zeros)
  *   g_h      [N * ldhp]         the chunk's h, the products' operand: the dtype, pitch ldhp =
  *                               ldh (H + 4 rounded up to 8), a 1 at column H (the bias's operand
  *                               in the z product, d bias's in the d W product), then
@@ -63,8 +65,8 @@
 #define TDT_GPU_JOINT_PLAN_H
 
 #include <stdint.h>
-#include <string.h>
 
+#include "common/dtype.h"
 #include "common/workspace.h"
 
 #define TDT_JOINT_DX_BYTES ((size_t)32 << 20)
@@ -146,14 +148,13 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     if (Gb < 1) Gb = 1;
     p->g_rows = G;
     p->g_rows_b = Gb;
-    size_t zf, zbk;
-    if (!tdt_mul_size((size_t)G, (size_t)row, &nodes) || !tdt_mul_size(nodes, zb, &zf)) return 0;
-    if (!tdt_mul_size((size_t)Gb, (size_t)row, &nodes) || !tdt_mul_size(nodes, zbb, &zbk)) return 0;
+    size_t nodes_b, zf, zbk; /* nodes: a forward chunk's, nodes_b a backward one's */
+    if (!tdt_mul_size((size_t)G, (size_t)row, &nodes) || !tdt_mul_size((size_t)Gb, (size_t)row, &nodes_b))
+        return 0;
+    if (!tdt_mul_size(nodes, zb, &zf) || !tdt_mul_size(nodes_b, zbb, &zbk)) return 0;
     if (!tdt_ws_take(&g, zf > zbk ? zf : zbk, 1, &p->g_z)) return 0;
-    if (!tdt_mul_size((size_t)G, (size_t)row, &nodes)) return 0;
     if (!tdt_mul_size(nodes, hb, &n) || !tdt_ws_take(&g, n, 1, &p->g_h)) return 0;
-    if (!tdt_mul_size((size_t)Gb, (size_t)row, &nodes)) return 0;
-    if (!tdt_mul_size(nodes, (size_t)H, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_dx)) return 0;
+    if (!tdt_mul_size(nodes_b, (size_t)H, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_dx)) return 0;
     if (!tdt_mul_size((size_t)B, row_elems, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_pred)) return 0;
     if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldw, &wb) || !tdt_ws_take(&g, wb, (size_t)acc, &p->g_w))
         return 0;
@@ -161,27 +162,16 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
         return 0;
     if (!tdt_ws_take(&g, TDT_JOINT_LT_BYTES, 1, &p->g_lt)) return 0;
     /* split products: a count and a flag a backward node (int32) */
-    if (!tdt_mul_size((size_t)Gb, (size_t)row, &nodes) ||
-        !tdt_ws_take(&g, p->g_split ? nodes + 1 : 0, 4, &p->g_nf))
-        return 0;
+    if (!tdt_ws_take(&g, p->g_split ? nodes_b + 1 : 0, 4, &p->g_nf)) return 0;
     if (g > cursor) cursor = g;
     if (cursor > (size_t)INT64_MAX - TDT_WS_ALIGN) return 0;
     p->bytes = cursor + TDT_WS_ALIGN;
     return 1;
 }
 
-/* The bfloat16 nearest x (its bits; ties to even; NaN stays NaN), as __float2bfloat16_rn. */
-TDT_HD uint16_t tdt_bf16_rn(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* Split products (joint_gemm.cu): x as three bfloat16 values (bits) whose sum is x exactly:
- * the bfloat16 nearest x, the one nearest the rest, then the rest (x's 24 significant bits less
- * the 8 or so of each part before: at most 8 left, so it is exact). |part 1| <= 2^-8 |x| and
+ * the bfloat16 nearest x (dtype.h's tdt_float_to_bf16), the one nearest the rest, then the rest
+ * (x's 24 significant bits less the 8 or so of each part before: at most 8 left, so exact). |part 1| <= 2^-8 |x| and
  * |part 2| <= 2^-16 |x|, so of a product of two split values the three products of parts whose
  * indices add up to 3 or more are at most 2^-23 of it. A part that would round past bfloat16's
  * largest value is truncated instead (|part 1| <= 2^-7 |x| then, for |x| beyond that value
@@ -189,22 +179,16 @@ TDT_HD uint16_t tdt_bf16_rn(float x) {
  * bfloat16's subnormals cannot hold. Infinities and NaN: the value, then zeros. */
 TDT_HD void tdt_split3(float x, uint16_t part[3]) {
     if (!(x - x == 0.0f)) { /* infinite or NaN */
-        part[0] = tdt_bf16_rn(x);
+        part[0] = tdt_float_to_bf16(x);
         part[1] = part[2] = 0;
         return;
     }
     for (int i = 0; i < 3; ++i) {
-        uint16_t b = tdt_bf16_rn(x);
-        if ((b & 0x7fffu) == 0x7f80u) { /* rounded to an infinity: truncate */
-            uint32_t u;
-            memcpy(&u, &x, sizeof u);
-            b = (uint16_t)(u >> 16);
-        }
+        uint16_t b = tdt_float_to_bf16(x);
+        if ((b & 0x7fffu) == 0x7f80u) /* rounded to an infinity: truncated instead */
+            b = (uint16_t)(tdt_float_to_bits(x) >> 16);
         part[i] = b;
-        const uint32_t w = (uint32_t)b << 16;
-        float f;
-        memcpy(&f, &w, sizeof f);
-        x -= f;
+        x -= tdt_bf16_to_float(b);
     }
 }
 
