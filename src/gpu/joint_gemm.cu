@@ -29,7 +29,7 @@
  * chunk has the same shapes and buffers).
  *
  * float32's products are split where TDT_GPU_JOINT_FLOAT32=split asks (joint.cu): W padded, h and dz
- * each as three bfloat16 parts whose sum is the float32 value exactly (split3), and a product as
+ * each as three bfloat16 parts whose sum is the float32 value exactly (tdt_split3), and a product as
  * the six products of parts whose indices add up to at most 2, on bfloat16 tensor cores: the z
  * product as one product of six times the inner size (W's and h's rows hold the parts in six
  * blocks, joint_plan.h), d W and d h as six products into the same float32 sums. The three
@@ -258,29 +258,29 @@ template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
  * (|lse| <= 1e7); 1 otherwise. A power of two: -lse's parts stay exact. */
 template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
 
-/* Split products (float32): joint_plan.h's tdt_split3. */
-__device__ __forceinline__ void split3(float x, uint16_t (&part)[3]) { tdt_split3(x, part); }
-
-/* The part in each of the TDT_JOINT_SPLIT_BLOCKS blocks of W's and of h's rows: block k of the
- * z product pairs W's part kWPart[k] with h's kHPart[k], the six pairs whose parts add up to at
- * most 2 (the three dropped are at most 2^-23 of the product). */
+/* Split products (float32): the part in each block of W's and of h's rows (TDT_JOINT_SPLIT_BLOCKS
+ * blocks of ldh): block k of the z product pairs W's part w_part_of(k) with h's h_part_of(k), the
+ * six pairs whose parts add up to at most 2 (the three dropped are at most 2^-23 of the
+ * product); dz's three parts go one to a matrix (part_self). */
 __device__ __forceinline__ int w_part_of(int k) { return k < 3 ? k : k == 4 ? 1 : 0; }
 __device__ __forceinline__ int h_part_of(int k) { return k < 3 ? 0 : k < 5 ? 1 : 2; }
+__device__ __forceinline__ int part_self(int k) { return k; }
 
-/* The four values v[0..3] of a row's columns k0..k0 + 3 into a split row (pitch in blocks of
- * ldb values): block k gets part part_of(k), 8 bytes a store. */
-template <int (*part_of)(int)>
-__device__ __forceinline__ void store_split4(uint16_t *row, int64_t ldb, int64_t k0, const float (&v)[4]) {
+/* The four values v[0..3] of columns k0..k0 + 3 as their bfloat16 parts (joint_plan.h's
+ * tdt_split3) into BLOCKS blocks at out, out + ldb, ...: block k gets part part_of(k), 8 bytes a
+ * store. */
+template <int BLOCKS, int (*part_of)(int)>
+__device__ __forceinline__ void store_parts(uint16_t *out, int64_t ldb, int64_t k0, const float (&v)[4]) {
     uint16_t parts[4][3];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) split3(v[e], parts[e]);
+    for (int e = 0; e < 4; ++e) tdt_split3(v[e], parts[e]);
 #pragma unroll
-    for (int k = 0; k < TDT_JOINT_SPLIT_BLOCKS; ++k) {
+    for (int k = 0; k < BLOCKS; ++k) {
         const int i = part_of(k);
         uint2 raw;
         raw.x = (uint32_t)parts[0][i] | (uint32_t)parts[1][i] << 16;
         raw.y = (uint32_t)parts[2][i] | (uint32_t)parts[3][i] << 16;
-        *reinterpret_cast<uint2 *>(row + k * ldb + k0) = raw;
+        *reinterpret_cast<uint2 *>(out + k * ldb + k0) = raw;
     }
 }
 
@@ -353,11 +353,13 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
             }
             out.v[e] = v;
         }
-        if (DT == TDT_DTYPE_FLOAT32 && split) /* split products: h's parts, six blocks of ldh */
-            store_split4<h_part_of>(split + j * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0,
-                                    reinterpret_cast<const float(&)[4]>(out.v));
-        else
-            out.store(row + k0);
+        if constexpr (DT == TDT_DTYPE_FLOAT32) {
+            if (split) { /* split products: h's parts, six blocks of ldh */
+                store_parts<TDT_JOINT_SPLIT_BLOCKS, h_part_of>(split + j * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0, out.v);
+                continue;
+            }
+        }
+        out.store(row + k0);
     }
 }
 
@@ -433,49 +435,13 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     node_block<A>(a, ni, lse, zr[a.blank], ni.has_label && ni.y >= 0 ? zr[ni.y] : (A)0, zr + a.V);
 }
 
-/* A row of nv 16-byte vectors of float32 dz into its three bfloat16 parts: row d of the matrices
- * at out, out + stride and out + 2 stride, lane by lane (the lanes' stores of d before this
- * ordered by the caller's __syncwarp). A row with a value that is not finite gets zero parts
- * instead (an infinity's products with other operands' zero parts would be NaN where float32's
- * are infinite): its flag is set and the count raised, and split_fix_dw_kernel and
- * split_fix_dh_kernel add its terms in float32. All the warp's lanes call this. */
-template <typename E>
-__device__ __forceinline__ void split_row(const E *d, uint16_t *out, int64_t stride, int64_t nv, int lane,
-                                          int *flag, int *count) {
-    bool bad = false;
-    for (int64_t q = lane; q < nv; q += 32) {
-        zvec<float> x;
-        x.load(reinterpret_cast<const float *>(d) + q * 4);
-        uint16_t parts[4][3];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            bad |= !isfinite(x.v[e]);
-            split3(x.v[e], parts[e]);
-        }
-#pragma unroll
-        for (int i = 0; i < 3; ++i) {
-            uint2 raw;
-            raw.x = (uint32_t)parts[0][i] | (uint32_t)parts[1][i] << 16;
-            raw.y = (uint32_t)parts[2][i] | (uint32_t)parts[3][i] << 16;
-            *reinterpret_cast<uint2 *>(out + i * stride + q * 4) = raw;
-        }
-    }
-    bad = __any_sync(0xffffffffu, bad);
-    if (bad) /* each lane over its own vectors again: no ordering needed */
-        for (int64_t q = lane; q < nv; q += 32)
-            for (int i = 0; i < 3; ++i) *reinterpret_cast<uint2 *>(out + i * stride + q * 4) = make_uint2(0u, 0u);
-    if (lane == 0) {
-        *flag = bad;
-        if (bad) atomicAdd(count, 1);
-    }
-}
-
-/* The bulk of a row of dz in place over the row d of nv 16-byte vectors (the dtype): every value
- * x as tdt_row_grad(c, x), each lane kRowPasses vectors read before it writes them back (loads in
- * flight together). No branch an element: the outputs the bulk formula does not give are
- * written over afterwards. */
-template <int DT, typename X>
-__device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t nv, const row_coef<X> &c, int lane) {
+/* The bulk of a row of dz from the row d of nv 16-byte vectors (the dtype): every value x as
+ * tdt_row_grad(c, x), each lane kRowPasses vectors read before it hands them on (loads in flight
+ * together) to put(q, vector q): written back over d, or as split parts. No branch an element:
+ * the outputs the bulk formula does not give are written over afterwards. */
+template <int DT, typename X, typename Put>
+__device__ __forceinline__ void dz_stream(const typename tdt_elem<DT>::T *d, int64_t nv, const row_coef<X> &c, int lane,
+                                          const Put &put) {
     typedef typename tdt_elem<DT>::T E;
     enum { N = zvec<E>::N };
     for (int64_t q0 = 0; q0 < nv; q0 += 32 * kRowPasses) { /* warp-uniform */
@@ -488,9 +454,36 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
 #pragma unroll
                 for (int e = 0; e < N; ++e)
                     x[p].v[e] = tdt_elem<DT>::from_acc(tdt_row_grad(c, tdt_elem<DT>::to_acc(x[p].v[e])));
-                x[p].store(d + q * N);
+                put(q, x[p]);
             }
         }
+    }
+}
+
+/* Node ni's row of dz from dr, its row of the backward's z product: the bulk (dz_stream, from the
+ * reference ref), then, after a __syncwarp that orders the two writes of those values, the
+ * blank, the label and the durations by node_dz_known in float64 and zeros from O to ldz,
+ * through put (vectors) and put1 (single values). */
+template <int DT, typename Put, typename Put1>
+__device__ __forceinline__ void dz_row(const joint_args &a, const node_info &ni, const node_coef &nc,
+                                       const typename tdt_elem<DT>::T *dr, int64_t ldz, int lane, const Put &put,
+                                       const Put1 &put1) {
+    typedef acc_t<DT> A;
+    typedef typename tdt_rexp_fast<DT>::X XF;
+    typedef tdt_rexp_nat<DT> XN;
+    const int64_t nv = ldz / zvec<typename tdt_elem<DT>::T>::N; /* ldz: a multiple of 8 */
+    const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
+    const A cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
+    if (XF::fits(ref)) /* false for NaN */
+        dz_stream<DT>(dr, nv, tdt_row_coef<XF>(ref, nc.g.tok_occ, cl, nc.gb), lane, put);
+    else
+        dz_stream<DT>(dr, nv, tdt_row_coef<XN>(ref, nc.g.tok_occ, cl, nc.gb), lane, put);
+    __syncwarp();
+    /* entry i: the blank, the label (none: -1), the D durations, then O .. ldz - 1 */
+    const int64_t fix_n = 2 + a.D + (ldz - a.O);
+    for (int64_t i = lane; i < fix_n; i += 32) {
+        const int64_t o = i == 0 ? a.blank : i == 1 ? ni.y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
+        if (o >= 0) put1(o, o < a.O ? (A)node_dz_known(a, ni, nc, o) : (A)0);
     }
 }
 
@@ -498,21 +491,22 @@ __device__ __forceinline__ void dz_stream(typename tdt_elem<DT>::T *d, int64_t n
  * product (pitch ldz, the dtype: the node's logits, bias included, less lse where lp_shift),
  * written over it: zero from O on, for nodes outside a feasible lattice and past limit. The
  * token values as the unfused gradient's rows (dz_stream: gpu_common.cuh's tdt_row_grad, base 2
- * where the reference fits: 0 for log-probabilities, else lse); then, over those, the blank,
- * the label and the durations by node_dz_known in float64, from the forward's node block, and
- * the zeros from O to ldz (after a __syncwarp, which orders the two writes of those values).
- * With split products (float32, split not NULL) the row's three bfloat16 parts then go into row
- * j of the three matrices split, split + split_stride, split + 2 split_stride (pitch ldz), and
- * nf[1 + j] flags a row with a value that is not finite (nf[0] counts them; split_row). */
-template <int DT>
+ * where the reference fits: 0 for log-probabilities, else lse); then, over those, the blank, the
+ * label and the durations by node_dz_known in float64, from the forward's node block (dz_row).
+ * SPLIT (split products, float32): dz goes straight into its three bfloat16 parts, row j of the
+ * matrices split, split + split_stride, split + 2 split_stride (pitch ldz), and z's row is left
+ * as it is, but for a row with a value that is not finite: its parts are zeros (an infinity's
+ * products with other operands' zero parts would be NaN where float32's are infinite), its dz
+ * is written over z's row in float32, nf[1 + j] flags it and nf[0] counts it, for
+ * split_fix_dw_kernel and split_fix_dh_kernel. */
+template <int DT, bool SPLIT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
                                                       int64_t ldz, uint16_t *split, int64_t split_stride,
                                                       int *nf) {
+    static_assert(!SPLIT || DT == TDT_DTYPE_FLOAT32, "split products are float32's");
     typedef acc_t<DT> A;
     typedef typename tdt_elem<DT>::T E;
-    typedef typename tdt_rexp_fast<DT>::X XF;
-    typedef tdt_rexp_nat<DT> XN;
     enum { N = zvec<E>::N };
     __shared__ node_info nis[8];
     __shared__ node_coef ncs[8];
@@ -524,32 +518,53 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     const node_info &ni = nis[w];
     const node_coef &nc = ncs[w];
     E *const dr = d + j * ldz;
+    uint16_t *const sr = SPLIT ? split + j * ldz : NULL;
     const int64_t nv = ldz / N; /* ldz: a multiple of 8 */
-    if (!ni.valid) { /* warp-uniform */
+    const auto in_place = [&](int64_t q, const zvec<E> &x) { x.store(dr + q * N); };
+    const auto in_place1 = [&](int64_t o, A v) { dr[o] = tdt_elem<DT>::from_acc(v); };
+    bool bad = false; /* SPLIT: this lane has written a value that is not finite */
+    const auto parts = [&](int64_t q, const zvec<E> &x) {
+        if constexpr (SPLIT) {
+#pragma unroll
+            for (int e = 0; e < N; ++e) bad |= !isfinite(x.v[e]);
+            store_parts<3, part_self>(sr, split_stride, q * N, x.v);
+        }
+    };
+    const auto parts1 = [&](int64_t o, A v) {
+        uint16_t p[3];
+        bad |= !isfinite(v);
+        tdt_split3((float)v, p);
+        for (int i = 0; i < 3; ++i) sr[i * split_stride + o] = p[i];
+    };
+    const auto zeros = [&]() {
         zvec<E> zero;
 #pragma unroll
         for (int e = 0; e < N; ++e) zero.v[e] = tdt_elem<DT>::from_acc((A)0);
-        for (int64_t q = lane; q < nv; q += 32) zero.store(dr + q * N);
-        if (DT == TDT_DTYPE_FLOAT32 && split) split_row(dr, split + j * ldz, split_stride, nv, lane, nf + 1 + j, nf);
+        return zero;
+    };
+    if (!ni.valid) { /* warp-uniform */
+        const zvec<E> zero = zeros();
+        for (int64_t q = lane; q < nv; q += 32) {
+            if (SPLIT) parts(q, zero);
+            else in_place(q, zero);
+        }
+        if (SPLIT && lane == 0) nf[1 + j] = 0;
         return;
     }
-    const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
-    const A cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
-    if (XF::fits(ref)) /* false for NaN */
-        dz_stream<DT>(dr, nv, tdt_row_coef<XF>(ref, nc.g.tok_occ, cl, nc.gb), lane);
-    else
-        dz_stream<DT>(dr, nv, tdt_row_coef<XN>(ref, nc.g.tok_occ, cl, nc.gb), lane);
-    __syncwarp();
-    /* entry i: the blank, the label (none: -1), the D durations, then O .. ldz - 1 */
-    const int64_t fix_n = 2 + a.D + (ldz - a.O);
-    for (int64_t i = lane; i < fix_n; i += 32) {
-        const int64_t o = i == 0 ? a.blank : i == 1 ? ni.y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
-        if (o >= 0) dr[o] = tdt_elem<DT>::from_acc(o < a.O ? (A)node_dz_known(a, ni, nc, o) : (A)0);
+    if (!SPLIT) {
+        dz_row<DT>(a, ni, nc, dr, ldz, lane, in_place, in_place1);
+        return;
     }
-    if (DT == TDT_DTYPE_FLOAT32 && split) {
-        __syncwarp();
-        split_row(dr, split + j * ldz, split_stride, nv, lane, nf + 1 + j, nf);
+    dz_row<DT>(a, ni, nc, dr, ldz, lane, parts, parts1);
+    const bool row_bad = __any_sync(0xffffffffu, bad);
+    if (lane == 0) {
+        nf[1 + j] = row_bad;
+        if (row_bad) atomicAdd(nf, 1);
     }
+    if (!row_bad) return; /* warp-uniform */
+    __syncwarp(); /* the parts' writes above, then the zeros over them */
+    for (int64_t q = lane; q < nv; q += 32) parts(q, zeros());
+    dz_row<DT>(a, ni, nc, dr, ldz, lane, in_place, in_place1);
 }
 
 /* W into wp in the dtype, rows of pitch ldwp: W's row, the bias (zero without one), lse_unit in
@@ -586,11 +601,11 @@ __global__ void gemm_wsplit_kernel(const __grid_constant__ joint_args a, uint16_
         float v[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) v[e] = wpad_value<TDT_DTYPE_FLOAT32>(a, o, k0 + e);
-        store_split4<w_part_of>(wp + o * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0, v);
+        store_parts<TDT_JOINT_SPLIT_BLOCKS, w_part_of>(wp + o * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0, v);
     }
 }
 
-/* Split products: the chunk's dz rows flagged by split_row (nf[0] of them; nothing to do for
+/* Split products: the chunk's dz rows flagged by gemm_dz_kernel (nf[0] of them; nothing to do for
  * none) went into the d W product as zeros; their terms are added here in float32, rows
  * ascending, as float32's kernels have them (infinities included): d W and d bias (rows
  * [r0, r0 + nr) of d W's column-major ldz columns, pitch ldw) += dz[n]^T h[n], h from its three
@@ -604,8 +619,8 @@ __global__ void split_fix_dw_kernel(const int *nf, int64_t rows, const float *dz
         for (int64_t n = 0; n < rows; ++n) {
             if (!nf[1 + n]) continue;
             const uint16_t *hr = hs + n * TDT_JOINT_SPLIT_BLOCKS * ldh + k;
-            const float h = __uint_as_float((uint32_t)hr[0] << 16) + __uint_as_float((uint32_t)hr[3 * ldh] << 16) +
-                            __uint_as_float((uint32_t)hr[5 * ldh] << 16);
+            const float h =
+                tdt_bf16_to_float(hr[0]) + tdt_bf16_to_float(hr[3 * ldh]) + tdt_bf16_to_float(hr[5 * ldh]);
             s += dz[n * ldz + o] * h;
         }
         wacc[o * ldw + k] += s;
@@ -680,6 +695,20 @@ template <int DT> struct gemm_run {
 
     tdt_status_t cuda(cudaError_t e, const char *what) const {
         return e == cudaSuccess ? TDT_STATUS_SUCCESS : tdt_gpu_cuda_fail(e, what);
+    }
+
+    /* the backward chunk [first, limit)'s dz (gemm_dz_kernel), split where split() */
+    void launch_dz(int64_t first, int64_t limit, E *dzw) const {
+        const int64_t n = nodes(true);
+        const unsigned blocks = (unsigned)((n + 7) / 8);
+        if constexpr (DT == TDT_DTYPE_FLOAT32) {
+            if (split()) {
+                gemm_dz_kernel<DT, true><<<blocks, 256, 0, stream>>>(a, first, limit, n, dzw, plan.g_ldz, dzsplit(),
+                                                                      n * plan.g_ldz, nf());
+                return;
+            }
+        }
+        gemm_dz_kernel<DT, false><<<blocks, 256, 0, stream>>>(a, first, limit, n, dzw, plan.g_ldz, NULL, 0, NULL);
     }
 
     /* g_h and g_z for the chunk of rows [r0, r0 + rows) */
@@ -786,8 +815,7 @@ template <int DT> struct gemm_run {
             if (split() && (st = cuda(cudaMemsetAsync(nf(), 0, sizeof(int), stream), "clearing the joint's flag count")) !=
                                TDT_STATUS_SUCCESS)
                 return st;
-            gemm_dz_kernel<DT><<<(unsigned)((nodes(true) + 7) / 8), 256, 0, stream>>>(
-                a, first, limit, nodes(true), dzw, plan.g_ldz, dzsplit(), nodes(true) * plan.g_ldz, nf());
+            launch_dz(first, limit, dzw);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
             const int nterms = split() ? kSplitTerms : 1;
             if (want_w) {
