@@ -40,7 +40,8 @@ CUDA, the run's dtype on the CPU); --plot writes a PNG of time and peak memory, 
 With --joint-skip EPS,... (and --joint NAMES) the approximate backward (tdt_joint_loss's
 skip_below) is timed against the exact fused path on the same inputs, random (the --joint inputs)
 and peaked (the output weight scaled by --joint-peak: one alignment takes most of the
-probability, as in a trained model): ms and the ratio to the exact step, the normwise relative
+probability, as in a trained model): ms and the ratio to the exact step and to the unfused path
+on the same inputs ("x unfused"; NaN where it does not fit), the normwise relative
 error of each gradient against the exact one, and the fraction of lattice nodes the rule leaves
 out (|upstream| x occupancy < eps; the occupancy read off the unfused path's logits gradient,
 dz / p at a token that is neither blank nor the node's label).
@@ -738,10 +739,11 @@ def joint_skipped(params, idx, V, eps):
     second the GPU tiles' (a tile's work goes only with all its nodes). A node goes when
     tok_occ < eps (reduction "sum": upstream 1; FastEmit 0: tok_occ >= dur_occ), with
     tok_occ = dz / p at a token that is neither blank (V - 1) nor the node's label, from the
-    unfused path in float64."""
+    unfused path in float64 (float32 on a GPU, where float64's logits may not fit)."""
     from warp_tdt import joint as J
 
-    enc, pred, weight, bias = (p.detach().double() for p in params)
+    wide = torch.float64 if params[0].device.type == "cpu" else torch.float32
+    enc, pred, weight, bias = (p.detach().to(wide) for p in params)
     targets, fl, ll = idx
     z = J.joint_logits(enc, pred, weight, bias).requires_grad_(True)
     loss = warp_tdt.tdt_loss_joint(z, targets, fl, ll, V - 1, DURATIONS, reduction="sum")
@@ -773,8 +775,9 @@ def joint_skip_main(args, device):
           "exact one; nodes = the fraction the rule leaves out, tiles32 = of whole tiles of 32 "
           "consecutive nodes (the GPU tiles' unit of saved work); peaked: weight x %g"
           % args.joint_peak)
-    print("%-14s %-8s %-7s %9s %9s %7s %7s %7s  %s" % (
-        "shape", "dtype", "inputs", "eps", "ms", "x exact", "nodes", "tiles32", "err enc/pred/W/bias"))
+    print("%-14s %-8s %-7s %9s %9s %7s %9s %7s %7s  %s" % (
+        "shape", "dtype", "inputs", "eps", "ms", "x exact", "x unfused", "nodes", "tiles32",
+        "err enc/pred/W/bias"))
     for name in names:
         shape = JOINT_SHAPES[name]
         V = shape[4]
@@ -797,16 +800,23 @@ def joint_skip_main(args, device):
 
                 exact = step(0.0)
                 ms0 = time_step(lambda: step(0.0), device, args.iters, warmup=1)
-                print("%-14s %-8s %-7s %9s %9.2f %7s %7s %7s" % (name, dn, kind, "0 (exact)", ms0,
-                                                                 "1.00", "0", "0"))
+                try:  # the unfused path on the same inputs, where it fits
+                    msu = time_step(lambda: joint_step("unfused", leaves, idx, V), device,
+                                    args.iters, warmup=1)
+                except RuntimeError:  # out of memory
+                    msu = float("nan")
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                print("%-14s %-8s %-7s %9s %9.2f %7s %9.2f %7s %7s   unfused %.2f ms" % (
+                    name, dn, kind, "0 (exact)", ms0, "1.00", ms0 / msu, "0", "0", msu))
                 for eps in eps_list:
                     got = step(eps)
                     ms = time_step(lambda: step(eps), device, args.iters, warmup=1)
                     errs = ["%.1e" % float((a - b).norm() / (b.norm() + 1e-30))
                             for a, b in zip(got, exact)]
                     fn, ft = joint_skipped(params, idx, V, eps)
-                    print("%-14s %-8s %-7s %9.0e %9.2f %7.2f %7.3f %7.3f  %s" % (
-                        name, dn, kind, eps, ms, ms / ms0, fn, ft, "/".join(errs)))
+                    print("%-14s %-8s %-7s %9.0e %9.2f %7.2f %9.2f %7.3f %7.3f  %s" % (
+                        name, dn, kind, eps, ms, ms / ms0, ms / msu, fn, ft, "/".join(errs)))
                     sys.stdout.flush()
     return 0
 

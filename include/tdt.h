@@ -634,7 +634,10 @@ typedef struct tdt_joint_gradients {
  * |W| (d h), |h| (d W) or 1 (d bias) over the left-out nodes it collects from; the costs are
  * exact. Nodes off the likely alignments (most of a trained model's lattice) are the ones left
  * out: the transducer form of Cut Cross-Entropy's gradient filtering. Must be finite and >= 0
- * (TDT_STATUS_INVALID_OPTION). */
+ * (TDT_STATUS_INVALID_OPTION). On the GPU the GEMM schedule then lists the kept nodes and runs
+ * its products on them alone, which reads their number back: such a backward waits for
+ * options->stream once. Under CUDA-graph capture it takes every node instead (the left-out
+ * ones as zeros: the same gradients to rounding), with no synchronisation. */
 
 /* Bytes of workspace the joint calls need for this problem and these options: the lattice's
  * per-node state (as tdt_get_workspace_size()) plus the scratch of the tiles. Reads the shapes
@@ -649,9 +652,10 @@ typedef struct tdt_joint_gradients {
  * most one a tile), so the size depends on
  * options->num_threads (0: omp_get_max_threads() when asked, which must then be no smaller in
  * the call: a call that needs more gets TDT_STATUS_WORKSPACE_TOO_SMALL). GPU: the larger of
- * the two schedules' scratch (src/gpu/joint_plan.h): for a Parakeet joint (H 640, V + D 8198)
- * at most about 60 MB plus d pred's sums (B x (U + 1) x H accumulate-type values), whatever
- * max_frames is. docs/joint.md. */
+ * the two schedules' scratch (src/gpu/joint_plan.h), mostly the GEMM schedule's chunk of
+ * logits (TDT_GPU_JOINT_CHUNK_KB, default 128 MB): for a Parakeet joint (H 640, V + D 8198)
+ * about 160-180 MB in bfloat16 at docs/joint.md's shapes, plus skip_below's list of kept
+ * nodes (4 bytes a node of the padded extent). */
 TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
                                                   const tdt_options_t *options,
                                                   size_t *workspace_bytes);

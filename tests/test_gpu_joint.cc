@@ -617,6 +617,40 @@ struct EnvGuard {
     }
 };
 
+// skip_below on the GEMM schedule compacts the kept nodes into chunks of its own (two (b, t) rows'
+// room a chunk or more): with small chunks their runs start and end inside rows and samples,
+// and d enc, d pred, d W and d bias still add up as the CPU's; at 8 KB float64 has one row a
+// chunk, and a captured call no compaction: the dense products, left-out nodes as zero rows.
+TEST(GpuJoint, SkipBelowCompactedChunks) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), chunk("TDT_GPU_JOINT_CHUNK_KB");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    Case c;
+    c.name = "compacted skip_below";
+    c.B = 3, c.maxT = 9, c.maxU = 5, c.V = 40, c.H = 24;
+    c.durations = {0, 1, 2, 4};
+    c.dropout = 0.1;
+    c.ragged = true;
+    c.wscale = 4.0;  // peaked logits: most nodes left out
+    c.seed = 31;
+    RunOpts ro;
+    ro.skip_below = 1e-3;
+    RunOpts pair = ro;
+    pair.mode = Mode::Pair;
+    pair.grad_costs = {0.5, -2.0, 1.0};
+    for (const char *kb : {"", "8", "16"}) {
+        setenv("TDT_GPU_JOINT_CHUNK_KB", kb, 1);
+        SCOPED_TRACE(std::string("chunk KB \"") + kb + "\"");
+        for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32}) {
+            check_case(c, dt, ro);
+            check_case(c, dt, pair);
+        }
+    }
+    RunOpts graphed = ro;  // under capture: no compaction (it reads the kept count on the host)
+    graphed.graph = true;
+    check_case(c, TDT_DTYPE_FLOAT32, graphed);
+}
+
 // TDT_GPU_JOINT picks the schedule: "gemm", "tiles", unset or empty (the default: gemm where
 // cuBLASLt loads), anything else is refused.
 TEST(GpuJoint, ScheduleVariable) {

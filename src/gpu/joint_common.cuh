@@ -39,6 +39,12 @@ struct joint_args {
     int64_t w_ld, b_ld; /* a partition's d W element (o, k) at w_part[o w_ld + k], d bias[o] at b_part[o b_ld] */
     int64_t chunk_row0, chunk_rows; /* the backward's current chunk of (b, t) rows */
     double skip_below;              /* tdt_joint_gradients_t.skip_below */
+    /* skip_below's compacted backward (joint_gemm.cu), else NULL: where each (b, t) row's kept
+     * nodes start in kidx (B maxT + 1 entries), the kept nodes ascending, and the current
+     * chunk (its first and end row, its first and end entry of kidx), which then replaces
+     * chunk_row0 and chunk_rows */
+    const int32_t *krow, *kidx;
+    const int64_t *desc;
 };
 
 template <int DT> using acc_t = typename tdt_elem<DT>::Acc;
@@ -207,38 +213,114 @@ __device__ __forceinline__ double node_dz(const joint_args &a, const node_info &
     return node_dz_known(a, ni, c, o);
 }
 
-/* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx. */
+/* The backward's current chunk: its first (b, t) row, its number of rows, and (compacted) the
+ * entry of kidx of its first node; dense, its rows' nodes are all there, (U + 1) a row. */
+struct chunk_view {
+    int64_t r0, rows, m0;
+};
+__device__ __forceinline__ chunk_view chunk_of(const joint_args &a) {
+    chunk_view c;
+    if (a.kidx) {
+        c.r0 = a.desc[0];
+        c.rows = a.desc[1] - a.desc[0];
+        c.m0 = a.desc[2];
+    } else {
+        c.r0 = a.chunk_row0;
+        c.rows = a.chunk_rows;
+        c.m0 = 0;
+    }
+    return c;
+}
+
+/* The chunk's node j (j < its capacity) as a node of the padded order and the limit node_decode
+ * takes it with: dense, first + j below limit; compacted, its kept node j, and none (limit 0)
+ * past those. */
+__device__ __forceinline__ int64_t chunk_node(const joint_args &a, int64_t first, int64_t limit, int64_t j,
+                                              int64_t *lim) {
+    if (!a.kidx) {
+        *lim = limit;
+        return first + j;
+    }
+    const int64_t m = a.desc[2] + j;
+    if (m >= a.desc[3]) {
+        *lim = 0;
+        return 0;
+    }
+    const int64_t n = a.kidx[m];
+    *lim = n + 1;
+    return n;
+}
+
+/* Where row q of the chunk (c.r0 + q) has its nodes in the chunk's dx: rows [*p0, *p1). */
+__device__ __forceinline__ void chunk_row_span(const joint_args &a, const chunk_view &c, int64_t q, int64_t *p0,
+                                               int64_t *p1) {
+    if (a.kidx) {
+        *p0 = a.krow[c.r0 + q] - c.m0;
+        *p1 = a.krow[c.r0 + q + 1] - c.m0;
+    } else {
+        *p0 = q * a.row;
+        *p1 = *p0 + a.row;
+    }
+}
+
+/* The row of the chunk's dx that holds node (row q of the chunk, u), or -1 where the compacted
+ * chunk left it out (a binary search of the row's kept nodes). */
+__device__ __forceinline__ int64_t chunk_pos(const joint_args &a, const chunk_view &c, int64_t q, int64_t u) {
+    if (!a.kidx) return q * a.row + u;
+    int64_t lo = a.krow[c.r0 + q], hi = a.krow[c.r0 + q + 1];
+    const int32_t want = (int32_t)((c.r0 + q) * a.row + u);
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) >> 1;
+        if (a.kidx[mid] < want) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < a.krow[c.r0 + q + 1] && a.kidx[lo] == want ? lo - c.m0 : -1;
+}
+
+/* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx (compacted:
+ * of their kept nodes', zero for a row with none). */
 template <int DT> __global__ void joint_denc_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
-    const int64_t n = a.chunk_rows * a.H;
+    const chunk_view c = chunk_of(a);
+    const int64_t n = c.rows * a.H;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = idx / a.H, k = idx - r * a.H;
-        const int64_t rr = a.chunk_row0 + r, b = rr / a.maxT, t = rr - b * a.maxT;
+        const int64_t rr = c.r0 + r, b = rr / a.maxT, t = rr - b * a.maxT;
+        int64_t p0, p1;
+        chunk_row_span(a, c, r, &p0, &p1);
         acc_t<DT> s = 0;
 #pragma unroll 8 /* eight loads in flight (the sum's order unchanged) */
-        for (int64_t u = 0; u < a.row; ++u) s += dx[(r * a.row + u) * a.H + k];
+        for (int64_t p = p0; p < p1; ++p) s += dx[p * a.H + k];
         st<DT>(a.enc_g, b * a.enc_gs[0] + t * a.enc_gs[1] + k, s);
     }
 }
 
 /* d pred: each (b, u, k) of the chunk's samples gets the sum over the chunk's frames (t
- * ascending) added to its accumulator. */
+ * ascending; compacted: those where the node was kept) added to its accumulator. */
 template <int DT> __global__ void joint_dpred_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
     acc_t<DT> *accp = static_cast<acc_t<DT> *>(a.pred_acc);
+    const chunk_view c = chunk_of(a);
     const int64_t n = a.row * a.H;
-    const int64_t b0 = a.chunk_row0 / a.maxT, t0 = a.chunk_row0 - b0 * a.maxT;
+    const int64_t b0 = c.r0 / a.maxT, t0 = c.r0 - b0 * a.maxT;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int64_t u = idx / a.H, k = idx - u * a.H;
         /* the chunk's rows sample by sample: rows [r, r_end) are sample b's frames */
         int64_t b = b0, r = 0, r_end = a.maxT - t0;
-        while (r < a.chunk_rows) {
-            if (r_end > a.chunk_rows) r_end = a.chunk_rows;
+        while (r < c.rows) {
+            if (r_end > c.rows) r_end = c.rows;
             acc_t<DT> s = 0;
+            if (a.kidx) {
+                for (int64_t q = r; q < r_end; ++q) {
+                    const int64_t p = chunk_pos(a, c, q, u);
+                    if (p >= 0) s += dx[p * a.H + k];
+                }
+            } else {
 #pragma unroll 8 /* eight loads in flight (the sum's order unchanged) */
-            for (int64_t q = r; q < r_end; ++q) s += dx[(q * a.row + u) * a.H + k];
+                for (int64_t q = r; q < r_end; ++q) s += dx[(q * a.row + u) * a.H + k];
+            }
             accp[(b * a.row + u) * a.H + k] += s;
             r = r_end;
             r_end += a.maxT;

@@ -302,15 +302,16 @@ template <typename A> struct zvec {
     __device__ __forceinline__ A at(int j) const { return v[j]; } /* a batch for lse_add */
 };
 
-/* Warp w of block i: node first + j's h (j = 8 i + w < count) into row j of hs (pitch ldh, the
- * dtype), each lane 16 bytes at a time, zero where the node is not taken (backward: not in a
- * feasible lattice) and past H, but for a 1 at column H (the bias's operand in the z product; in
- * the d W product it makes column H of d W the sum of dz over the nodes, d bias) and, in the
- * backward of a node with lp_shift, -lse / lse_unit in the next TDT_JOINT_LSE_PARTS columns
- * (against W's padded columns of lse_unit): its value in the dtype, then the rest's, and so on
- * (bfloat16: 24 significant bits together; float16: 33 less what its subnormals lose, at worst
- * 8e-6 absolute where |lse| < 100). With split products (float32, split not NULL) h's three
- * bfloat16 parts go into row j of split instead, in the blocks joint_plan.h gives them. */
+/* Warp w of block i: node first + j's h (j = 8 i + w < count; in the backward the chunk's node j,
+ * chunk_node) into row j of hs (pitch ldh, the dtype), each lane 16 bytes at a time, zero where the
+ * node is not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H (the
+ * bias's operand in the z product; in the d W product it makes column H of d W the sum of dz over
+ * the nodes, d bias) and, in the backward of a node with lp_shift, -lse / lse_unit in the next
+ * TDT_JOINT_LSE_PARTS columns (against W's padded columns of lse_unit): its value in the dtype,
+ * then the rest's, and so on (bfloat16: 24 significant bits together; float16: 33 less what its
+ * subnormals lose, at worst 8e-6 absolute where |lse| < 100). With split products (float32, split
+ * not NULL) h's three bfloat16 parts go into row j of split instead, in the blocks joint_plan.h
+ * gives them. */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
                                                      int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
@@ -325,7 +326,9 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
     int take;
     double nlse = 0.0; /* -lse, or 0 */
     if (backward) {
-        take = node_bwd(a, first + j, limit, &ni);
+        int64_t lim;
+        const int64_t n = chunk_node(a, first, limit, j, &lim);
+        take = node_bwd(a, n, lim, &ni);
         if (take) {
             const double lse = tdt_wblock(&a.wb, ni.b, ni.t, ni.u)[tdt_w_lse(a.D)];
             if (lp_shift<DT>(lse)) nlse = -lse;
@@ -487,18 +490,18 @@ __device__ __forceinline__ void dz_row(const joint_args &a, const node_info &ni,
     }
 }
 
-/* Warp w of block j (j < count): node first + 8 j + w's dz from its row of the backward's z
- * product (pitch ldz, the dtype: the node's logits, bias included, less lse where lp_shift),
- * written over it: zero from O on, for nodes outside a feasible lattice and past limit. The
- * token values as the unfused gradient's rows (dz_stream: gpu_common.cuh's tdt_row_grad, base 2
+/* Warp w of block j (j < count): the chunk's node 8 j + w (chunk_node)'s dz from its row of the
+ * backward's z product (pitch ldz, the dtype: the node's logits, bias included, less lse where
+ * lp_shift), written over it: zero from O on, for nodes outside a feasible lattice and past limit.
+ * The token values as the unfused gradient's rows (dz_stream: gpu_common.cuh's tdt_row_grad, base 2
  * where the reference fits: 0 for log-probabilities, else lse); then, over those, the blank, the
  * label and the durations by node_dz_known in float64, from the forward's node block (dz_row).
  * SPLIT (split products, float32): dz goes straight into its three bfloat16 parts, row j of the
- * matrices split, split + split_stride, split + 2 split_stride (pitch ldz), and z's row is left
- * as it is, but for a row with a value that is not finite: its parts are zeros (an infinity's
- * products with other operands' zero parts would be NaN where float32's are infinite), its dz
- * is written over z's row in float32, nf[1 + j] flags it and nf[0] counts it, for
- * split_fix_dw_kernel and split_fix_dh_kernel. */
+ * matrices split, split + split_stride, split + 2 split_stride (pitch ldz), and z's row is left as
+ * it is, but for a row with a value that is not finite: its parts are zeros (an infinity's products
+ * with other operands' zero parts would be NaN where float32's are infinite), its dz is written
+ * over z's row in float32, nf[1 + j] flags it and nf[0] counts it, for split_fix_dw_kernel and
+ * split_fix_dh_kernel. */
 template <int DT, bool SPLIT>
 __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
@@ -513,7 +516,11 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t j = (int64_t)blockIdx.x * 8 + w;
     if (j >= count) return; /* warp-uniform */
-    if (lane == 0) node_setup_bwd(a, first + j, limit, &nis[w], &ncs[w]);
+    if (lane == 0) {
+        int64_t lim;
+        const int64_t n = chunk_node(a, first, limit, j, &lim);
+        node_setup_bwd(a, n, lim, &nis[w], &ncs[w]);
+    }
     __syncwarp();
     const node_info &ni = nis[w];
     const node_coef &nc = ncs[w];
@@ -642,8 +649,9 @@ __global__ void split_fix_dh_kernel(const __grid_constant__ joint_args a, const 
     }
 }
 
-/* Warp w of block i: node first + j's d(enc + pred) = d h * the dropout's factor * act' (j =
- * 8 i + w < count), in place over row j of dx (pitch H); zero outside a feasible lattice. */
+/* Warp w of block i: the chunk's node j's d(enc + pred) = d h * the dropout's factor * act' (j =
+ * 8 i + w < count; chunk_node: node first + j, or the compacted chunk's kept node j), in place
+ * over row j of dx (pitch H); zero outside a feasible lattice. */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_dx_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                       int64_t limit, int64_t count, acc_t<DT> *dx) {
@@ -652,9 +660,98 @@ __global__ void __launch_bounds__(256) gemm_dx_kernel(const __grid_constant__ jo
     const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (j >= count) return; /* warp-uniform */
     node_info ni; /* every lane decodes the node: the same loads */
-    const int take = node_bwd(a, first + j, limit, &ni);
+    int64_t lim;
+    const int64_t n = chunk_node(a, first, limit, j, &lim);
+    const int take = node_bwd(a, n, lim, &ni);
     A *const row = dx + j * a.H;
     for (int64_t k = lane; k < a.H; k += 32) row[k] = take ? node_dx<DT>(a, ni, k, row[k]) : (A)0;
+}
+
+/* skip_below's compaction (the backward's chunks of kept nodes). Whether node n of the padded
+ * order enters the backward: in a feasible lattice and not left out (node_setup_bwd's rule). */
+__device__ __forceinline__ bool node_kept(const joint_args &a, int64_t n) {
+    node_info ni;
+    node_coef nc;
+    node_setup_bwd(a, n, n + 1, &ni, &nc);
+    return ni.valid != 0;
+}
+
+/* Warp w of block i: (b, t) row r = 8 i + w (r < rows). SCATTER 0: its number of kept nodes
+ * into krow[r] (and krow[rows] = 0, for the exclusive sum after). SCATTER 1 (krow now holds
+ * where each row's kept nodes start): their numbers into kidx, ascending. */
+template <bool SCATTER>
+__global__ void __launch_bounds__(256) keep_rows_kernel(const __grid_constant__ joint_args a, int64_t rows,
+                                                        int32_t *krow, int32_t *kidx) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (!SCATTER && r == 0 && lane == 0) krow[rows] = 0;
+    if (r >= rows) return; /* warp-uniform */
+    int32_t at = SCATTER ? krow[r] : 0;
+    for (int64_t u0 = 0; u0 < a.row; u0 += 32) {
+        const int64_t n = r * a.row + u0 + lane;
+        const bool keep = u0 + lane < a.row && node_kept(a, n);
+        const unsigned mask = __ballot_sync(0xffffffffu, keep);
+        if (SCATTER && keep) kidx[at + __popc(mask & ((1u << lane) - 1u))] = (int32_t)n;
+        at += __popc(mask);
+    }
+    if (!SCATTER && lane == 0) krow[r] = at;
+}
+
+/* The exclusive prefix sum of x[0, n) in place, by one block of 1024 threads, 1024 values at a
+ * time. */
+__global__ void __launch_bounds__(1024) keep_scan_kernel(int32_t *x, int64_t n) {
+    __shared__ int32_t warp_sum[32], tile_sum;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int32_t carry = 0;
+    for (int64_t base = 0; base < n; base += 1024) {
+        const int64_t i = base + threadIdx.x;
+        const int32_t v = i < n ? x[i] : 0;
+        int32_t inc = v; /* the warp's inclusive sum */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (lane == 31) warp_sum[w] = inc;
+        __syncthreads();
+        if (w == 0) { /* the warps' sums into their exclusive sum, and the 1024 values' sum */
+            const int32_t ws = warp_sum[lane];
+            int32_t wi = ws;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int32_t y = __shfl_up_sync(0xffffffffu, wi, o);
+                if (lane >= o) wi += y;
+            }
+            warp_sum[lane] = wi - ws;
+            if (lane == 31) tile_sum = wi;
+        }
+        __syncthreads();
+        if (i < n) x[i] = carry + warp_sum[w] + inc - v;
+        carry += tile_sum;
+        __syncthreads(); /* warp_sum and tile_sum read before the next values overwrite them */
+    }
+}
+
+/* Compacted chunk k of nchunks into desc: its rows [r0, r1) are those whose kept nodes start in
+ * [k step, (k + 1) step) of the kept list (the last chunk's run to rows), so that it holds fewer
+ * than step + U + 1 kept nodes; then where they start and end in kidx. krow: rows + 1 entries,
+ * ascending. One thread. */
+__global__ void keep_chunk_kernel(const int32_t *krow, int64_t rows, int64_t k, int64_t nchunks, int64_t step,
+                                  int64_t *desc) {
+    const auto first_at = [&](int64_t v) { /* the first r <= rows with krow[r] >= v, else rows */
+        int64_t lo = 0, hi = rows;
+        while (lo < hi) {
+            const int64_t mid = (lo + hi) >> 1;
+            if (krow[mid] < v) lo = mid + 1;
+            else hi = mid;
+        }
+        return lo;
+    };
+    const int64_t r0 = first_at(k * step), r1 = k + 1 == nchunks ? rows : first_at((k + 1) * step);
+    desc[0] = r0;
+    desc[1] = r1;
+    desc[2] = krow[r0];
+    desc[3] = krow[r1];
 }
 
 /* ---- host ------------------------------------------------------------------------------------ */
@@ -698,23 +795,23 @@ template <int DT> struct gemm_run {
     }
 
     /* the backward chunk [first, limit)'s dz (gemm_dz_kernel), split where split() */
-    void launch_dz(int64_t first, int64_t limit, E *dzw) const {
+    void launch_dz(const joint_args &ka, int64_t first, int64_t limit, E *dzw) const {
         const int64_t n = nodes(true);
         const unsigned blocks = (unsigned)((n + 7) / 8);
         if constexpr (DT == TDT_DTYPE_FLOAT32) {
             if (split()) {
-                gemm_dz_kernel<DT, true><<<blocks, 256, 0, stream>>>(a, first, limit, n, dzw, plan.g_ldz, dzsplit(),
+                gemm_dz_kernel<DT, true><<<blocks, 256, 0, stream>>>(ka, first, limit, n, dzw, plan.g_ldz, dzsplit(),
                                                                       n * plan.g_ldz, nf());
                 return;
             }
         }
-        gemm_dz_kernel<DT, false><<<blocks, 256, 0, stream>>>(a, first, limit, n, dzw, plan.g_ldz, NULL, 0, NULL);
+        gemm_dz_kernel<DT, false><<<blocks, 256, 0, stream>>>(ka, first, limit, n, dzw, plan.g_ldz, NULL, 0, NULL);
     }
 
-    /* g_h and g_z for the chunk of rows [r0, r0 + rows) */
-    tdt_status_t hz(const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
+    /* g_h and g_z for the chunk of rows [r0, r0 + rows) (a compacted chunk: ka.desc's) */
+    tdt_status_t hz(const joint_args &ka, const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
         const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(backward);
-        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(a, first, limit, n, hs(), plan.g_ldh, backward,
+        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(ka, first, limit, n, hs(), plan.g_ldh, backward,
                                                                          hsplit());
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
@@ -753,12 +850,48 @@ template <int DT> struct gemm_run {
         const int64_t all = a.B * a.maxT;
         for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows) {
             const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
-            if ((st = hz(zg, r0, rows, 0)) != TDT_STATUS_SUCCESS) return st;
+            if ((st = hz(a, zg, r0, rows, 0)) != TDT_STATUS_SUCCESS) return st;
             const int64_t count = rows * a.row;
             gemm_node_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(a, r0 * a.row, (r0 + rows) * a.row,
                                                                                z(), plan.g_ldz);
             if ((st = cuda(cudaGetLastError(), "launching the joint's node kernel")) != TDT_STATUS_SUCCESS) return st;
         }
+        return TDT_STATUS_SUCCESS;
+    }
+
+    /* skip_below's compaction: where the backward leaves nodes out, outside a graph capture, with
+     * room for two (b, t) rows a chunk or more (and the plan's int32 lists), the kept nodes are
+     * listed (keep_rows_kernel, keep_scan_kernel) and their number read back (the call's one
+     * synchronisation), and the backward's chunks are runs of them: ch->krow, kidx and desc set,
+     * *nchunks their number. Otherwise nothing changes (every node goes through the products, a
+     * left-out one as a zero row of dz). */
+    tdt_status_t compact(joint_args *ch, int64_t *nchunks) const {
+        const int64_t all = a.B * a.maxT;
+        if (!(a.skip_below > 0.0) || !plan.g_compact || plan.g_rows_b < 2 || all < 1) return TDT_STATUS_SUCCESS;
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) { /* the legacy stream while another captures */
+            (void)cudaGetLastError(); /* this call's error, not the caller's */
+            return TDT_STATUS_SUCCESS;
+        }
+        if (cs != cudaStreamCaptureStatusNone) return TDT_STATUS_SUCCESS;
+        tdt_status_t st;
+        int32_t *const krow = reinterpret_cast<int32_t *>(s + plan.g_krow);
+        int32_t *const kidx = reinterpret_cast<int32_t *>(s + plan.g_kidx);
+        const unsigned blocks = (unsigned)((all + 7) / 8);
+        keep_rows_kernel<false><<<blocks, 256, 0, stream>>>(a, all, krow, kidx);
+        keep_scan_kernel<<<1, 1024, 0, stream>>>(krow, all + 1);
+        keep_rows_kernel<true><<<blocks, 256, 0, stream>>>(a, all, krow, kidx);
+        if ((st = cuda(cudaGetLastError(), "launching the joint's compaction")) != TDT_STATUS_SUCCESS) return st;
+        int32_t kept = 0;
+        if ((st = cuda(cudaMemcpyAsync(&kept, krow + all, sizeof kept, cudaMemcpyDeviceToHost, stream),
+                       "reading the number of kept nodes")) != TDT_STATUS_SUCCESS ||
+            (st = cuda(cudaStreamSynchronize(stream), "waiting for the number of kept nodes")) != TDT_STATUS_SUCCESS)
+            return st;
+        const int64_t step = nodes(true) - a.row;
+        *nchunks = kept > 0 ? (kept + step - 1) / step : 1;
+        ch->krow = krow;
+        ch->kidx = kidx;
+        ch->desc = reinterpret_cast<const int64_t *>(s + plan.g_desc);
         return TDT_STATUS_SUCCESS;
     }
 
@@ -808,14 +941,26 @@ template <int DT> struct gemm_run {
         const A one = 1, zero = 0;
         joint_args ch = a;
         const int64_t all = a.B * a.maxT;
-        for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows_b) {
-            const int64_t rows = all - r0 < plan.g_rows_b ? all - r0 : plan.g_rows_b;
+        int64_t nchunks = (all + plan.g_rows_b - 1) / plan.g_rows_b;
+        if ((st = compact(&ch, &nchunks)) != TDT_STATUS_SUCCESS) return st;
+        const int64_t step = nodes(true) - a.row; /* a compacted chunk's kept nodes start this far apart */
+        for (int64_t k = 0; k < nchunks; ++k) {
+            /* dense: rows [r0, r0 + rows), nodes [first, limit); compacted: ch.desc's */
+            int64_t r0 = 0, rows = 0;
+            if (ch.kidx) {
+                keep_chunk_kernel<<<1, 1, 0, stream>>>(ch.krow, all, k, nchunks, step, const_cast<int64_t *>(ch.desc));
+                if ((st = cuda(cudaGetLastError(), "launching the joint's chunk kernel")) != TDT_STATUS_SUCCESS)
+                    return st;
+            } else {
+                r0 = k * plan.g_rows_b;
+                rows = all - r0 < plan.g_rows_b ? all - r0 : plan.g_rows_b;
+            }
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
-            if ((st = hz(zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
+            if ((st = hz(ch, zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
             if (split() && (st = cuda(cudaMemsetAsync(nf(), 0, sizeof(int), stream), "clearing the joint's flag count")) !=
                                TDT_STATUS_SUCCESS)
                 return st;
-            launch_dz(first, limit, dzw);
+            launch_dz(ch, first, limit, dzw);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
             const int nterms = split() ? kSplitTerms : 1;
             if (want_w) {
@@ -851,13 +996,13 @@ template <int DT> struct gemm_run {
                     a, nf(), nodes(true), reinterpret_cast<const float *>(dz), plan.g_ldz, reinterpret_cast<float *>(dx));
                 if ((st = cuda(cudaGetLastError(), "launching the joint's d h fix-up")) != TDT_STATUS_SUCCESS) return st;
             }
-            gemm_dx_kernel<DT><<<(unsigned)((rows * a.row + 7) / 8), 256, 0, stream>>>(a, first, limit, rows * a.row,
-                                                                                    dx);
+            const int64_t count = ch.kidx ? nodes(true) : rows * a.row;
+            gemm_dx_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(ch, first, limit, count, dx);
             if ((st = cuda(cudaGetLastError(), "launching the joint's dx kernel")) != TDT_STATUS_SUCCESS) return st;
             ch.chunk_row0 = r0;
             ch.chunk_rows = rows;
             if (a.enc_g) {
-                joint_denc_kernel<DT><<<flat_blocks(rows * a.H, num_sms), 256, 0, stream>>>(ch);
+                joint_denc_kernel<DT><<<flat_blocks((ch.kidx ? all : rows) * a.H, num_sms), 256, 0, stream>>>(ch);
                 if ((st = cuda(cudaGetLastError(), "launching the joint's d enc kernel")) != TDT_STATUS_SUCCESS)
                     return st;
             }

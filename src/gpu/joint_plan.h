@@ -47,6 +47,14 @@
  *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
  *   g_nf     [1 + N_b] int32    split products only: the count of the chunk's dz rows with a
  *                               value that is not finite, then a flag a row
+ *   g_krow   [B * T + 1] int32  skip_below's compaction: where each (b, t) row's kept nodes
+ *                               start in g_kidx (an exclusive prefix sum; the last entry is
+ *                               their count)
+ *   g_kidx   [B * T * (U + 1)] int32  the kept nodes, ascending (their padded-order numbers)
+ *   g_desc   [4] int64          the current compacted chunk: its first and end (b, t) row, its
+ *                               first and end entry of g_kidx
+ *   g_krow, g_kidx and g_desc are empty where the padded extent has 2^31 nodes or more (the
+ *   backward then takes every node, its left-out ones as zero rows of dz).
  * Split products (float32 where joint.cu's TDT_GPU_JOINT_FLOAT32 says split): each float32
  * operand is the exact sum of three bfloat16 values (tdt_split3 below), and a product of two of
  * them is the sum of the six products of parts whose indices add up to at most 2, on bfloat16
@@ -86,6 +94,8 @@ typedef struct tdt_gpu_joint_plan {
     int64_t g_ldz, g_ldh, g_ldhp, g_ldw, g_ldwp; /* its pitches (elements) */
     int g_split; /* float32's products on bfloat16 parts (joint_gemm.cu) */
     size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt, g_nf; /* its byte offsets */
+    int g_compact; /* 1: g_krow, g_kidx and g_desc are there (fewer than 2^31 nodes) */
+    size_t g_krow, g_kidx, g_desc; /* skip_below's compaction (joint_gemm.cu) */
     size_t bytes;   /* the scratch's size, TDT_WS_ALIGN slack included */
 } tdt_gpu_joint_plan_t;
 
@@ -163,6 +173,14 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     if (!tdt_ws_take(&g, TDT_JOINT_LT_BYTES, 1, &p->g_lt)) return 0;
     /* split products: a count and a flag a backward node (int32) */
     if (!tdt_ws_take(&g, p->g_split ? nodes_b + 1 : 0, 4, &p->g_nf)) return 0;
+    /* skip_below's compaction: int32 row starts and node numbers (all_rows * row fits: the
+     * lattice's layout checked it) */
+    const int64_t padded = all_rows * row;
+    p->g_compact = padded < INT32_MAX;
+    if (!tdt_ws_take(&g, p->g_compact ? (size_t)all_rows + 1 : 0, 4, &p->g_krow) ||
+        !tdt_ws_take(&g, p->g_compact ? (size_t)padded : 0, 4, &p->g_kidx) ||
+        !tdt_ws_take(&g, p->g_compact ? 4 : 0, 8, &p->g_desc))
+        return 0;
     if (g > cursor) cursor = g;
     if (cursor > (size_t)INT64_MAX - TDT_WS_ALIGN) return 0;
     p->bytes = cursor + TDT_WS_ALIGN;
