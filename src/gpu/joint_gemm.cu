@@ -265,6 +265,7 @@ template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TD
 __device__ __forceinline__ int w_part_of(int k) { return k < 3 ? k : k == 4 ? 1 : 0; }
 __device__ __forceinline__ int h_part_of(int k) { return k < 3 ? 0 : k < 5 ? 1 : 2; }
 __device__ __forceinline__ int part_self(int k) { return k; }
+__device__ __forceinline__ int reversed_part(int k) { return 2 - k; }
 
 /* The four values v[0..3] of columns k0..k0 + 3 as their bfloat16 parts (joint_plan.h's
  * tdt_split3) into BLOCKS blocks at out, out + ldb, ...: block k gets part part_of(k), 8 bytes a
@@ -311,11 +312,14 @@ template <typename A> struct zvec {
  * then the rest's, and so on (bfloat16: 24 significant bits together; float16: 33 less what its
  * subnormals lose, at worst 8e-6 absolute where |lse| < 100). With split products (float32, split
  * not NULL) h's three bfloat16 parts go into row j of split instead, in the blocks joint_plan.h
- * gives them. */
+ * gives them, and where stacked is not NULL (the backward) into row j of the matrices stacked,
+ * stacked + stack_ld and stacked + 2 stack_ld as well: parts 2, 1 and 0, pitch ldh (the d W
+ * products' operand). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
                                                      int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
-                                                     int backward, uint16_t *split) {
+                                                     int backward, uint16_t *split, uint16_t *stacked,
+                                                     int64_t stack_ld) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
     enum { N = zvec<E>::N };
@@ -359,6 +363,7 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
         if constexpr (DT == TDT_DTYPE_FLOAT32) {
             if (split) { /* split products: h's parts, six blocks of ldh */
                 store_parts<TDT_JOINT_SPLIT_BLOCKS, h_part_of>(split + j * TDT_JOINT_SPLIT_BLOCKS * ldh, ldh, k0, out.v);
+                if (stacked) store_parts<3, reversed_part>(stacked + j * ldh, stack_ld, k0, out.v);
                 continue;
             }
         }
@@ -756,11 +761,10 @@ __global__ void keep_chunk_kernel(const int32_t *krow, int64_t rows, int64_t k, 
 
 /* ---- host ------------------------------------------------------------------------------------ */
 
-/* Split products: the six pairs (i, j) of dz's part i and W's or h's part j with i + j < 3,
- * smallest first; h's part j is in block kSplitHBlock[j] of its row, W's in block j. */
+/* Split products, d h: the six pairs (i, j) of dz's part i and W's part j (block j of its rows)
+ * with i + j < 3, smallest first. */
 const int kSplitTerms = 6;
 const int kSplitTerm[kSplitTerms][2] = {{2, 0}, {1, 1}, {0, 2}, {1, 0}, {0, 1}, {0, 0}};
-const int kSplitHBlock[3] = {0, 3, 5};
 
 template <int DT> struct gemm_run {
     typedef acc_t<DT> A;
@@ -778,6 +782,9 @@ template <int DT> struct gemm_run {
     /* split products (float32): h's parts, or NULL; dz's three parts (matrices of N_b x ldz) */
     bool split() const { return DT == TDT_DTYPE_FLOAT32 && plan.g_split; }
     uint16_t *hsplit() const { return split() ? reinterpret_cast<uint16_t *>(s + plan.g_h) : NULL; }
+    /* split products, the backward: h's parts 2, 1, 0 as three matrices of N_b x ldh after those
+     * rows (the d W products' operand: [h2; h1; h0] against dz's parts [dz0; dz1; dz2]) */
+    uint16_t *hstacked() const { return split() ? hsplit() + nodes(true) * plan.g_ldhp : NULL; }
     uint16_t *dzsplit() const {
         return split() ? reinterpret_cast<uint16_t *>(s + plan.g_z + (size_t)(nodes(true) * plan.g_ldz) * sizeof(A))
                        : NULL;
@@ -811,8 +818,8 @@ template <int DT> struct gemm_run {
     /* g_h and g_z for the chunk of rows [r0, r0 + rows) (a compacted chunk: ka.desc's) */
     tdt_status_t hz(const joint_args &ka, const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
         const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(backward);
-        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(ka, first, limit, n, hs(), plan.g_ldh, backward,
-                                                                         hsplit());
+        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(
+            ka, first, limit, n, hs(), plan.g_ldh, backward, hsplit(), backward ? hstacked() : NULL, n * plan.g_ldh);
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         const A one = 1, zero = 0;
@@ -901,7 +908,7 @@ template <int DT> struct gemm_run {
         A *const dx = reinterpret_cast<A *>(s + plan.g_dx);
         E *const dzw = reinterpret_cast<E *>(z());
         const E *const dz = dzw;
-        lt_gemm zg, wg, hg;
+        lt_gemm zg, wg, hg, wg3[3];
         tdt_status_t st = call->c.do_forward ? TDT_STATUS_SUCCESS : pad_w();
         if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg, true);
         if (st != TDT_STATUS_SUCCESS) return st;
@@ -911,17 +918,25 @@ template <int DT> struct gemm_run {
          * kernels (with 641 rows it took an sm_75 kernel at twice the d h product's time, H100);
          * without d W, the row of ones alone (d bias, row H) */
         const int64_t wrow0 = a.W_g ? 0 : a.H, wrows = a.W_g ? plan.g_ldh : 1;
-        /* split products: each of these products is six, of the parts (dz_i, h_j or W_j) with
-         * i + j < 3, smallest first, into the same sums; the operands' alignments are those of
-         * the parts' blocks (the kernels chosen for the least aligned) */
+        /* split products: d h is six products, of the parts (dz_i, W_j) with i + j < 3, smallest
+         * first, into the same sums (the operands' alignments are those of the parts' blocks: the
+         * kernels chosen for the least aligned); d W is three, the pairs of i + j = 2, 1 and 0 in
+         * that order, each one product of three, two and one times the inner size: dz's parts
+         * [dz0; dz1; dz2] (consecutive matrices) against h's stacked [h2; h1; h0] from its first,
+         * second and third matrix on */
         const char *ops = reinterpret_cast<const char *>(dzsplit());
-        const size_t pstride = (size_t)(nodes(true) * plan.g_ldz) * 2, hblk = (size_t)plan.g_ldh * 2;
-        if (want_w)
+        const int64_t nb = nodes(true);
+        const size_t pstride = (size_t)(nb * plan.g_ldz) * 2, hblk = (size_t)plan.g_ldh * 2;
+        if (want_w && split()) {
+            for (int q = 0; q < 3 && c == CUBLAS_STATUS_SUCCESS; ++q)
+                c = wg3[q].init(h, lt_types<DT>::compute, lt_types<DT>::scale, CUDA_R_16BF, lt_types<DT>::d, false,
+                                true, wrows, plan.g_ldz, (3 - q) * nb, hstacked() + q * nb * plan.g_ldh + wrow0,
+                                plan.g_ldh, ops, plan.g_ldz, wacc + wrow0, plan.g_ldw, TDT_JOINT_LT_BYTES);
+        } else if (want_w) {
             c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
-                        plan.g_ldz, nodes(true),
-                        split() ? (const void *)(reinterpret_cast<const char *>(hsplit() + wrow0) + hblk) : hs() + wrow0,
-                        plan.g_ldhp, split() ? (const void *)(ops + pstride) : dz, plan.g_ldz, wacc + wrow0,
-                        plan.g_ldw, TDT_JOINT_LT_BYTES);
+                        plan.g_ldz, nb, hs() + wrow0, plan.g_ldhp, dz, plan.g_ldz, wacc + wrow0, plan.g_ldw,
+                        TDT_JOINT_LT_BYTES);
+        }
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
         if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
             c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
@@ -964,13 +979,12 @@ template <int DT> struct gemm_run {
             if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
             const int nterms = split() ? kSplitTerms : 1;
             if (want_w) {
-                for (int t = 0; t < nterms && c == CUBLAS_STATUS_SUCCESS; ++t) {
-                    const void *hh = hs() + wrow0, *dd = dz;
-                    if (split()) {
-                        hh = reinterpret_cast<const char *>(hsplit() + wrow0) + kSplitHBlock[kSplitTerm[t][1]] * hblk;
-                        dd = ops + kSplitTerm[t][0] * pstride;
-                    }
-                    c = wg.run(h, &one, hh, dd, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);
+                if (split()) {
+                    for (int q = 0; q < 3 && c == CUBLAS_STATUS_SUCCESS; ++q)
+                        c = wg3[q].run(h, &one, hstacked() + q * nb * plan.g_ldh + wrow0, ops, &one, wacc + wrow0,
+                                       ws(), TDT_JOINT_LT_BYTES, stream);
+                } else {
+                    c = wg.run(h, &one, hs() + wrow0, dz, &one, wacc + wrow0, ws(), TDT_JOINT_LT_BYTES, stream);
                 }
                 if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "cublasLtMatmul (d W += dz^T h)");
                 if (split()) {

@@ -34,7 +34,9 @@
  *                               TDT_JOINT_LSE_PARTS columns that are zero but in the backward of
  *                               float16 and bfloat16, -lse split into that many values of the
  *                               dtype, then zeros; with split products, bfloat16 and pitch
- *                               ldhp = 6 ldh: six blocks of ldh, h's parts h0 h0 h0 h1 h1 h2
+ *                               ldhp = 6 ldh: six blocks of ldh, h's parts h0 h0 h0 h1 h1 h2,
+ *                               and in the backward, after its N_b rows, the parts again as
+ *                               three N_b x ldh matrices h2, h1, h0 (for d W's products)
  *   g_dx     [N_b * H]          d h, then in place d(enc + pred) (accumulate type)
  *   g_pred   [B * (U + 1) * H]  as pred_acc
  *   g_w      [ldz * ldw]        d W (columns 0..H-1 of ldz rows of pitch ldw = ldh; rows from O
@@ -163,7 +165,13 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
         return 0;
     if (!tdt_mul_size(nodes, zb, &zf) || !tdt_mul_size(nodes_b, zbb, &zbk)) return 0;
     if (!tdt_ws_take(&g, zf > zbk ? zf : zbk, 1, &p->g_z)) return 0;
-    if (!tdt_mul_size(nodes, hb, &n) || !tdt_ws_take(&g, n, 1, &p->g_h)) return 0;
+    if (!tdt_mul_size(nodes, hb, &n)) return 0;
+    if (p->g_split) { /* the backward's h parts: N_b rows of six blocks, then three N_b x ldh matrices */
+        size_t nh;
+        if (!tdt_mul_size(nodes_b, hb + hb / 2, &nh)) return 0;
+        if (nh > n) n = nh;
+    }
+    if (!tdt_ws_take(&g, n, 1, &p->g_h)) return 0;
     if (!tdt_mul_size(nodes_b, (size_t)H, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_dx)) return 0;
     if (!tdt_mul_size((size_t)B, row_elems, &n) || !tdt_ws_take(&g, n, (size_t)acc, &p->g_pred)) return 0;
     if (!tdt_mul_size((size_t)p->g_ldz, (size_t)p->g_ldw, &wb) || !tdt_ws_take(&g, wb, (size_t)acc, &p->g_w))
