@@ -545,8 +545,9 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count);
  * loaded) or "tiles"; anything else gives TDT_STATUS_INVALID_OPTION. The workspace size covers
  * either. TDT_GPU_JOINT_CHUNK_KB (a tuning knob, docs/joint.md) sets the GEMM schedule's chunk
  * budget (default 128 MB) for the size query and the call alike, as TDT_GPU_JOINT_FLOAT32 does
- * float32's products there: "sgemm" (the default, float32 kernels) or "split" (bfloat16 tensor
- * cores on operands split into three exact bfloat16 parts, 0.67-0.80x the time; docs/joint.md).
+ * float32's products there: "split" (the default: bfloat16 tensor cores on operands split into
+ * three bfloat16 parts whose sum is exact, as accurate as float32 products) or "sgemm" (float32
+ * kernels, 1.2-1.6x the time; docs/joint.md).
  * docs/joint.md compares the two schedules.
  * ------------------------------------------------------------------------------------------- */
 

@@ -88,11 +88,14 @@ if want joint; then
   step joint_bench_py 240 python3 benchmark/bench.py --device cuda --iters 5 \
     --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes bfloat16,float32 \
     --plot "$OUT/joint.png"
-  # float32's split products (TDT_GPU_JOINT_FLOAT32=split: bfloat16 tensor cores on operands split
-  # into three parts; off by default): the GPU joint tests that cover them, then their benchmark
-  step joint_split_tests 120 env TDT_GPU_JOINT_FLOAT32=split build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
-  step joint_bench_split 150 env TDT_GPU_JOINT_FLOAT32=split build-gpu/benchmark/joint_gpu_bench --iters 5 \
+  # float32's products as float32 kernels (TDT_GPU_JOINT_FLOAT32=sgemm; the default splits them
+  # into bfloat16 parts): the GPU joint tests that way, then its benchmark
+  step joint_sgemm_tests 120 env TDT_GPU_JOINT_FLOAT32=sgemm build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
+  step joint_bench_sgemm 150 env TDT_GPU_JOINT_FLOAT32=sgemm build-gpu/benchmark/joint_gpu_bench --iters 5 \
     --shapes parakeet-joint,huge-joint,long-joint --dtypes f32
+  # skip_below's compacted backward against the exact step and the unfused path
+  step joint_skip_bench 150 python3 benchmark/bench.py --device cuda --iters 3 \
+    --joint parakeet-joint,huge-joint --dtypes bfloat16,float32 --joint-skip 1e-4,1e-3
   # the mma.sync forward prototype, checked then timed against cuBLAS's z product and row pass
   step joint_lse_proto 60 build-gpu/benchmark/joint_lse_proto --iters 5
   # the GEMM schedule's chunk budget (default 128 MB): 32 MB and 512 MB

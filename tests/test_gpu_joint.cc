@@ -693,11 +693,11 @@ TEST(GpuJoint, ChunkBudgetVariable) {
     for (tdt_dtype_t dt : kAll) check_case(c, dt);
 }
 
-// float32's products in the GEMM schedule: float32 kernels (TDT_GPU_JOINT_FLOAT32 unset or
-// "sgemm") or bfloat16 parts ("split"); both against the CPU, the split as accurate as the
+// float32's products in the GEMM schedule: bfloat16 parts (TDT_GPU_JOINT_FLOAT32 unset or
+// "split") or float32 kernels ("sgemm"); both against the CPU, the split as accurate as the
 // float32 kernels (each gradient's largest error, relative to its largest value, within 4x theirs
 // or 1e-6), with one (b, t) row a chunk as well (the backward's chunks then one row); a bad value
-// is refused.
+// is refused, and unset is "split" bit for bit.
 TEST(GpuJoint, Float32ProductsVariable) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), f32("TDT_GPU_JOINT_FLOAT32"), chunk("TDT_GPU_JOINT_CHUNK_KB");
@@ -742,6 +742,13 @@ TEST(GpuJoint, Float32ProductsVariable) {
                 << names[i] << ": split products' error " << errs[1][i] << ", float32 kernels' " << errs[0][i]
                 << " (chunk KB \"" << kb << "\")";
     }
+    setenv("TDT_GPU_JOINT_CHUNK_KB", "", 1);
+    setenv("TDT_GPU_JOINT_FLOAT32", "split", 1);
+    const Out split = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU);
+    unsetenv("TDT_GPU_JOINT_FLOAT32");
+    const Out dflt = run(c, d, TDT_DTYPE_FLOAT32, TDT_LOCATION_GPU);
+    ASSERT_EQ(dflt.st, TDT_STATUS_SUCCESS) << dflt.err;
+    EXPECT_EQ(dflt.raw, split.raw) << "float32's default products are not the split ones";
 }
 
 TEST(GpuJoint, DeterministicAcrossRuns) {

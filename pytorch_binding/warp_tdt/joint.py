@@ -404,7 +404,9 @@ def tdt_joint_loss(enc, pred, weight, bias, targets, logit_lengths, target_lengt
             (|upstream| x its occupancy: the nodes off the likely alignments), their logits not
             recomputed; each gradient element then moves by at most eps times the sum of |W|,
             |h| or 1 over the left-out nodes it collects from. The loss itself is exact.
-            include/tdt.h (tdt_joint_gradients_t) has the rule.
+            include/tdt.h (tdt_joint_gradients_t) has the rule. On a GPU the backward then
+            runs its products on the kept nodes alone, after reading their number back (one
+            synchronisation; while a CUDA graph is captured it takes every node instead).
 
     Returns:
         float32 loss (float64 for float64 inputs): a scalar, or ``(batch,)`` for ``"none"``.

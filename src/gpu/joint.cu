@@ -688,14 +688,14 @@ long long joint_chunk_bytes() {
     return kb << 10;
 }
 
-/* float32's products in the GEMM schedule (joint_plan.h): TDT_GPU_JOINT_FLOAT32 = "sgemm" (the
- * default: float32 kernels on the CUDA cores) or "split" (on bfloat16 tensor cores, each operand
- * the sum of three bfloat16 parts: 0.67-0.80x the time, docs/joint.md); 0, 1, or -1 where set to
- * anything else. Read by the size query and by the call, like TDT_GPU_JOINT_CHUNK_KB. */
+/* float32's products in the GEMM schedule (joint_plan.h): TDT_GPU_JOINT_FLOAT32 = "split" (the
+ * default: on bfloat16 tensor cores, each operand the sum of three bfloat16 parts) or "sgemm"
+ * (float32 kernels on the CUDA cores, 1.2-1.5x the time, docs/joint.md); 1, 0, or -1 where set
+ * to anything else. Read by the size query and by the call, like TDT_GPU_JOINT_CHUNK_KB. */
 int joint_float32_split() {
     const char *v = getenv("TDT_GPU_JOINT_FLOAT32");
-    if (!v || !*v || strcmp(v, "sgemm") == 0) return 0;
-    return strcmp(v, "split") == 0 ? 1 : -1;
+    if (!v || !*v || strcmp(v, "split") == 0) return 1;
+    return strcmp(v, "sgemm") == 0 ? 0 : -1;
 }
 
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
@@ -735,8 +735,8 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     }
     const int split = joint_float32_split();
     if (split < 0) {
-        tdt_set_error("TDT_GPU_JOINT_FLOAT32 = \"%s\": float32's products are \"sgemm\" (the default) "
-                      "or \"split\" (on bfloat16 parts)",
+        tdt_set_error("TDT_GPU_JOINT_FLOAT32 = \"%s\": float32's products are \"split\" (the default: "
+                      "on bfloat16 parts) or \"sgemm\" (float32 kernels)",
                       getenv("TDT_GPU_JOINT_FLOAT32"));
         return TDT_STATUS_INVALID_OPTION;
     }

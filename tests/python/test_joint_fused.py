@@ -660,12 +660,12 @@ def test_cuda_bad_lengths_and_labels_raise(monkeypatch, asynchronous):
 
 
 @requires_cuda
-@pytest.mark.parametrize("products", ["sgemm", "split"])
+@pytest.mark.parametrize("products", ["split", "sgemm"])
 @pytest.mark.parametrize("chunk_kb", ["", "1"])
 def test_cuda_float32_products_within_the_unfused_error(monkeypatch, products, chunk_kb):
-    """float32's products as float32 kernels or on bfloat16 parts (TDT_GPU_JOINT_FLOAT32), with
-    the default chunks and one (b, t) row a chunk: as close to float64 as the unfused float32
-    path (4x its error or 1e-6, normwise)."""
+    """float32's products on bfloat16 parts (the default) or as float32 kernels
+    (TDT_GPU_JOINT_FLOAT32), with the default chunks and one (b, t) row a chunk: as close to
+    float64 as the unfused float32 path (4x its error or 1e-6, normwise)."""
     monkeypatch.setenv("TDT_GPU_JOINT_FLOAT32", products)
     monkeypatch.setenv("TDT_GPU_JOINT_CHUNK_KB", chunk_kb)
     c = make(B=3, T=16, U=5, H=96, V=700, seed=35, scale=0.5, device="cuda")
