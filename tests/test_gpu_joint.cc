@@ -621,6 +621,7 @@ struct EnvGuard {
 // room a chunk or more): with small chunks their runs start and end inside rows and samples,
 // and d enc, d pred, d W and d bias still add up as the CPU's; at 8 KB float64 has one row a
 // chunk, and a captured call no compaction: the dense products, left-out nodes as zero rows.
+// Then 1200 rows, past one block of the kept-node count's prefix sum.
 TEST(GpuJoint, SkipBelowCompactedChunks) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), chunk("TDT_GPU_JOINT_CHUNK_KB");
@@ -649,6 +650,19 @@ TEST(GpuJoint, SkipBelowCompactedChunks) {
     RunOpts graphed = ro;  // under capture: no compaction (it reads the kept count on the host)
     graphed.graph = true;
     check_case(c, TDT_DTYPE_FLOAT32, graphed);
+    // more (b, t) rows than the prefix sum's block takes at once (1024): its carry from block to
+    // block, in one compacted chunk and in many
+    Case l;
+    l.name = "compacted skip_below, 1200 rows";
+    l.B = 2, l.maxT = 600, l.maxU = 2, l.V = 12, l.H = 8;
+    l.ragged = true;
+    l.wscale = 4.0;
+    l.seed = 32;
+    for (const char *kb : {"", "16"}) {
+        setenv("TDT_GPU_JOINT_CHUNK_KB", kb, 1);
+        SCOPED_TRACE(std::string("chunk KB \"") + kb + "\"");
+        check_case(l, TDT_DTYPE_FLOAT64, ro);
+    }
 }
 
 // TDT_GPU_JOINT picks the schedule: "gemm", "tiles", unset or empty (the default: gemm where
