@@ -90,8 +90,16 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
         if (p.g_rows_b > 1) {
             EXPECT_LE(nodes_b * zbb, nodes * (size_t)p.g_ldz * acc) << "the backward's z fits the forward's buffer";
         }
+        // h: the backward's split parts take N_b rows of six blocks and three N_b x ldh matrices
+        const size_t hbytes = std::max(nodes * (size_t)p.g_ldhp * ob, s.split ? nodes_b * 9 * (size_t)p.g_ldh * 2 : 0);
+        // skip_below's lists: a row start a (b, t) row and one more, a node number a node
+        const size_t rows_all = (size_t)(s.B * s.T);
+        EXPECT_TRUE(p.g_compact);
         expect_disjoint({{p.g_z, std::max(nodes * (size_t)p.g_ldz * acc, nodes_b * zbb)},
-                         {p.g_h, nodes * (size_t)p.g_ldhp * ob},
+                         {p.g_h, hbytes},
+                         {p.g_krow, (rows_all + 1) * 4},
+                         {p.g_kidx, rows_all * row * 4},
+                         {p.g_desc, 4 * 8},
                          {p.g_dx, nodes_b * H * acc},
                          {p.g_pred, (size_t)s.B * row * H * acc},
                          {p.g_w, (size_t)p.g_ldz * (size_t)p.g_ldw * acc},
@@ -106,7 +114,8 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
 
 TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
     // The GEMM schedule's chunk: z, h and d h near the budget together, whatever B, T and U; the whole
-    // scratch then grows only with d pred's sums (B (U + 1) H) and with d W's (O H).
+    // scratch then grows only with d pred's sums (B (U + 1) H), with d W's (O H) and with
+    // skip_below's list of kept nodes (4 bytes a node: within the slack below at these shapes).
     for (const Shape &s : kShapes) {
         SCOPED_TRACE(s.name);
         tdt_gpu_joint_plan_t p;

@@ -28,14 +28,21 @@
  * schedule has five; cuBLASLt picks each product's kernel for the device, once a call (every
  * chunk has the same shapes and buffers).
  *
- * float32's products are split where TDT_GPU_JOINT_FLOAT32=split asks (joint.cu): W padded, h and dz
- * each as three bfloat16 parts whose sum is the float32 value exactly (tdt_split3), and a product as
- * the six products of parts whose indices add up to at most 2, on bfloat16 tensor cores: the z
- * product as one product of six times the inner size (W's and h's rows hold the parts in six
- * blocks, joint_plan.h), d W and d h as six products into the same float32 sums. The three
- * products left out are at most 2^-23 of the whole. A dz row with a value that is not finite goes
- * in as zeros, its terms added in float32 by split_fix_dw_kernel and split_fix_dh_kernel. The
- * float32 kernels (the default) take about 1.5x the time (docs/joint.md).
+ * float32's products are split unless TDT_GPU_JOINT_FLOAT32=sgemm asks for float32 kernels
+ * (joint.cu): W padded, h and dz each as three bfloat16 parts whose sum is the float32 value
+ * exactly (tdt_split3), and a product as the six products of parts whose indices add up to at
+ * most 2, on bfloat16 tensor cores: the z product as one product of six times the inner size
+ * (W's and h's rows hold the parts in six blocks, joint_plan.h), d h as six products into the
+ * same float32 sums, d W as three over the nodes stacked ([dz0; dz1; dz2] against h's parts
+ * [h2; h1; h0] and its tails). The three products left out are at most 2^-23 of the whole. A dz
+ * row with a value that is not finite goes in as zeros, its terms added in float32 by
+ * split_fix_dw_kernel and split_fix_dh_kernel. The float32 kernels take 1.2-1.6x the time
+ * (docs/joint.md).
+ *
+ * skip_below (outside graph capture): the backward lists the nodes it keeps (keep_rows_kernel,
+ * keep_scan_kernel), reads their number back, and its chunks are runs of that list
+ * (keep_chunk_kernel; chunk_node and the reductions of joint_common.cuh map through it), so a
+ * left-out node costs no product.
  *
  * Precision: the forward's z and the products' sums in the accumulate type, as the tiles'
  * schedule; h and dz rounded to the dtype where it is float16 or bfloat16 (the tensor cores'
@@ -702,6 +709,16 @@ __global__ void __launch_bounds__(256) keep_rows_kernel(const __grid_constant__ 
     if (!SCATTER && lane == 0) krow[r] = at;
 }
 
+/* The inclusive prefix sum of v over the warp's lanes. */
+__device__ __forceinline__ int32_t warp_inclusive_sum(int32_t v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int32_t y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += y;
+    }
+    return v;
+}
+
 /* The exclusive prefix sum of x[0, n) in place, by one block of 1024 threads, 1024 values at a
  * time. */
 __global__ void __launch_bounds__(1024) keep_scan_kernel(int32_t *x, int64_t n) {
@@ -711,22 +728,11 @@ __global__ void __launch_bounds__(1024) keep_scan_kernel(int32_t *x, int64_t n) 
     for (int64_t base = 0; base < n; base += 1024) {
         const int64_t i = base + threadIdx.x;
         const int32_t v = i < n ? x[i] : 0;
-        int32_t inc = v; /* the warp's inclusive sum */
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int32_t y = __shfl_up_sync(0xffffffffu, inc, o);
-            if (lane >= o) inc += y;
-        }
+        const int32_t inc = warp_inclusive_sum(v, lane);
         if (lane == 31) warp_sum[w] = inc;
         __syncthreads();
         if (w == 0) { /* the warps' sums into their exclusive sum, and the 1024 values' sum */
-            const int32_t ws = warp_sum[lane];
-            int32_t wi = ws;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int32_t y = __shfl_up_sync(0xffffffffu, wi, o);
-                if (lane >= o) wi += y;
-            }
+            const int32_t ws = warp_sum[lane], wi = warp_inclusive_sum(ws, lane);
             warp_sum[lane] = wi - ws;
             if (lane == 31) tile_sum = wi;
         }
@@ -866,6 +872,10 @@ template <int DT> struct gemm_run {
         return TDT_STATUS_SUCCESS;
     }
 
+    /* a compacted chunk's kept nodes start this far apart in the list: its capacity less one row,
+     * so that the rows starting in that range never overflow it (keep_chunk_kernel) */
+    int64_t compact_step() const { return nodes(true) - a.row; }
+
     /* skip_below's compaction: where the backward leaves nodes out, outside a graph capture, with
      * room for two (b, t) rows a chunk or more (and the plan's int32 lists), the kept nodes are
      * listed (keep_rows_kernel, keep_scan_kernel) and their number read back (the call's one
@@ -894,8 +904,7 @@ template <int DT> struct gemm_run {
                        "reading the number of kept nodes")) != TDT_STATUS_SUCCESS ||
             (st = cuda(cudaStreamSynchronize(stream), "waiting for the number of kept nodes")) != TDT_STATUS_SUCCESS)
             return st;
-        const int64_t step = nodes(true) - a.row;
-        *nchunks = kept > 0 ? (kept + step - 1) / step : 1;
+        *nchunks = kept > 0 ? (kept + compact_step() - 1) / compact_step() : 1;
         ch->krow = krow;
         ch->kidx = kidx;
         ch->desc = reinterpret_cast<const int64_t *>(s + plan.g_desc);
@@ -958,12 +967,12 @@ template <int DT> struct gemm_run {
         const int64_t all = a.B * a.maxT;
         int64_t nchunks = (all + plan.g_rows_b - 1) / plan.g_rows_b;
         if ((st = compact(&ch, &nchunks)) != TDT_STATUS_SUCCESS) return st;
-        const int64_t step = nodes(true) - a.row; /* a compacted chunk's kept nodes start this far apart */
         for (int64_t k = 0; k < nchunks; ++k) {
             /* dense: rows [r0, r0 + rows), nodes [first, limit); compacted: ch.desc's */
             int64_t r0 = 0, rows = 0;
             if (ch.kidx) {
-                keep_chunk_kernel<<<1, 1, 0, stream>>>(ch.krow, all, k, nchunks, step, const_cast<int64_t *>(ch.desc));
+                keep_chunk_kernel<<<1, 1, 0, stream>>>(ch.krow, all, k, nchunks, compact_step(),
+                                                       reinterpret_cast<int64_t *>(s + plan.g_desc));
                 if ((st = cuda(cudaGetLastError(), "launching the joint's chunk kernel")) != TDT_STATUS_SUCCESS)
                     return st;
             } else {

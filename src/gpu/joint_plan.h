@@ -57,7 +57,7 @@
  *                               first and end entry of g_kidx
  *   g_krow, g_kidx and g_desc are empty where the padded extent has 2^31 nodes or more (the
  *   backward then takes every node, its left-out ones as zero rows of dz).
- * Split products (float32 where joint.cu's TDT_GPU_JOINT_FLOAT32 says split): each float32
+ * Split products (float32 unless joint.cu's TDT_GPU_JOINT_FLOAT32 says sgemm): each float32
  * operand is the exact sum of three bfloat16 values (tdt_split3 below), and a product of two of
  * them is the sum of the six products of parts whose indices add up to at most 2, on bfloat16
  * tensor cores with float32 sums: the three dropped are at most 2^-23 of the product, two units
@@ -67,9 +67,9 @@
  * kernels loaded 2 or 1 values at a time.
  * G keeps g_z, g_h and g_dx together near the chunk budget, TDT_JOINT_Z_BYTES unless the
  * caller gives another (joint.cu: the environment variable TDT_GPU_JOINT_CHUNK_KB), at least one
- * row. At the shapes above in bfloat16: 119 + 5 + 9 (G 36) + 2 + 21 + 10.6 + 4 MB. The budget
- * trades memory for time: huge-joint bfloat16 forward+backward took 68, 42 and 36 ms with 32,
- * 128 and 512 MB (joint_gpu_bench --iters 5, H100, warp-tdt 0.7.0 at commit f806fb6).
+ * row. At the shapes above in bfloat16: 119 + 5 + 9 (G 36) + 2 + 21 + 10.6 + 4 + 1.2 MB. The
+ * budget trades memory for time: huge-joint bfloat16 forward+backward took 68, 42 and 36 ms with
+ * 32, 128 and 512 MB (joint_gpu_bench --iters 5, H100, warp-tdt 0.7.0 at commit f806fb6).
  */
 #ifndef TDT_GPU_JOINT_PLAN_H
 #define TDT_GPU_JOINT_PLAN_H
