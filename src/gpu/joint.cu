@@ -23,8 +23,8 @@
  *                        terms, clamp, FastEmit, upstream: lattice.h's tdt_token_grad and
  *                        tdt_duration_grad), d h += dz W in shared memory; then d(enc + pred) =
  *                        d h * dropout's mask and scale * act' into the chunk's scratch dx
- *   joint_denc_kernel    d enc[b, t] = sum over u of the chunk's dx (u ascending), written
- *   joint_dpred_kernel   d pred[b, u] += sum over t of the chunk's dx (t ascending), into an
+ *   joint_denc_kernel    d enc[b, t] = sum over u of the chunk's dx (a fixed order), written
+ *   joint_dpred_kernel   d pred[b, u] += sum over t of the chunk's dx (a fixed order), into an
  *                        accumulator; joint_pred_out_kernel writes it once every chunk is in
  *   joint_dw_kernel      per tile of T rows of W and partition p of the node tiles (tiles p,
  *                        p + P, ...): h, z, dz again, d W += dz^T h and d bias += sum dz in
@@ -611,11 +611,11 @@ struct joint_run {
                 joint_dnode_kernel<DT, T><<<(unsigned)blocks, kThreads, smem, stream>>>(c);
                 if ((e = cudaGetLastError()) != cudaSuccess) return e;
                 if (a.enc_g) {
-                    joint_denc_kernel<DT><<<flat_blocks(c.chunk_rows * a.H, num_sms), 256, 0, stream>>>(c);
+                    joint_denc_kernel<DT><<<denc_blocks(c.chunk_rows, a.H, num_sms), 256, 0, stream>>>(c);
                     if ((e = cudaGetLastError()) != cudaSuccess) return e;
                 }
                 if (a.pred_g) {
-                    joint_dpred_kernel<DT><<<flat_blocks(a.row * a.H, num_sms), 256, 0, stream>>>(c);
+                    joint_dpred_kernel<DT><<<dpred_blocks(a.row, a.H, num_sms), 256, 0, stream>>>(c);
                     if ((e = cudaGetLastError()) != cudaSuccess) return e;
                 }
             }

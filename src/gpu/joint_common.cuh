@@ -277,57 +277,97 @@ __device__ __forceinline__ int64_t chunk_pos(const joint_args &a, const chunk_vi
     return lo < a.krow[c.r0 + q + 1] && a.kidx[lo] == want ? lo - c.m0 : -1;
 }
 
-/* d enc of the chunk's (b, t) rows: the sum over u (ascending) of their nodes' dx (compacted:
- * of their kept nodes', zero for a row with none). */
-template <int DT> __global__ void joint_denc_kernel(const __grid_constant__ joint_args a) {
-    const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
+/* The reductions below: a block of eight warps takes 32 consecutive hidden values k (a lane
+ * each) of one output row; warp w sums the terms w, w + 8, w + 16, ... of the row's range in
+ * order, and the eight sums are added in warp order. A fixed order (deterministic), whatever the
+ * grid; eight loads in flight a lane. */
+const int kReduceWarps = 8;
+
+/* The eight warps' sums s of lane k's output joined in warp order: warp 0's lanes get it. */
+template <typename A> __device__ __forceinline__ A reduce_warps(A s, A (&part)[kReduceWarps][32]) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    part[w][lane] = s;
+    __syncthreads();
+    A t = part[0][lane];
+#pragma unroll
+    for (int i = 1; i < kReduceWarps; ++i) t += part[i][lane];
+    __syncthreads(); /* part free for the next row */
+    return t;
+}
+
+/* d enc of the chunk's (b, t) rows: the sum over u (reduce_warps' order) of their nodes' dx
+ * (compacted: of their kept nodes', zero for a row with none). Blocks of 256 threads, a block a
+ * (row, 32 values of k) at a time. */
+template <int DT> __global__ void __launch_bounds__(256) joint_denc_kernel(const __grid_constant__ joint_args a) {
+    typedef acc_t<DT> A;
+    __shared__ A part[kReduceWarps][32];
+    const A *dx = static_cast<const A *>(a.dx);
     const chunk_view c = chunk_of(a);
-    const int64_t n = c.rows * a.H;
-    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = idx / a.H, k = idx - r * a.H;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t kb = (a.H + 31) / 32, n = c.rows * kb;
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) { /* block-uniform */
+        const int64_t r = i / kb, k = (i - r * kb) * 32 + lane;
         const int64_t rr = c.r0 + r, b = rr / a.maxT, t = rr - b * a.maxT;
         int64_t p0, p1;
         chunk_row_span(a, c, r, &p0, &p1);
-        acc_t<DT> s = 0;
+        A s = 0;
+        if (k < a.H) {
 #pragma unroll 8 /* eight loads in flight (the sum's order unchanged) */
-        for (int64_t p = p0; p < p1; ++p) s += dx[p * a.H + k];
-        st<DT>(a.enc_g, b * a.enc_gs[0] + t * a.enc_gs[1] + k, s);
+            for (int64_t p = p0 + w; p < p1; p += kReduceWarps) s += dx[p * a.H + k];
+        }
+        s = reduce_warps(s, part);
+        if (w == 0 && k < a.H) st<DT>(a.enc_g, b * a.enc_gs[0] + t * a.enc_gs[1] + k, s);
     }
 }
 
-/* d pred: each (b, u, k) of the chunk's samples gets the sum over the chunk's frames (t
- * ascending; compacted: those where the node was kept) added to its accumulator. */
-template <int DT> __global__ void joint_dpred_kernel(const __grid_constant__ joint_args a) {
-    const acc_t<DT> *dx = static_cast<const acc_t<DT> *>(a.dx);
-    acc_t<DT> *accp = static_cast<acc_t<DT> *>(a.pred_acc);
+/* d pred: each (b, u, k) of the chunk's samples gets the sum over the chunk's frames
+ * (reduce_warps' order; compacted: those where the node was kept) added to its accumulator.
+ * Blocks of 256 threads, a block a (u, 32 values of k) at a time. */
+template <int DT> __global__ void __launch_bounds__(256) joint_dpred_kernel(const __grid_constant__ joint_args a) {
+    typedef acc_t<DT> A;
+    __shared__ A part[kReduceWarps][32];
+    const A *dx = static_cast<const A *>(a.dx);
+    A *accp = static_cast<A *>(a.pred_acc);
     const chunk_view c = chunk_of(a);
-    const int64_t n = a.row * a.H;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t kb = (a.H + 31) / 32, n = a.row * kb;
     const int64_t b0 = c.r0 / a.maxT, t0 = c.r0 - b0 * a.maxT;
-    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t u = idx / a.H, k = idx - u * a.H;
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) { /* block-uniform */
+        const int64_t u = i / kb, k = (i - u * kb) * 32 + lane;
         /* the chunk's rows sample by sample: rows [r, r_end) are sample b's frames */
         int64_t b = b0, r = 0, r_end = a.maxT - t0;
         while (r < c.rows) {
             if (r_end > c.rows) r_end = c.rows;
-            acc_t<DT> s = 0;
-            if (a.kidx) {
-                for (int64_t q = r; q < r_end; ++q) {
-                    const int64_t p = chunk_pos(a, c, q, u);
-                    if (p >= 0) s += dx[p * a.H + k];
-                }
-            } else {
+            A s = 0;
+            if (k < a.H) {
+                if (a.kidx) {
+                    for (int64_t q = r + w; q < r_end; q += kReduceWarps) {
+                        const int64_t p = chunk_pos(a, c, q, u);
+                        if (p >= 0) s += dx[p * a.H + k];
+                    }
+                } else {
 #pragma unroll 8 /* eight loads in flight (the sum's order unchanged) */
-                for (int64_t q = r; q < r_end; ++q) s += dx[(q * a.row + u) * a.H + k];
+                    for (int64_t q = r + w; q < r_end; q += kReduceWarps) s += dx[(q * a.row + u) * a.H + k];
+                }
             }
-            accp[(b * a.row + u) * a.H + k] += s;
+            s = reduce_warps(s, part);
+            if (w == 0 && k < a.H) accp[(b * a.row + u) * a.H + k] += s;
             r = r_end;
             r_end += a.maxT;
             ++b;
         }
     }
 }
+
+/* The grid of joint_denc_kernel (rows: the chunk's (b, t) rows, or a bound on them) and of
+ * joint_dpred_kernel: a block a (row, 32 values of k), at most 16 blocks an SM. */
+inline unsigned denc_blocks(int64_t rows, int64_t H, int num_sms) {
+    int64_t n = rows * ((H + 31) / 32);
+    const int64_t cap = (int64_t)num_sms * 16;
+    if (n > cap) n = cap;
+    return n < 1 ? 1u : (unsigned)n;
+}
+inline unsigned dpred_blocks(int64_t row, int64_t H, int num_sms) { return denc_blocks(row, H, num_sms); }
 
 template <int DT> __global__ void joint_pred_out_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *accp = static_cast<const acc_t<DT> *>(a.pred_acc);
