@@ -81,21 +81,22 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
         const size_t ob = s.split ? 2 : (size_t)s.elem;  // the products' operand
         EXPECT_EQ(p.g_ldhp, blocks * p.g_ldh);
         EXPECT_EQ(p.g_ldwp, blocks * p.g_ldh) << "W's padded rows";
-        // the backward's chunk: the forward's rows, but for split products (z and dz's three
-        // bfloat16 parts: 10 bytes a value to the forward's 4), at least one row
-        const size_t zbb = (size_t)p.g_ldz * (acc + (s.split ? 6 : 0));
+        // the forward's z is in the dtype (float16 and bfloat16 less a shift); the backward's
+        // chunk: the forward's rows, but for split products (z and dz's three bfloat16 parts: 10
+        // bytes a value to the forward's 4), at least one row
+        const size_t elem = (size_t)s.elem, zbb = (size_t)p.g_ldz * (elem + (s.split ? 6 : 0));
         if (!s.split) EXPECT_EQ(p.g_rows_b, p.g_rows);
         else EXPECT_EQ(p.g_rows_b, std::max<int64_t>(1, p.g_rows * 2 / 5));
         const size_t nodes = (size_t)p.g_rows * row, nodes_b = (size_t)p.g_rows_b * row;
         if (p.g_rows_b > 1) {
-            EXPECT_LE(nodes_b * zbb, nodes * (size_t)p.g_ldz * acc) << "the backward's z fits the forward's buffer";
+            EXPECT_LE(nodes_b * zbb, nodes * (size_t)p.g_ldz * elem) << "the backward's z fits the forward's buffer";
         }
         // h: the backward's split parts take N_b rows of six blocks and three N_b x ldh matrices
         const size_t hbytes = std::max(nodes * (size_t)p.g_ldhp * ob, s.split ? nodes_b * 9 * (size_t)p.g_ldh * 2 : 0);
         // skip_below's lists: a row start a (b, t) row and one more, a node number a node
         const size_t rows_all = (size_t)(s.B * s.T);
         EXPECT_TRUE(p.g_compact);
-        expect_disjoint({{p.g_z, std::max(nodes * (size_t)p.g_ldz * acc, nodes_b * zbb)},
+        expect_disjoint({{p.g_z, std::max(nodes * (size_t)p.g_ldz * elem, nodes_b * zbb)},
                          {p.g_h, hbytes},
                          {p.g_krow, (rows_all + 1) * 4},
                          {p.g_kidx, rows_all * row * 4},
@@ -105,7 +106,8 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
                          {p.g_w, (size_t)p.g_ldz * (size_t)p.g_ldw * acc},
                          {p.g_wp, (size_t)p.g_ldz * (size_t)p.g_ldwp * ob},
                          {p.g_lt, TDT_JOINT_LT_BYTES},
-                         {p.g_nf, s.split ? (nodes_b + 1) * 4 : 0}},
+                         {p.g_nf, s.split ? (nodes_b + 1) * 4 : 0},
+                         {p.g_coef, nodes_b * TDT_JOINT_COEF_BYTES}},
                         p, "gemm");
         // a chunk is whole (b, t) rows, never more than the problem has (but at least one)
         EXPECT_LE(p.g_rows, std::max<int64_t>(1, s.B * s.T));
@@ -122,7 +124,7 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
         ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, 0, &p));
         const size_t row = (size_t)(s.U + 1), acc = (size_t)s.acc;
         const size_t chunk = (size_t)p.g_rows * row *
-                             ((size_t)p.g_ldz * acc + (size_t)p.g_ldhp * (s.split ? 2 : (size_t)s.elem) +
+                             ((size_t)p.g_ldz * (size_t)s.elem + (size_t)p.g_ldhp * (s.split ? 2 : (size_t)s.elem) +
                               (size_t)s.H * acc);
         if (p.g_rows > 1) {
             EXPECT_LE(chunk, TDT_JOINT_Z_BYTES);

@@ -131,6 +131,39 @@ __device__ __forceinline__ acc_t<DT> hidden(const joint_args &a, const node_info
     return y * keep;
 }
 
+/* hidden()'s x and dropout factor at elements k0 .. k0 + M - 1 of node ni, whose rows of enc and
+ * pred start at er and pr (the dtype), M values a load: the caller has checked that both rows
+ * start aligned to M values and that k0 + M <= H (k0 a multiple of M). */
+template <int DT, int M> struct hidden_vals {
+    typedef typename tdt_elem<DT>::T E;
+    struct alignas(M * sizeof(E)) raw {
+        E v[M];
+    };
+    acc_t<DT> x[M], keep[M];
+    __device__ __forceinline__ void load(const joint_args &a, const node_info &ni, const E *er, const E *pr,
+                                         int64_t k0) {
+        const raw e = *reinterpret_cast<const raw *>(er + k0), p = *reinterpret_cast<const raw *>(pr + k0);
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            x[i] = tdt_elem<DT>::to_acc(e.v[i]) + tdt_elem<DT>::to_acc(p.v[i]);
+            keep[i] = (acc_t<DT>)1;
+            if (a.dropout)
+                keep[i] = tdt_dropout_keep(a.seed, ni.ctr + (uint64_t)(k0 + i), a.drop_thr) ? (acc_t<DT>)a.drop_scale
+                                                                                           : (acc_t<DT>)0;
+        }
+    }
+};
+
+/* Node ni's rows of enc and pred (the dtype), and whether both start aligned to M values. */
+template <int DT, int M>
+__device__ __forceinline__ bool hidden_rows(const joint_args &a, const node_info &ni,
+                                            const typename tdt_elem<DT>::T **er, const typename tdt_elem<DT>::T **pr) {
+    typedef typename tdt_elem<DT>::T E;
+    *er = static_cast<const E *>(a.enc) + ni.b * a.enc_s[0] + ni.t * a.enc_s[1];
+    *pr = static_cast<const E *>(a.pred) + ni.b * a.pred_s[0] + ni.u * a.pred_s[1];
+    return ((reinterpret_cast<uintptr_t>(*er) | reinterpret_cast<uintptr_t>(*pr)) % (M * sizeof(E))) == 0;
+}
+
 /* d(enc + pred) at element k of node ni from its d h: d h times the dropout's factor and act'. */
 template <int DT>
 __device__ __forceinline__ acc_t<DT> node_dx(const joint_args &a, const node_info &ni, int64_t k, acc_t<DT> dh) {

@@ -10,19 +10,22 @@
  * (joint_plan.h), and the z product adds the bias. Per chunk of N = G (U + 1) nodes in the
  * forward, N_b = G_b (U + 1) in the backward (joint_plan.h), in the padded (b, t, u) order:
  *   forward   h = dropout(act(enc + pred)) into g_h (the dtype, zero rows for the nodes that
- *             are not valid, a 1 at column H); z + bias = [h 1 0] [W bias 1]^T (cuBLASLt,
- *             accumulate type) into g_z; per node, from its row, the node's block as
- *             joint_fwd_kernel writes it (the log-normaliser over the V token rows, the blank and
- *             label logits, the duration log-softmax). Then the sweeps (joint.cu).
+ *             are not valid, a 1 at column H; for float16 and bfloat16 the node's blank, label
+ *             and duration logits into its block and its shift -c after the 1: fwd_keys);
+ *             z + bias (- c) = [h 1 -c 0] [W bias 1]^T (cuBLASLt, in the dtype) into g_z; per
+ *             node, from its row, the node's block as joint_fwd_kernel writes it (the
+ *             log-normaliser over the V token rows, the blank and label logits, the duration
+ *             log-softmax). Then the sweeps (joint.cu).
  *   backward  h again, and for float16 and bfloat16 the node's -lse (from its block) in h's
  *             columns after the 1, split into TDT_JOINT_LSE_PARTS values of the dtype; the z
  *             product again, now into the dtype: z + bias - lse, the node's log-probabilities
  *             (z + bias for float32 and float64). Per node dz from them (its coefficients by
- *             node_setup_bwd), in place (zero rows for nodes outside a feasible lattice, zeros
- *             from O to ldz); d W and d bias += dz^T [h 1] (cuBLASLt, beta 1, in g_w: h's
+ *             node_setup_bwd, a thread a node: gemm_coef_kernel), in place (zero rows for
+ *             nodes outside a feasible lattice, zeros from O to ldz); d W and d bias +=
+ *             dz^T [h 1] (cuBLASLt, beta 1, in g_w: h's
  *             column of ones gives d bias); d h = dz W (cuBLASLt) into g_dx, then
  *             d(enc + pred) = d h * the dropout's factor * act' in place, and joint_common.cuh's
- *             reductions into d enc (u ascending) and d pred (chunks, then t, ascending). At the
+ *             reductions into d enc (over u) and d pred (chunks in order, then over t). At the
  *             end d pred, d W and d bias are written in the dtype.
  * So four products of 2 N ldh (V + D) for N nodes, forward and backward together, as the tiles'
  * schedule has five; cuBLASLt picks each product's kernel for the device, once a call (every
@@ -44,9 +47,10 @@
  * (keep_chunk_kernel; chunk_node and the reductions of joint_common.cuh map through it), so a
  * left-out node costs no product.
  *
- * Precision: the forward's z and the products' sums in the accumulate type, as the tiles'
- * schedule; h and dz rounded to the dtype where it is float16 or bfloat16 (the tensor cores'
- * operands). The log-normaliser and the bulk of dz as the unfused path has them (gpu_common.cuh's
+ * Precision: the products' sums in the accumulate type, as the tiles' schedule; h and dz rounded
+ * to the dtype where it is float16 or bfloat16 (the tensor cores' operands), and the forward's z
+ * less its shift c (fwd_shifted: the largest term and the blank, label and duration logits
+ * recomputed from h and W unrounded). The log-normaliser and the bulk of dz as the unfused path has them (gpu_common.cuh's
  * base-2 units for the float-accumulate types: about 2 ulp a term; natural units for float64 and
  * for values beyond 1e7); the blank, the label and the durations in float64 from the forward's
  * node block. In float16 and bfloat16 the backward reads each bulk term's log-probability
@@ -265,6 +269,20 @@ template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
  * (|lse| <= 1e7); 1 otherwise. A power of two: -lse's parts stay exact. */
 template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
 
+/* Whether the forward's z product writes its values in the dtype (float16, bfloat16) less a
+ * shift c a node, not in the accumulate type (half the bytes written and read): c is the
+ * largest of the node's blank and label logits and 0, which the h kernel computes with the
+ * node's duration logits from h and W (the product's operands, float32 sums) into the node's
+ * block (fwd_keys); the node kernel takes the log-normaliser from the row, its largest term
+ * recomputed the same way, c added back, and the blank, label and durations from the block.
+ * A value's rounding is then of z - c, not z: small where the probability is (a trained
+ * lattice's blank or label), and for the largest term none. float16's row holds (z - c) / 256
+ * (the product's alpha), for the range; a row that leaves it is summed from the products. */
+template <int DT> constexpr bool fwd_shifted() { return sizeof(typename tdt_elem<DT>::T) < sizeof(acc_t<DT>); }
+
+/* The forward's z values in natural units from the row's: times 256 for float16 (fwd_shifted). */
+template <int DT> __device__ __forceinline__ float fwd_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0f : 1.0f; }
+
 /* Split products (float32): the part in each block of W's and of h's rows (TDT_JOINT_SPLIT_BLOCKS
  * blocks of ldh): block k of the z product pairs W's part w_part_of(k) with h's h_part_of(k), the
  * six pairs whose parts add up to at most 2 (the three dropped are at most 2^-23 of the
@@ -310,6 +328,105 @@ template <typename A> struct zvec {
     __device__ __forceinline__ A at(int j) const { return v[j]; } /* a batch for lse_add */
 };
 
+/* z + bias - (what h's columns after its 1 carry) at output o of a node whose h is row (pitch ldh,
+ * the dtype), as the z product has it: against W padded's row o, each lane its 16-byte vectors,
+ * float32 sums joined by a fixed xor-shuffle tree; every lane gets it. fwd_dots: the same for
+ * up to kKeyRows outputs at once (rows[0..n), their loads in flight together). */
+const int kKeyRows = 8;
+template <int DT>
+__device__ __forceinline__ void fwd_dots(const typename tdt_elem<DT>::T *row, const typename tdt_elem<DT>::T *wp,
+                                         int64_t ldh, const int64_t (&rows)[kKeyRows], int n, int lane,
+                                         float (&out)[kKeyRows]) {
+    typedef tdt_elem<DT> TE;
+    typedef typename TE::T E;
+    enum { N = zvec<E>::N };
+#pragma unroll
+    for (int r = 0; r < kKeyRows; ++r) out[r] = 0.0f;
+    for (int64_t k0 = (int64_t)lane * N; k0 < ldh; k0 += 32 * N) {
+        zvec<E> x, w[kKeyRows];
+        x.load(row + k0);
+#pragma unroll
+        for (int r = 0; r < kKeyRows; ++r)
+            if (r < n) w[r].load(wp + rows[r] * ldh + k0);
+#pragma unroll
+        for (int r = 0; r < kKeyRows; ++r)
+            if (r < n) {
+#pragma unroll
+                for (int e = 0; e < N; ++e) out[r] = fmaf(TE::to_acc(x.v[e]), TE::to_acc(w[r].v[e]), out[r]);
+            }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+        for (int r = 0; r < kKeyRows; ++r) out[r] += __shfl_xor_sync(0xffffffffu, out[r], off);
+}
+template <int DT>
+__device__ __forceinline__ float fwd_dot(const typename tdt_elem<DT>::T *row, const typename tdt_elem<DT>::T *wrow,
+                                         int64_t ldh, int lane) {
+    typedef tdt_elem<DT> TE;
+    typedef typename TE::T E;
+    enum { N = zvec<E>::N };
+    float s = 0.0f;
+    for (int64_t k0 = (int64_t)lane * N; k0 < ldh; k0 += 32 * N) {
+        zvec<E> x, w;
+        x.load(row + k0);
+        w.load(wrow + k0);
+#pragma unroll
+        for (int e = 0; e < N; ++e) s = fmaf(TE::to_acc(x.v[e]), TE::to_acc(w.v[e]), s);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    return s;
+}
+
+/* The forward's logits of node ni that its block keeps (fwd_shifted), from its h in row (just
+ * written by this warp, zeros after its 1): the blank's, the label's (0 without one) and the D
+ * durations' into the block's places for their log-probabilities, and at the log-normaliser's
+ * place the shift c: the largest of the blank's, the label's and 0, rounded to the dtype (in
+ * units of fwd_unit), 0 where beyond 1e7 or not a number. -c / fwd_unit (exact) then goes into
+ * row's column H + 1, whose column of W padded holds fwd_unit (lse_unit): the product gives
+ * z + bias - c. */
+template <int DT>
+__device__ __forceinline__ void fwd_keys(const joint_args &a, const node_info &ni, typename tdt_elem<DT>::T *row,
+                                         int64_t ldh, const typename tdt_elem<DT>::T *wp, int lane) {
+    typedef tdt_elem<DT> TE;
+    typedef typename TE::T E;
+    __syncwarp();
+    double *const w = tdt_wblock(&a.wb, ni.b, ni.t, ni.u);
+    /* outputs i = 0 .. 2 + D - 1: the blank, the label (the blank again without one), the
+     * durations; kKeyRows at a time */
+    float zb = 0.0f, zy = 0.0f;
+    for (int i0 = 0; i0 < 2 + a.D; i0 += kKeyRows) {
+        int64_t rows[kKeyRows];
+        float v[kKeyRows];
+        const int n = 2 + a.D - i0 < kKeyRows ? 2 + a.D - i0 : kKeyRows;
+#pragma unroll
+        for (int r = 0; r < kKeyRows; ++r) {
+            const int i = i0 + r;
+            rows[r] = i == 0 ? a.blank : i == 1 ? (ni.y >= 0 ? ni.y : a.blank) : a.V + (i - 2);
+        }
+        fwd_dots<DT>(row, wp, ldh, rows, n, lane, v);
+#pragma unroll
+        for (int r = 0; r < kKeyRows; ++r) {
+            const int i = i0 + r;
+            if (r >= n) continue;
+            if (i == 0) zb = v[r];
+            else if (i == 1) zy = ni.y >= 0 ? v[r] : 0.0f;
+            else if (lane == 0) w[TDT_W_DUR + (i - 2)] = v[r];
+        }
+    }
+    float m = ni.y >= 0 && zy > zb ? zy : zb;
+    if (!(m > 0.0f)) m = 0.0f; /* never below 0: where both are improbable, z's own rounding */
+    const E cu = TE::from_acc(m / fwd_unit<DT>());
+    double c = (double)TE::to_acc(cu) * fwd_unit<DT>();
+    if (!(fabs(c) <= 1e7)) c = 0.0;
+    if (lane != 0) return;
+    w[TDT_W_BLANK] = zb;
+    w[TDT_W_LABEL] = zy;
+    w[tdt_w_lse(a.D)] = c;
+    row[a.H + 1] = TE::from_double(-c / fwd_unit<DT>());
+}
+
 /* Warp w of block i: node first + j's h (j = 8 i + w < count; in the backward the chunk's node j,
  * chunk_node) into row j of hs (pitch ldh, the dtype), each lane 16 bytes at a time, zero where the
  * node is not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H (the
@@ -321,12 +438,14 @@ template <typename A> struct zvec {
  * not NULL) h's three bfloat16 parts go into row j of split instead, in the blocks joint_plan.h
  * gives them, and where stacked is not NULL (the backward) into row j of the matrices stacked,
  * stacked + stack_ld and stacked + 2 stack_ld as well: parts 2, 1 and 0, pitch ldh (the d W
- * products' operand). */
-template <int DT>
+ * products' operand). In the forward of float16 and bfloat16 (fwd_shifted) the node's exact
+ * logits and its shift c go into its block and -c / unit into column H + 1 (fwd_keys; W padded
+ * is wp, pitch ldh). */
+template <int DT, bool BACKWARD>
 __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
                                                      int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
-                                                     int backward, uint16_t *split, uint16_t *stacked,
-                                                     int64_t stack_ld) {
+                                                     uint16_t *split, uint16_t *stacked,
+                                                     int64_t stack_ld, const typename tdt_elem<DT>::T *wp) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
     enum { N = zvec<E>::N };
@@ -336,7 +455,7 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
     node_info ni; /* every lane decodes the node: the same loads */
     int take;
     double nlse = 0.0; /* -lse, or 0 */
-    if (backward) {
+    if constexpr (BACKWARD) {
         int64_t lim;
         const int64_t n = chunk_node(a, first, limit, j, &lim);
         take = node_bwd(a, n, lim, &ni);
@@ -350,22 +469,32 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
         take = ni.valid;
     }
     E *const row = hs + j * ldh;
+    /* enc's and pred's rows: 16-byte loads where both rows start 16-byte aligned */
+    const E *er, *pr;
+    const bool vec = hidden_rows<DT, N>(a, ni, &er, &pr) && take;
     for (int64_t k0 = (int64_t)lane * N; k0 < ldh; k0 += 32 * N) { /* ldh: a multiple of 8 */
         zvec<E> out;
+        if (vec && k0 + N <= a.H) { /* hidden()'s values */
+            hidden_vals<DT, N> hv;
+            hv.load(a, ni, er, pr, k0);
 #pragma unroll
-        for (int e = 0; e < N; ++e) {
-            const int64_t k = k0 + e;
-            acc_t<DT> h = 0, x, keep;
-            if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
-            E v = TE::from_acc(k == a.H ? (acc_t<DT>)1 : h);
-            if (k > a.H && k <= a.H + TDT_JOINT_LSE_PARTS) {
-                double rest = nlse / lse_unit<DT>();
-                for (int64_t i = a.H; i < k; ++i) {
-                    v = TE::from_double(rest);
-                    rest -= (double)TE::to_acc(v);
+            for (int e = 0; e < N; ++e) out.v[e] = TE::from_acc(act_of(a.act, hv.x[e]) * hv.keep[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < N; ++e) {
+                const int64_t k = k0 + e;
+                acc_t<DT> h = 0, x, keep;
+                if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
+                E v = TE::from_acc(k == a.H ? (acc_t<DT>)1 : h);
+                if (k > a.H && k <= a.H + TDT_JOINT_LSE_PARTS) {
+                    double rest = nlse / lse_unit<DT>();
+                    for (int64_t i = a.H; i < k; ++i) {
+                        v = TE::from_double(rest);
+                        rest -= (double)TE::to_acc(v);
+                    }
                 }
+                out.v[e] = v;
             }
-            out.v[e] = v;
         }
         if constexpr (DT == TDT_DTYPE_FLOAT32) {
             if (split) { /* split products: h's parts, six blocks of ldh */
@@ -375,6 +504,9 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
             }
         }
         out.store(row + k0);
+    }
+    if constexpr (fwd_shifted<DT>()) {
+        if (!BACKWARD && take) fwd_keys<DT>(a, ni, row, ldh, wp, lane);
     }
 }
 
@@ -396,44 +528,129 @@ template <typename A, int N_> struct zbatch {
     __device__ __forceinline__ A at(int j) const { return v[j]; }
 };
 
-/* The log-sum-exp of the first V values of row zr (bias included) in the units X, the lanes of a
- * warp together (gpu_common.cuh's lse_lane, lse_add, lse_group: the unfused normaliser's, from
- * the reference zb, the blank's value); every lane gets the result (float64, natural units),
- * and *huge (warp-uniform) where the row needs natural units (tdt_rexp2::fits). */
-template <int DT, typename X>
-__device__ __forceinline__ double row_lse(const joint_args &a, const acc_t<DT> *zr, acc_t<DT> zb, int lane,
-                                          int *huge) {
+/* The forward's row of z as a batch for lse_add: a 16-byte vector of the dtype's values in the
+ * accumulate type, in natural units (fwd_unit). */
+template <int DT> struct zrow_batch {
+    typedef typename tdt_elem<DT>::T E;
+    enum { N = zvec<E>::N };
+    zvec<E> x;
+    __device__ __forceinline__ acc_t<DT> at(int j) const {
+        const acc_t<DT> v = tdt_elem<DT>::to_acc(x.v[j]);
+        if constexpr (DT == TDT_DTYPE_FLOAT16) return v * fwd_unit<DT>();
+        return v;
+    }
+};
+
+/* The log-sum-exp of the first V values of the forward's row zr (the dtype; bias included, less
+ * the node's shift where fwd_shifted) in the units X, the lanes of a warp together (gpu_common.cuh's
+ * lse_lane, lse_add, lse_group: the unfused normaliser's, from the reference zb, the blank's
+ * value in the row's terms); every lane gets the result (float64, natural units), and *huge
+ * (warp-uniform) where the row needs natural units (tdt_rexp2::fits). With TOP, *top the row's
+ * largest value (natural units) and its place, every lane. */
+/* A row's largest value and where it is (the first such place): a lane's, then the warp's. */
+struct row_top {
+    float v;
+    int64_t i;
+    __device__ __forceinline__ void see(float x, int64_t at) {
+        if (x > v) {
+            v = x;
+            i = at;
+        }
+    }
+    /* the lanes' joined by an xor-shuffle tree: the larger value, on a tie the smaller place */
+    __device__ __forceinline__ void join() {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+            const int64_t oi = __shfl_xor_sync(0xffffffffu, i, off);
+            if (ov > v || (ov == v && oi < i)) {
+                v = ov;
+                i = oi;
+            }
+        }
+    }
+};
+
+template <int DT, typename X, bool TOP>
+__device__ __forceinline__ double row_lse(const joint_args &a, const typename tdt_elem<DT>::T *zr, acc_t<DT> zb,
+                                          int lane, int *huge, row_top *top) {
     typedef acc_t<DT> A;
-    enum { N = zvec<A>::N };
+    typedef typename tdt_elem<DT>::T E;
+    enum { N = zvec<E>::N };
     lse_lane<X> st;
     st.r = X::fits((double)zb) ? X::ref(zb) : -(A)INFINITY; /* else lse_slow decides */
     st.s = (A)0;
     st.huge = 0;
+    if constexpr (TOP) {
+        top->v = -INFINITY;
+        top->i = -1;
+    }
     const int64_t nv = a.V / N;
     for (int64_t q0 = 0; q0 < nv; q0 += 32 * kRowPasses) { /* each lane's vectors in order q */
-        zvec<A> x[kRowPasses];
-        load_passes(x, zr, q0, nv, lane);
+        zrow_batch<DT> x[kRowPasses];
 #pragma unroll
-        for (int p = 0; p < kRowPasses; ++p)
-            if (q0 + 32 * p + lane < nv) lse_add<X>(st, x[p]);
+        for (int p = 0; p < kRowPasses; ++p) {
+            const int64_t q = q0 + 32 * p + lane;
+            if (q < nv) x[p].x.load(zr + q * N);
+        }
+#pragma unroll
+        for (int p = 0; p < kRowPasses; ++p) {
+            const int64_t q = q0 + 32 * p + lane;
+            if (q < nv) {
+                lse_add<X>(st, x[p]);
+                if constexpr (TOP) {
+#pragma unroll
+                    for (int j = 0; j < N; ++j) top->see(x[p].at(j), q * N + j);
+                }
+            }
+        }
     }
     if (nv * N + lane < a.V) {
+        zrow_batch<DT> one;
+        one.x.v[0] = zr[nv * N + lane];
         zbatch<A, 1> bt;
-        bt.v[0] = zr[nv * N + lane];
+        bt.v[0] = one.at(0);
         lse_add<X>(st, bt);
+        if constexpr (TOP) top->see(bt.v[0], nv * N + lane);
     }
+    if constexpr (TOP) top->join();
     *huge = X::MAY_OVERFLOW ? __any_sync(0xffffffffu, st.huge) : 0;
     return lse_group<X, 32>(st, 0xffffffffu);
 }
 
+/* The log-sum-exp over the V token outputs of a node whose h is row (its column H + 1 holding
+ * -c / fwd_unit, fwd_keys), from the products themselves (fwd_dot, one at a time, float64
+ * sums), c added back: for a row whose values left the dtype's range (float16: |z - c| > 1.6e7).
+ * Every lane gets it. */
+template <int DT>
+__device__ __noinline__ double fwd_lse_exact(const joint_args &a, const typename tdt_elem<DT>::T *row,
+                                             const typename tdt_elem<DT>::T *wp, int64_t ldh, double c, int lane) {
+    double m = -INFINITY, s = 0.0;
+    for (int64_t o = 0; o < a.V; ++o) {
+        const double v = fwd_dot<DT>(row, wp + o * ldh, ldh, lane);
+        if (v > m) {
+            s = s * exp(m - v) + 1.0;
+            m = v;
+        } else {
+            s += exp(v - m);
+        }
+    }
+    return c + m + log(s);
+}
+
 /* Warp w of block j: node first + 8 j + w's block of the workspace from its row of z (pitch
- * ldz; the product added the bias), as joint_fwd_kernel writes it: the log-normaliser over the V
- * token values by the unfused normaliser's online log-sum-exp (row_lse), each lane kRowPasses
- * 16-byte vectors in flight, in the fast units (base 2 but for float64), again in natural units
- * for a row with a value beyond what those hold (tdt_rexp2::fits: |value| > 1e7). */
+ * ldz, the dtype; the product added the bias), as joint_fwd_kernel writes it: the log-normaliser
+ * over the V token values by the unfused normaliser's online log-sum-exp (row_lse), each lane
+ * kRowPasses 16-byte vectors in flight, in the fast units (base 2 but for float64), again in
+ * natural units for a row with a value beyond what those hold (tdt_rexp2::fits: |value| > 1e7).
+ * float16 and bfloat16 (fwd_shifted): the row holds z + bias - c, and the block the node's exact
+ * logits and c (fwd_keys; the h kernel's hs and W padded wp, pitch ldh, for a row past the
+ * dtype's range). */
 template <int DT>
 __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                        int64_t limit, const acc_t<DT> *z, int64_t ldz) {
+                                                        int64_t limit, const typename tdt_elem<DT>::T *z, int64_t ldz,
+                                                        const typename tdt_elem<DT>::T *hs,
+                                                        const typename tdt_elem<DT>::T *wp, int64_t ldh) {
     typedef acc_t<DT> A;
     typedef typename tdt_rexp_fast<DT>::X X;
     const int lane = threadIdx.x & 31;
@@ -442,12 +659,32 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     int64_t Tb, Ub;
     node_decode(a, first + j, limit, &ni, &Tb, &Ub);
     if (!ni.valid) return; /* warp-uniform */
-    const A *zr = z + j * ldz;
+    const typename tdt_elem<DT>::T *zr = z + j * ldz;
     int huge;
-    double lse = row_lse<DT, X>(a, zr, zr[a.blank], lane, &huge);
-    if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>>(a, zr, zr[a.blank], lane, &huge); /* rare */
-    if (lane != 0) return;
-    node_block<A>(a, ni, lse, zr[a.blank], ni.has_label && ni.y >= 0 ? zr[ni.y] : (A)0, zr + a.V);
+    if constexpr (fwd_shifted<DT>()) {
+        double *const w = tdt_wblock(&a.wb, ni.b, ni.t, ni.u);
+        const double c = w[tdt_w_lse(a.D)], zb = w[TDT_W_BLANK], zy = w[TDT_W_LABEL];
+        const A ref = (A)(zb - c);
+        row_top top;
+        double lse = row_lse<DT, X, true>(a, zr, ref, lane, &huge, &top);
+        if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>, false>(a, zr, ref, lane, &huge, NULL); /* rare */
+        /* the largest term exact: its value's rounding to the dtype taken out of the sum */
+        if (top.i >= 0 && fabs(lse) < INFINITY) {
+            const double ze = fwd_dot<DT>(hs + j * ldh, wp + top.i * ldh, ldh, lane); /* z - c */
+            lse += log1p(exp((double)top.v - lse) * expm1(ze - (double)top.v));
+        }
+        lse += c;
+        if (!(fabs(lse) < INFINITY)) lse = fwd_lse_exact<DT>(a, hs + j * ldh, wp, ldh, c, lane); /* rarer */
+        if (lane != 0) return;
+        node_block<double>(a, ni, lse, zb, zy, w + TDT_W_DUR);
+    } else {
+        (void)hs;
+        (void)wp;
+        double lse = row_lse<DT, X, false>(a, zr, zr[a.blank], lane, &huge, NULL);
+        if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>, false>(a, zr, zr[a.blank], lane, &huge, NULL); /* rare */
+        if (lane != 0) return;
+        node_block<A>(a, ni, lse, zr[a.blank], ni.has_label && ni.y >= 0 ? zr[ni.y] : (A)0, zr + a.V);
+    }
 }
 
 /* The bulk of a row of dz from the row d of nv 16-byte vectors (the dtype): every value x as
@@ -475,67 +712,90 @@ __device__ __forceinline__ void dz_stream(const typename tdt_elem<DT>::T *d, int
     }
 }
 
-/* Node ni's row of dz from dr, its row of the backward's z product: the bulk (dz_stream, from the
- * reference ref), then, after a __syncwarp that orders the two writes of those values, the
- * blank, the label and the durations by node_dz_known in float64 and zeros from O to ldz,
- * through put (vectors) and put1 (single values). */
+/* A backward node's coefficients for its row of dz (gemm_coef_kernel, from node_setup_bwd):
+ * whether it is taken, its label (-1: none), its lse, tok_occ and upstream gradient for the
+ * bulk of the row, and the dz of its blank, its label and its D durations (node_dz_known, float64).
+ * Set up by a thread a node before the dz kernel, so that the dz kernel's warps only stream. */
+struct dz_coef {
+    double lse, tok_occ, gb;
+    int32_t valid, y;
+    double known[2 + TDT_MAX_DURATIONS];
+};
+static_assert(sizeof(dz_coef) <= TDT_JOINT_COEF_BYTES, "joint_plan.h sizes g_coef by TDT_JOINT_COEF_BYTES");
+
+/* Thread j (j < count): the chunk's node j (chunk_node)'s dz_coef into coef[j]. */
+__global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                       int64_t limit, int64_t count, dz_coef *coef) {
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= count) return;
+    int64_t lim;
+    const int64_t n = chunk_node(a, first, limit, j, &lim);
+    node_info ni;
+    node_coef nc;
+    node_setup_bwd(a, n, lim, &ni, &nc);
+    dz_coef &c = coef[j];
+    c.valid = ni.valid;
+    c.y = ni.y;
+    if (!ni.valid) return;
+    c.lse = nc.lse;
+    c.tok_occ = nc.g.tok_occ;
+    c.gb = nc.gb;
+    c.known[0] = node_dz_known(a, ni, nc, a.blank);
+    c.known[1] = ni.y >= 0 ? node_dz_known(a, ni, nc, ni.y) : 0.0;
+    for (int k = 0; k < a.D; ++k) c.known[2 + k] = node_dz_known(a, ni, nc, a.V + k);
+}
+
+/* A node's row of dz from dr, its row of the backward's z product, and its coefficients c: the
+ * bulk (dz_stream, from the reference: 0 where lp_shift, else lse), then, after a __syncwarp that
+ * orders the two writes of those values, the blank, the label and the durations (c's float64
+ * values) and zeros from O to ldz, through put (vectors) and put1 (single values). */
 template <int DT, typename Put, typename Put1>
-__device__ __forceinline__ void dz_row(const joint_args &a, const node_info &ni, const node_coef &nc,
-                                       const typename tdt_elem<DT>::T *dr, int64_t ldz, int lane, const Put &put,
-                                       const Put1 &put1) {
+__device__ __forceinline__ void dz_row(const joint_args &a, const dz_coef &c, const typename tdt_elem<DT>::T *dr,
+                                       int64_t ldz, int lane, const Put &put, const Put1 &put1) {
     typedef acc_t<DT> A;
     typedef typename tdt_rexp_fast<DT>::X XF;
     typedef tdt_rexp_nat<DT> XN;
     const int64_t nv = ldz / zvec<typename tdt_elem<DT>::T>::N; /* ldz: a multiple of 8 */
-    const double ref = lp_shift<DT>(nc.lse) ? 0.0 : nc.lse;
+    const double lse = c.lse, ref = lp_shift<DT>(lse) ? 0.0 : lse, occ = c.tok_occ, gb = c.gb;
+    const int y = c.y;
     const A cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
     if (XF::fits(ref)) /* false for NaN */
-        dz_stream<DT>(dr, nv, tdt_row_coef<XF>(ref, nc.g.tok_occ, cl, nc.gb), lane, put);
+        dz_stream<DT>(dr, nv, tdt_row_coef<XF>(ref, occ, cl, gb), lane, put);
     else
-        dz_stream<DT>(dr, nv, tdt_row_coef<XN>(ref, nc.g.tok_occ, cl, nc.gb), lane, put);
+        dz_stream<DT>(dr, nv, tdt_row_coef<XN>(ref, occ, cl, gb), lane, put);
     __syncwarp();
     /* entry i: the blank, the label (none: -1), the D durations, then O .. ldz - 1 */
     const int64_t fix_n = 2 + a.D + (ldz - a.O);
     for (int64_t i = lane; i < fix_n; i += 32) {
-        const int64_t o = i == 0 ? a.blank : i == 1 ? ni.y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
-        if (o >= 0) put1(o, o < a.O ? (A)node_dz_known(a, ni, nc, o) : (A)0);
+        const int64_t o = i == 0 ? a.blank : i == 1 ? y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
+        if (o >= 0) put1(o, i < 2 + a.D ? (A)c.known[i] : (A)0);
     }
 }
 
-/* Warp w of block j (j < count): the chunk's node 8 j + w (chunk_node)'s dz from its row of the
- * backward's z product (pitch ldz, the dtype: the node's logits, bias included, less lse where
- * lp_shift), written over it: zero from O on, for nodes outside a feasible lattice and past limit.
- * The token values as the unfused gradient's rows (dz_stream: gpu_common.cuh's tdt_row_grad, base 2
- * where the reference fits: 0 for log-probabilities, else lse); then, over those, the blank, the
- * label and the durations by node_dz_known in float64, from the forward's node block (dz_row).
- * SPLIT (split products, float32): dz goes straight into its three bfloat16 parts, row j of the
- * matrices split, split + split_stride, split + 2 split_stride (pitch ldz), and z's row is left as
- * it is, but for a row with a value that is not finite: its parts are zeros (an infinity's products
- * with other operands' zero parts would be NaN where float32's are infinite), its dz is written
- * over z's row in float32, nf[1 + j] flags it and nf[0] counts it, for split_fix_dw_kernel and
- * split_fix_dh_kernel. */
+/* Warp w of block j (j < count): the chunk's node 8 j + w's dz from its row of the backward's z
+ * product (pitch ldz, the dtype: the node's logits, bias included, less lse where lp_shift) and
+ * its coefficients coef[8 j + w] (gemm_coef_kernel), written over the row: zero from O on, for
+ * nodes outside a feasible lattice and past limit. The token values as the unfused gradient's rows
+ * (dz_stream: gpu_common.cuh's tdt_row_grad, base 2 where the reference fits: 0 for
+ * log-probabilities, else lse); then, over those, the blank, the label and the durations in float64
+ * (dz_row). SPLIT (split products, float32): dz goes straight into its three bfloat16 parts, row j
+ * of the matrices split, split + split_stride, split + 2 split_stride (pitch ldz), and z's row is
+ * left as it is, but for a row with a value that is not finite: its parts are zeros (an infinity's
+ * products with other operands' zero parts would be NaN where float32's are infinite), its dz is
+ * written over z's row in float32, nf[1 + j] flags it and nf[0] counts it, for split_fix_dw_kernel
+ * and split_fix_dh_kernel. */
 template <int DT, bool SPLIT>
-__global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                      int64_t limit, int64_t count, typename tdt_elem<DT>::T *d,
-                                                      int64_t ldz, uint16_t *split, int64_t split_stride,
-                                                      int *nf) {
+__global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ joint_args a, const dz_coef *coef,
+                                                      int64_t count, typename tdt_elem<DT>::T *d, int64_t ldz,
+                                                      uint16_t *split, int64_t split_stride, int *nf) {
     static_assert(!SPLIT || DT == TDT_DTYPE_FLOAT32, "split products are float32's");
     typedef acc_t<DT> A;
     typedef typename tdt_elem<DT>::T E;
     enum { N = zvec<E>::N };
-    __shared__ node_info nis[8];
-    __shared__ node_coef ncs[8];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int64_t j = (int64_t)blockIdx.x * 8 + w;
+    const int lane = threadIdx.x & 31;
+    const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (j >= count) return; /* warp-uniform */
-    if (lane == 0) {
-        int64_t lim;
-        const int64_t n = chunk_node(a, first, limit, j, &lim);
-        node_setup_bwd(a, n, lim, &nis[w], &ncs[w]);
-    }
-    __syncwarp();
-    const node_info &ni = nis[w];
-    const node_coef &nc = ncs[w];
+    const dz_coef &c = coef[j];
     E *const dr = d + j * ldz;
     uint16_t *const sr = SPLIT ? split + j * ldz : NULL;
     const int64_t nv = ldz / N; /* ldz: a multiple of 8 */
@@ -561,7 +821,7 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
         for (int e = 0; e < N; ++e) zero.v[e] = tdt_elem<DT>::from_acc((A)0);
         return zero;
     };
-    if (!ni.valid) { /* warp-uniform */
+    if (!c.valid) { /* warp-uniform */
         const zvec<E> zero = zeros();
         for (int64_t q = lane; q < nv; q += 32) {
             if (SPLIT) parts(q, zero);
@@ -571,10 +831,10 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
         return;
     }
     if (!SPLIT) {
-        dz_row<DT>(a, ni, nc, dr, ldz, lane, in_place, in_place1);
+        dz_row<DT>(a, c, dr, ldz, lane, in_place, in_place1);
         return;
     }
-    dz_row<DT>(a, ni, nc, dr, ldz, lane, parts, parts1);
+    dz_row<DT>(a, c, dr, ldz, lane, parts, parts1);
     const bool row_bad = __any_sync(0xffffffffu, bad);
     if (lane == 0) {
         nf[1 + j] = row_bad;
@@ -583,7 +843,7 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     if (!row_bad) return; /* warp-uniform */
     __syncwarp(); /* the parts' writes above, then the zeros over them */
     for (int64_t q = lane; q < nv; q += 32) parts(q, zeros());
-    dz_row<DT>(a, ni, nc, dr, ldz, lane, in_place, in_place1);
+    dz_row<DT>(a, c, dr, ldz, lane, in_place, in_place1);
 }
 
 /* W into wp in the dtype, rows of pitch ldwp: W's row, the bias (zero without one), lse_unit in
@@ -676,7 +936,26 @@ __global__ void __launch_bounds__(256) gemm_dx_kernel(const __grid_constant__ jo
     const int64_t n = chunk_node(a, first, limit, j, &lim);
     const int take = node_bwd(a, n, lim, &ni);
     A *const row = dx + j * a.H;
-    for (int64_t k = lane; k < a.H; k += 32) row[k] = take ? node_dx<DT>(a, ni, k, row[k]) : (A)0;
+    if (!take) { /* warp-uniform */
+        for (int64_t k = lane; k < a.H; k += 32) row[k] = (A)0;
+        return;
+    }
+    /* 16 bytes of d h a load where the rows allow it: node_dx's values */
+    enum { M = 16 / (int)sizeof(A) };
+    const typename tdt_elem<DT>::T *er, *pr;
+    if (hidden_rows<DT, M>(a, ni, &er, &pr) && a.H % M == 0) {
+        for (int64_t k0 = (int64_t)lane * M; k0 < a.H; k0 += 32 * M) {
+            hidden_vals<DT, M> hv;
+            hv.load(a, ni, er, pr, k0);
+            zvec<A> d;
+            d.load(row + k0);
+#pragma unroll
+            for (int i = 0; i < M; ++i) d.v[i] = d.v[i] * hv.keep[i] * act_grad(a.act, hv.x[i], act_of(a.act, hv.x[i]));
+            d.store(row + k0);
+        }
+        return;
+    }
+    for (int64_t k = lane; k < a.H; k += 32) row[k] = node_dx<DT>(a, ni, k, row[k]);
 }
 
 /* skip_below's compaction (the backward's chunks of kept nodes). Whether node n of the padded
@@ -807,29 +1086,38 @@ template <int DT> struct gemm_run {
         return e == cudaSuccess ? TDT_STATUS_SUCCESS : tdt_gpu_cuda_fail(e, what);
     }
 
-    /* the backward chunk [first, limit)'s dz (gemm_dz_kernel), split where split() */
+    /* the backward chunk [first, limit)'s dz: its nodes' coefficients (gemm_coef_kernel), then
+     * gemm_dz_kernel, split where split() */
     void launch_dz(const joint_args &ka, int64_t first, int64_t limit, E *dzw) const {
         const int64_t n = nodes(true);
+        dz_coef *const coef = reinterpret_cast<dz_coef *>(s + plan.g_coef);
+        gemm_coef_kernel<<<(unsigned)((n + 63) / 64), 64, 0, stream>>>(ka, first, limit, n, coef);
         const unsigned blocks = (unsigned)((n + 7) / 8);
         if constexpr (DT == TDT_DTYPE_FLOAT32) {
             if (split()) {
-                gemm_dz_kernel<DT, true><<<blocks, 256, 0, stream>>>(ka, first, limit, n, dzw, plan.g_ldz, dzsplit(),
+                gemm_dz_kernel<DT, true><<<blocks, 256, 0, stream>>>(ka, coef, n, dzw, plan.g_ldz, dzsplit(),
                                                                       n * plan.g_ldz, nf());
                 return;
             }
         }
-        gemm_dz_kernel<DT, false><<<blocks, 256, 0, stream>>>(ka, first, limit, n, dzw, plan.g_ldz, NULL, 0, NULL);
+        gemm_dz_kernel<DT, false><<<blocks, 256, 0, stream>>>(ka, coef, n, dzw, plan.g_ldz, NULL, 0, NULL);
     }
 
     /* g_h and g_z for the chunk of rows [r0, r0 + rows) (a compacted chunk: ka.desc's) */
     tdt_status_t hz(const joint_args &ka, const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
         const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(backward);
-        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(
-            ka, first, limit, n, hs(), plan.g_ldh, backward, hsplit(), backward ? hstacked() : NULL, n * plan.g_ldh);
+        const unsigned blocks = (unsigned)((n + 7) / 8);
+        if (backward)
+            gemm_h_kernel<DT, true><<<blocks, 256, 0, stream>>>(ka, first, limit, n, hs(), plan.g_ldh, hsplit(),
+                                                                hstacked(), n * plan.g_ldh, wp());
+        else
+            gemm_h_kernel<DT, false><<<blocks, 256, 0, stream>>>(ka, first, limit, n, hs(), plan.g_ldh, hsplit(), NULL,
+                                                                 n * plan.g_ldh, wp());
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
-        const A one = 1, zero = 0;
-        const cublasStatus_t c = zg.run(h, &one, wp(), hs(), &zero, z(), ws(), TDT_JOINT_LT_BYTES, stream);
+        /* float16's forward writes (z - c) / 256 (fwd_shifted) */
+        const A alpha = DT == TDT_DTYPE_FLOAT16 && !backward ? (A)(1.0 / 256.0) : (A)1, zero = 0;
+        const cublasStatus_t c = zg.run(h, &alpha, wp(), hs(), &zero, z(), ws(), TDT_JOINT_LT_BYTES, stream);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "cublasLtMatmul (z = W h)");
     }
 
@@ -845,12 +1133,13 @@ template <int DT> struct gemm_run {
         return cuda(cudaGetLastError(), "launching the joint's W kernel");
     }
 
-    /* z + bias (ldz x N) = W padded (ldz x ldh) h (ldh x N), pitch ldz: in the forward in the
-     * accumulate type; in the backward (N_b nodes) in the dtype, less lse where h carries it */
+    /* z + bias (ldz x N) = W padded (ldz x ldh) h (ldh x N), pitch ldz, in the dtype: in the
+     * forward less the node's shift where fwd_shifted, in the backward (N_b nodes) less lse where
+     * h carries it (float32 with split products: bfloat16 operands, float32 values) */
     tdt_status_t zgemm(lt_gemm *zg, bool backward) const {
         const cublasStatus_t c =
             zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(),
-                     backward ? lt_types<DT>::ab : lt_types<DT>::d, true, false, plan.g_ldz, nodes(backward),
+                     lt_types<DT>::ab, true, false, plan.g_ldz, nodes(backward),
                      plan.g_ldhp, wp(), plan.g_ldwp, hs(), plan.g_ldhp, z(), plan.g_ldz, TDT_JOINT_LT_BYTES);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
     }
@@ -865,8 +1154,9 @@ template <int DT> struct gemm_run {
             const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
             if ((st = hz(a, zg, r0, rows, 0)) != TDT_STATUS_SUCCESS) return st;
             const int64_t count = rows * a.row;
-            gemm_node_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(a, r0 * a.row, (r0 + rows) * a.row,
-                                                                               z(), plan.g_ldz);
+            gemm_node_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(
+                a, r0 * a.row, (r0 + rows) * a.row, reinterpret_cast<const E *>(z()), plan.g_ldz, hs(), wp(),
+                plan.g_ldh);
             if ((st = cuda(cudaGetLastError(), "launching the joint's node kernel")) != TDT_STATUS_SUCCESS) return st;
         }
         return TDT_STATUS_SUCCESS;
@@ -1025,12 +1315,12 @@ template <int DT> struct gemm_run {
             ch.chunk_row0 = r0;
             ch.chunk_rows = rows;
             if (a.enc_g) {
-                joint_denc_kernel<DT><<<flat_blocks((ch.kidx ? all : rows) * a.H, num_sms), 256, 0, stream>>>(ch);
+                joint_denc_kernel<DT><<<denc_blocks(ch.kidx ? all : rows, a.H, num_sms), 256, 0, stream>>>(ch);
                 if ((st = cuda(cudaGetLastError(), "launching the joint's d enc kernel")) != TDT_STATUS_SUCCESS)
                     return st;
             }
             if (a.pred_g) {
-                joint_dpred_kernel<DT><<<flat_blocks(a.row * a.H, num_sms), 256, 0, stream>>>(ch);
+                joint_dpred_kernel<DT><<<dpred_blocks(a.row, a.H, num_sms), 256, 0, stream>>>(ch);
                 if ((st = cuda(cudaGetLastError(), "launching the joint's d pred kernel")) != TDT_STATUS_SUCCESS)
                     return st;
             }

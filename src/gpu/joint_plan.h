@@ -49,6 +49,9 @@
  *   g_lt     TDT_JOINT_LT_BYTES cuBLASLt's workspace
  *   g_nf     [1 + N_b] int32    split products only: the count of the chunk's dz rows with a
  *                               value that is not finite, then a flag a row
+ *   g_coef   [N_b] records of TDT_JOINT_COEF_BYTES  the backward chunk's nodes' dz coefficients
+ *                               (joint_gemm.cu's dz_coef: the dz kernel's, set up a thread a
+ *                               node before it)
  *   g_krow   [B * T + 1] int32  skip_below's compaction: where each (b, t) row's kept nodes
  *                               start in g_kidx (an exclusive prefix sum; the last entry is
  *                               their count)
@@ -87,6 +90,7 @@
 #define TDT_JOINT_LT_BYTES ((size_t)4 << 20)
 #define TDT_JOINT_SPLIT_BLOCKS 6 /* split products: the blocks of h's and W's rows (joint_gemm.cu) */
 #define TDT_JOINT_LSE_PARTS 3 /* h's columns after its 1 that carry -lse in the backward (joint_gemm.cu) */
+#define TDT_JOINT_COEF_BYTES 320 /* a backward node's dz coefficients (joint_gemm.cu's dz_coef) */
 
 typedef struct tdt_gpu_joint_plan {
     int64_t rows;   /* R: (b, t) rows of nodes a backward chunk, >= 1 */
@@ -95,7 +99,7 @@ typedef struct tdt_gpu_joint_plan {
     int64_t g_rows, g_rows_b; /* the GEMM schedule: G (forward), G_b (backward) */
     int64_t g_ldz, g_ldh, g_ldhp, g_ldw, g_ldwp; /* its pitches (elements) */
     int g_split; /* float32's products on bfloat16 parts (joint_gemm.cu) */
-    size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt, g_nf; /* its byte offsets */
+    size_t g_z, g_h, g_dx, g_pred, g_w, g_wp, g_lt, g_nf, g_coef; /* its byte offsets */
     int g_compact; /* 1: g_krow, g_kidx and g_desc are there (fewer than 2^31 nodes) */
     size_t g_krow, g_kidx, g_desc; /* skip_below's compaction (joint_gemm.cu) */
     size_t bytes;   /* the scratch's size, TDT_WS_ALIGN slack included */
@@ -145,13 +149,14 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     p->g_ldhp = p->g_ldh * blocks;
     p->g_ldw = p->g_ldh;
     p->g_ldwp = p->g_ldhp;
-    /* a node's bytes: forward z (zb), backward z and dz's parts (zbb), h (hb), d h (db) */
+    /* a node's bytes: forward z (zb), backward z and dz's parts (zbb), h (hb), d h (db), and its
+     * dz coefficients */
     size_t zbb;
-    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)acc, &zb) || !tdt_mul_size((size_t)p->g_ldhp, (size_t)ob, &hb) ||
+    if (!tdt_mul_size((size_t)p->g_ldz, (size_t)elem, &zb) || !tdt_mul_size((size_t)p->g_ldhp, (size_t)ob, &hb) ||
         !tdt_mul_size((size_t)H, (size_t)acc, &db) || zb > SIZE_MAX / 8 || hb > SIZE_MAX / 4 || db > SIZE_MAX / 4)
         return 0;
     zbb = zb + (p->g_split ? 3 * (size_t)p->g_ldz * 2 : 0);
-    if (!tdt_mul_size((size_t)row, zb + hb + db, &zrow)) return 0;
+    if (!tdt_mul_size((size_t)row, zb + hb + db + TDT_JOINT_COEF_BYTES, &zrow)) return 0;
     if (chunk_bytes == 0) chunk_bytes = TDT_JOINT_Z_BYTES;
     int64_t G = zrow > 0 ? (int64_t)(chunk_bytes / zrow) : 1;
     if (G > all_rows) G = all_rows;
@@ -181,6 +186,8 @@ TDT_HD int tdt_gpu_joint_plan(int64_t B, int64_t max_frames, int64_t max_labels,
     if (!tdt_ws_take(&g, TDT_JOINT_LT_BYTES, 1, &p->g_lt)) return 0;
     /* split products: a count and a flag a backward node (int32) */
     if (!tdt_ws_take(&g, p->g_split ? nodes_b + 1 : 0, 4, &p->g_nf)) return 0;
+    /* a backward node's dz coefficients */
+    if (!tdt_mul_size(nodes_b, TDT_JOINT_COEF_BYTES, &n) || !tdt_ws_take(&g, n, 1, &p->g_coef)) return 0;
     /* skip_below's compaction: int32 row starts and node numbers (all_rows * row fits: the
      * lattice's layout checked it) */
     const int64_t padded = all_rows * row;
