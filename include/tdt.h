@@ -655,7 +655,7 @@ typedef struct tdt_joint_gradients {
  * the call: a call that needs more gets TDT_STATUS_WORKSPACE_TOO_SMALL). GPU: the larger of
  * the two schedules' scratch (src/gpu/joint_plan.h), mostly the GEMM schedule's chunk of
  * logits (TDT_GPU_JOINT_CHUNK_KB, default 128 MB): for a Parakeet joint (H 640, V + D 8198)
- * about 160-180 MB in bfloat16 at docs/joint.md's shapes, plus skip_below's list of kept
+ * about 165-190 MB in bfloat16 at docs/joint.md's shapes, plus skip_below's list of kept
  * nodes (4 bytes a node of the padded extent). */
 TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
                                                   const tdt_options_t *options,

@@ -441,10 +441,10 @@ __device__ __forceinline__ void fwd_keys(const joint_args &a, const node_info &n
  * products' operand). In the forward of float16 and bfloat16 (fwd_shifted) the node's exact
  * logits and its shift c go into its block and -c / unit into column H + 1 (fwd_keys; W padded
  * is wp, pitch ldh). */
-template <int DT, bool BACKWARD>
+template <int DT>
 __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
                                                      int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
-                                                     uint16_t *split, uint16_t *stacked,
+                                                     int backward, uint16_t *split, uint16_t *stacked,
                                                      int64_t stack_ld, const typename tdt_elem<DT>::T *wp) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
     node_info ni; /* every lane decodes the node: the same loads */
     int take;
     double nlse = 0.0; /* -lse, or 0 */
-    if constexpr (BACKWARD) {
+    if (backward) {
         int64_t lim;
         const int64_t n = chunk_node(a, first, limit, j, &lim);
         take = node_bwd(a, n, lim, &ni);
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
         out.store(row + k0);
     }
     if constexpr (fwd_shifted<DT>()) {
-        if (!BACKWARD && take) fwd_keys<DT>(a, ni, row, ldh, wp, lane);
+        if (!backward && take) fwd_keys<DT>(a, ni, row, ldh, wp, lane);
     }
 }
 
@@ -1106,13 +1106,9 @@ template <int DT> struct gemm_run {
     /* g_h and g_z for the chunk of rows [r0, r0 + rows) (a compacted chunk: ka.desc's) */
     tdt_status_t hz(const joint_args &ka, const lt_gemm &zg, int64_t r0, int64_t rows, int backward) const {
         const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(backward);
-        const unsigned blocks = (unsigned)((n + 7) / 8);
-        if (backward)
-            gemm_h_kernel<DT, true><<<blocks, 256, 0, stream>>>(ka, first, limit, n, hs(), plan.g_ldh, hsplit(),
-                                                                hstacked(), n * plan.g_ldh, wp());
-        else
-            gemm_h_kernel<DT, false><<<blocks, 256, 0, stream>>>(ka, first, limit, n, hs(), plan.g_ldh, hsplit(), NULL,
-                                                                 n * plan.g_ldh, wp());
+        gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(
+            ka, first, limit, n, hs(), plan.g_ldh, backward, hsplit(), backward ? hstacked() : NULL, n * plan.g_ldh,
+            wp());
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         /* float16's forward writes (z - c) / 256 (fwd_shifted) */
