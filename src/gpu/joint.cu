@@ -611,11 +611,11 @@ struct joint_run {
                 joint_dnode_kernel<DT, T><<<(unsigned)blocks, kThreads, smem, stream>>>(c);
                 if ((e = cudaGetLastError()) != cudaSuccess) return e;
                 if (a.enc_g) {
-                    joint_denc_kernel<DT><<<denc_blocks(c.chunk_rows, a.H, num_sms), 256, 0, stream>>>(c);
+                    joint_denc_kernel<DT><<<reduce_blocks(c.chunk_rows, a.H, num_sms), 256, 0, stream>>>(c);
                     if ((e = cudaGetLastError()) != cudaSuccess) return e;
                 }
                 if (a.pred_g) {
-                    joint_dpred_kernel<DT><<<dpred_blocks(a.row, a.H, num_sms), 256, 0, stream>>>(c);
+                    joint_dpred_kernel<DT><<<reduce_blocks(a.row, a.H, num_sms), 256, 0, stream>>>(c);
                     if ((e = cudaGetLastError()) != cudaSuccess) return e;
                 }
             }

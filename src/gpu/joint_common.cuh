@@ -115,25 +115,10 @@ __device__ __forceinline__ void node_decode(const joint_args &a, int64_t n, int6
     ni->ctr = tdt_dropout_counter(a.offset, ni->b, ni->t, ni->u, a.maxT, a.maxU, a.H);
 }
 
-/* x = enc + pred at element k of node ni, and h = dropout(act(x)), in the accumulate type (as
- * the CPU backend has it); *keep the dropout's factor (0, or its scale) for the backward. */
-template <int DT>
-__device__ __forceinline__ acc_t<DT> hidden(const joint_args &a, const node_info &ni, int64_t k,
-                                            acc_t<DT> *x_out, acc_t<DT> *keep_out) {
-    typedef acc_t<DT> A;
-    const A x = ld<DT>(a.enc, ni.b * a.enc_s[0] + ni.t * a.enc_s[1] + k) +
-                ld<DT>(a.pred, ni.b * a.pred_s[0] + ni.u * a.pred_s[1] + k);
-    A y = act_of(a.act, x);
-    A keep = (A)1;
-    if (a.dropout) keep = tdt_dropout_keep(a.seed, ni.ctr + (uint64_t)k, a.drop_thr) ? (A)a.drop_scale : (A)0;
-    *x_out = x;
-    *keep_out = keep;
-    return y * keep;
-}
-
-/* hidden()'s x and dropout factor at elements k0 .. k0 + M - 1 of node ni, whose rows of enc and
- * pred start at er and pr (the dtype), M values a load: the caller has checked that both rows
- * start aligned to M values and that k0 + M <= H (k0 a multiple of M). */
+/* x = enc + pred and the dropout's factor (0, or its scale) at elements k0 .. k0 + M - 1 of node
+ * ni, in the accumulate type (as the CPU backend has them), whose rows of enc and pred start at
+ * er and pr (the dtype; hidden_rows), M values a load: for M > 1 the caller has checked that both
+ * rows start aligned to M values and that k0 + M <= H (k0 a multiple of M). */
 template <int DT, int M> struct hidden_vals {
     typedef typename tdt_elem<DT>::T E;
     struct alignas(M * sizeof(E)) raw {
@@ -164,12 +149,33 @@ __device__ __forceinline__ bool hidden_rows(const joint_args &a, const node_info
     return ((reinterpret_cast<uintptr_t>(*er) | reinterpret_cast<uintptr_t>(*pr)) % (M * sizeof(E))) == 0;
 }
 
-/* d(enc + pred) at element k of node ni from its d h: d h times the dropout's factor and act'. */
+/* h = dropout(act(x)) from x and the dropout's factor; d(enc + pred) from d h: d h times the
+ * dropout's factor and act'. */
+template <typename A> __device__ __forceinline__ A hidden_of(int act, A x, A keep) { return act_of(act, x) * keep; }
+template <typename A> __device__ __forceinline__ A hidden_dx(int act, A dh, A x, A keep) {
+    return dh * keep * act_grad(act, x, act_of(act, x));
+}
+
+/* h at element k of node ni (hidden_vals, one value), *x_out its x and *keep_out the dropout's
+ * factor for the backward. */
+template <int DT>
+__device__ __forceinline__ acc_t<DT> hidden(const joint_args &a, const node_info &ni, int64_t k,
+                                            acc_t<DT> *x_out, acc_t<DT> *keep_out) {
+    const typename tdt_elem<DT>::T *er, *pr;
+    (void)hidden_rows<DT, 1>(a, ni, &er, &pr);
+    hidden_vals<DT, 1> hv;
+    hv.load(a, ni, er, pr, k);
+    *x_out = hv.x[0];
+    *keep_out = hv.keep[0];
+    return hidden_of(a.act, hv.x[0], hv.keep[0]);
+}
+
+/* d(enc + pred) at element k of node ni from its d h (hidden_dx). */
 template <int DT>
 __device__ __forceinline__ acc_t<DT> node_dx(const joint_args &a, const node_info &ni, int64_t k, acc_t<DT> dh) {
     acc_t<DT> x, keep;
     (void)hidden<DT>(a, ni, k, &x, &keep);
-    return dh * keep * act_grad(a.act, x, act_of(a.act, x));
+    return hidden_dx(a.act, dh, x, keep);
 }
 
 /* A node's gradient coefficients, in shared memory. */
@@ -392,16 +398,6 @@ template <int DT> __global__ void __launch_bounds__(256) joint_dpred_kernel(cons
     }
 }
 
-/* The grid of joint_denc_kernel (rows: the chunk's (b, t) rows, or a bound on them) and of
- * joint_dpred_kernel: a block a (row, 32 values of k), at most 16 blocks an SM. */
-inline unsigned denc_blocks(int64_t rows, int64_t H, int num_sms) {
-    int64_t n = rows * ((H + 31) / 32);
-    const int64_t cap = (int64_t)num_sms * 16;
-    if (n > cap) n = cap;
-    return n < 1 ? 1u : (unsigned)n;
-}
-inline unsigned dpred_blocks(int64_t row, int64_t H, int num_sms) { return denc_blocks(row, H, num_sms); }
-
 template <int DT> __global__ void joint_pred_out_kernel(const __grid_constant__ joint_args a) {
     const acc_t<DT> *accp = static_cast<const acc_t<DT> *>(a.pred_acc);
     const int64_t n = a.B * a.row * a.H;
@@ -441,6 +437,13 @@ inline unsigned flat_blocks(int64_t n, int num_sms) {
     const int64_t cap = (int64_t)num_sms * 16;
     if (blocks > cap) blocks = cap;
     return blocks < 1 ? 1u : (unsigned)blocks;
+}
+
+/* The grid of joint_denc_kernel and joint_dpred_kernel: a block of 256 threads a (row, 32 values
+ * of k) of rows output rows (for d enc the chunk's (b, t) rows, or a bound on them; for d pred
+ * U + 1), flat_blocks' cap. */
+inline unsigned reduce_blocks(int64_t rows, int64_t H, int num_sms) {
+    return flat_blocks(rows * ((H + 31) / 32) * 256, num_sms);
 }
 
 /* The scratch's start: scratch_offset bytes past the aligned workspace, aligned again. */

@@ -280,8 +280,9 @@ template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TD
  * (the product's alpha), for the range; a row that leaves it is summed from the products. */
 template <int DT> constexpr bool fwd_shifted() { return sizeof(typename tdt_elem<DT>::T) < sizeof(acc_t<DT>); }
 
-/* The forward's z values in natural units from the row's: times 256 for float16 (fwd_shifted). */
-template <int DT> __device__ __forceinline__ float fwd_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0f : 1.0f; }
+/* The forward's z values in natural units from the row's: times lse_unit, 256 for float16
+ * (fwd_shifted: W padded's column against -c holds it, and the product's alpha is its inverse). */
+template <int DT> __device__ __forceinline__ float fwd_unit() { return (float)lse_unit<DT>(); }
 
 /* Split products (float32): the part in each block of W's and of h's rows (TDT_JOINT_SPLIT_BLOCKS
  * blocks of ldh): block k of the z product pairs W's part w_part_of(k) with h's h_part_of(k), the
@@ -328,28 +329,26 @@ template <typename A> struct zvec {
     __device__ __forceinline__ A at(int j) const { return v[j]; } /* a batch for lse_add */
 };
 
-/* z + bias - (what h's columns after its 1 carry) at output o of a node whose h is row (pitch ldh,
- * the dtype), as the z product has it: against W padded's row o, each lane its 16-byte vectors,
- * float32 sums joined by a fixed xor-shuffle tree; every lane gets it. fwd_dots: the same for
- * up to kKeyRows outputs at once (rows[0..n), their loads in flight together). */
-const int kKeyRows = 8;
-template <int DT>
+/* z + bias - (what h's columns after its 1 carry) at outputs rows[0 .. n) (n <= R) of a node whose
+ * h is row (pitch ldh, the dtype), as the z product has them: against W padded's rows, each lane
+ * its 16-byte vectors (the rows' loads in flight together), float32 sums joined by a fixed
+ * xor-shuffle tree; every lane gets them. fwd_dot: one output. */
+template <int DT, int R>
 __device__ __forceinline__ void fwd_dots(const typename tdt_elem<DT>::T *row, const typename tdt_elem<DT>::T *wp,
-                                         int64_t ldh, const int64_t (&rows)[kKeyRows], int n, int lane,
-                                         float (&out)[kKeyRows]) {
+                                         int64_t ldh, const int64_t (&rows)[R], int n, int lane, float (&out)[R]) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
     enum { N = zvec<E>::N };
 #pragma unroll
-    for (int r = 0; r < kKeyRows; ++r) out[r] = 0.0f;
+    for (int r = 0; r < R; ++r) out[r] = 0.0f;
     for (int64_t k0 = (int64_t)lane * N; k0 < ldh; k0 += 32 * N) {
-        zvec<E> x, w[kKeyRows];
+        zvec<E> x, w[R];
         x.load(row + k0);
 #pragma unroll
-        for (int r = 0; r < kKeyRows; ++r)
+        for (int r = 0; r < R; ++r)
             if (r < n) w[r].load(wp + rows[r] * ldh + k0);
 #pragma unroll
-        for (int r = 0; r < kKeyRows; ++r)
+        for (int r = 0; r < R; ++r)
             if (r < n) {
 #pragma unroll
                 for (int e = 0; e < N; ++e) out[r] = fmaf(TE::to_acc(x.v[e]), TE::to_acc(w[r].v[e]), out[r]);
@@ -358,26 +357,19 @@ __device__ __forceinline__ void fwd_dots(const typename tdt_elem<DT>::T *row, co
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
 #pragma unroll
-        for (int r = 0; r < kKeyRows; ++r) out[r] += __shfl_xor_sync(0xffffffffu, out[r], off);
+        for (int r = 0; r < R; ++r) out[r] += __shfl_xor_sync(0xffffffffu, out[r], off);
 }
 template <int DT>
-__device__ __forceinline__ float fwd_dot(const typename tdt_elem<DT>::T *row, const typename tdt_elem<DT>::T *wrow,
-                                         int64_t ldh, int lane) {
-    typedef tdt_elem<DT> TE;
-    typedef typename TE::T E;
-    enum { N = zvec<E>::N };
-    float s = 0.0f;
-    for (int64_t k0 = (int64_t)lane * N; k0 < ldh; k0 += 32 * N) {
-        zvec<E> x, w;
-        x.load(row + k0);
-        w.load(wrow + k0);
-#pragma unroll
-        for (int e = 0; e < N; ++e) s = fmaf(TE::to_acc(x.v[e]), TE::to_acc(w.v[e]), s);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    return s;
+__device__ __forceinline__ float fwd_dot(const typename tdt_elem<DT>::T *row, const typename tdt_elem<DT>::T *wp,
+                                         int64_t ldh, int64_t o, int lane) {
+    const int64_t rows[1] = {o};
+    float out[1];
+    fwd_dots<DT, 1>(row, wp, ldh, rows, 1, lane, out);
+    return out[0];
 }
+
+/* fwd_keys' outputs at a time */
+const int kKeyRows = 8;
 
 /* The forward's logits of node ni that its block keeps (fwd_shifted), from its h in row (just
  * written by this warp, zeros after its 1): the blank's, the label's (0 without one) and the D
@@ -405,7 +397,7 @@ __device__ __forceinline__ void fwd_keys(const joint_args &a, const node_info &n
             const int i = i0 + r;
             rows[r] = i == 0 ? a.blank : i == 1 ? (ni.y >= 0 ? ni.y : a.blank) : a.V + (i - 2);
         }
-        fwd_dots<DT>(row, wp, ldh, rows, n, lane, v);
+        fwd_dots<DT, kKeyRows>(row, wp, ldh, rows, n, lane, v);
 #pragma unroll
         for (int r = 0; r < kKeyRows; ++r) {
             const int i = i0 + r;
@@ -478,7 +470,7 @@ __global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joi
             hidden_vals<DT, N> hv;
             hv.load(a, ni, er, pr, k0);
 #pragma unroll
-            for (int e = 0; e < N; ++e) out.v[e] = TE::from_acc(act_of(a.act, hv.x[e]) * hv.keep[e]);
+            for (int e = 0; e < N; ++e) out.v[e] = TE::from_acc(hidden_of(a.act, hv.x[e], hv.keep[e]));
         } else {
 #pragma unroll
             for (int e = 0; e < N; ++e) {
@@ -528,17 +520,19 @@ template <typename A, int N_> struct zbatch {
     __device__ __forceinline__ A at(int j) const { return v[j]; }
 };
 
-/* The forward's row of z as a batch for lse_add: a 16-byte vector of the dtype's values in the
- * accumulate type, in natural units (fwd_unit). */
+/* A value of the forward's row of z in the accumulate type, in natural units (fwd_unit). */
+template <int DT> __device__ __forceinline__ acc_t<DT> zrow_value(typename tdt_elem<DT>::T v) {
+    const acc_t<DT> x = tdt_elem<DT>::to_acc(v);
+    if constexpr (DT == TDT_DTYPE_FLOAT16) return x * fwd_unit<DT>();
+    return x;
+}
+
+/* A 16-byte vector of that row as a batch for lse_add (zrow_value each). */
 template <int DT> struct zrow_batch {
     typedef typename tdt_elem<DT>::T E;
     enum { N = zvec<E>::N };
-    zvec<E> x;
-    __device__ __forceinline__ acc_t<DT> at(int j) const {
-        const acc_t<DT> v = tdt_elem<DT>::to_acc(x.v[j]);
-        if constexpr (DT == TDT_DTYPE_FLOAT16) return v * fwd_unit<DT>();
-        return v;
-    }
+    const zvec<E> &x;
+    __device__ __forceinline__ acc_t<DT> at(int j) const { return zrow_value<DT>(x.v[j]); }
 };
 
 /* The log-sum-exp of the first V values of the forward's row zr (the dtype; bias included, less
@@ -587,29 +581,24 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const typename td
     }
     const int64_t nv = a.V / N;
     for (int64_t q0 = 0; q0 < nv; q0 += 32 * kRowPasses) { /* each lane's vectors in order q */
-        zrow_batch<DT> x[kRowPasses];
-#pragma unroll
-        for (int p = 0; p < kRowPasses; ++p) {
-            const int64_t q = q0 + 32 * p + lane;
-            if (q < nv) x[p].x.load(zr + q * N);
-        }
+        zvec<E> x[kRowPasses];
+        load_passes(x, zr, q0, nv, lane);
 #pragma unroll
         for (int p = 0; p < kRowPasses; ++p) {
             const int64_t q = q0 + 32 * p + lane;
             if (q < nv) {
-                lse_add<X>(st, x[p]);
+                const zrow_batch<DT> bt{x[p]};
+                lse_add<X>(st, bt);
                 if constexpr (TOP) {
 #pragma unroll
-                    for (int j = 0; j < N; ++j) top->see(x[p].at(j), q * N + j);
+                    for (int j = 0; j < N; ++j) top->see(bt.at(j), q * N + j);
                 }
             }
         }
     }
     if (nv * N + lane < a.V) {
-        zrow_batch<DT> one;
-        one.x.v[0] = zr[nv * N + lane];
         zbatch<A, 1> bt;
-        bt.v[0] = one.at(0);
+        bt.v[0] = zrow_value<DT>(zr[nv * N + lane]);
         lse_add<X>(st, bt);
         if constexpr (TOP) top->see(bt.v[0], nv * N + lane);
     }
@@ -627,7 +616,7 @@ __device__ __noinline__ double fwd_lse_exact(const joint_args &a, const typename
                                              const typename tdt_elem<DT>::T *wp, int64_t ldh, double c, int lane) {
     double m = -INFINITY, s = 0.0;
     for (int64_t o = 0; o < a.V; ++o) {
-        const double v = fwd_dot<DT>(row, wp + o * ldh, ldh, lane);
+        const double v = fwd_dot<DT>(row, wp, ldh, o, lane);
         if (v > m) {
             s = s * exp(m - v) + 1.0;
             m = v;
@@ -670,7 +659,7 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
         if (huge) lse = row_lse<DT, tdt_rexp_nat<DT>, false>(a, zr, ref, lane, &huge, NULL); /* rare */
         /* the largest term exact: its value's rounding to the dtype taken out of the sum */
         if (top.i >= 0 && fabs(lse) < INFINITY) {
-            const double ze = fwd_dot<DT>(hs + j * ldh, wp + top.i * ldh, ldh, lane); /* z - c */
+            const double ze = fwd_dot<DT>(hs + j * ldh, wp, ldh, top.i, lane); /* z - c */
             lse += log1p(exp((double)top.v - lse) * expm1(ze - (double)top.v));
         }
         lse += c;
@@ -950,7 +939,7 @@ __global__ void __launch_bounds__(256) gemm_dx_kernel(const __grid_constant__ jo
             zvec<A> d;
             d.load(row + k0);
 #pragma unroll
-            for (int i = 0; i < M; ++i) d.v[i] = d.v[i] * hv.keep[i] * act_grad(a.act, hv.x[i], act_of(a.act, hv.x[i]));
+            for (int i = 0; i < M; ++i) d.v[i] = hidden_dx(a.act, d.v[i], hv.x[i], hv.keep[i]);
             d.store(row + k0);
         }
         return;
@@ -1311,12 +1300,12 @@ template <int DT> struct gemm_run {
             ch.chunk_row0 = r0;
             ch.chunk_rows = rows;
             if (a.enc_g) {
-                joint_denc_kernel<DT><<<denc_blocks(ch.kidx ? all : rows, a.H, num_sms), 256, 0, stream>>>(ch);
+                joint_denc_kernel<DT><<<reduce_blocks(ch.kidx ? all : rows, a.H, num_sms), 256, 0, stream>>>(ch);
                 if ((st = cuda(cudaGetLastError(), "launching the joint's d enc kernel")) != TDT_STATUS_SUCCESS)
                     return st;
             }
             if (a.pred_g) {
-                joint_dpred_kernel<DT><<<dpred_blocks(a.row, a.H, num_sms), 256, 0, stream>>>(ch);
+                joint_dpred_kernel<DT><<<reduce_blocks(a.row, a.H, num_sms), 256, 0, stream>>>(ch);
                 if ((st = cuda(cudaGetLastError(), "launching the joint's d pred kernel")) != TDT_STATUS_SUCCESS)
                     return st;
             }
