@@ -535,13 +535,10 @@ template <int DT> struct zrow_batch {
     __device__ __forceinline__ acc_t<DT> at(int j) const { return zrow_value<DT>(x.v[j]); }
 };
 
-/* The log-sum-exp of the first V values of the forward's row zr (the dtype; bias included, less
- * the node's shift where fwd_shifted) in the units X, the lanes of a warp together (gpu_common.cuh's
- * lse_lane, lse_add, lse_group: the unfused normaliser's, from the reference zb, the blank's
- * value in the row's terms); every lane gets the result (float64, natural units), and *huge
- * (warp-uniform) where the row needs natural units (tdt_rexp2::fits). With TOP, *top the row's
- * largest value (natural units) and its place, every lane. */
-/* A row's largest value and where it is (the first such place): a lane's, then the warp's. */
+/* A row's largest value and where it is (the first such place): a lane's, then the warp's. A
+ * lane sees one value a 16-byte vector (the vector's largest) with the vector's first place, so
+ * after join() i is where the vector holding the row's first largest value starts, and find()
+ * moves it onto that value. */
 struct row_top {
     float v;
     int64_t i;
@@ -563,8 +560,21 @@ struct row_top {
             }
         }
     }
+    /* i onto the first of the at most n values of zr from i that equals v (row_lse: a lane's
+     * vector or its last single value; warp-uniform) */
+    template <int DT> __device__ __forceinline__ void find(const typename tdt_elem<DT>::T *zr, int64_t n) {
+        if (i < 0) return;
+        const int64_t end = i + n - 1;
+        while (i < end && zrow_value<DT>(zr[i]) != v) ++i;
+    }
 };
 
+/* The log-sum-exp of the first V values of the forward's row zr (the dtype; bias included, less
+ * the node's shift where fwd_shifted) in the units X, the lanes of a warp together (gpu_common.cuh's
+ * lse_lane, lse_add, lse_group: the unfused normaliser's, from the reference zb, the blank's
+ * value in the row's terms); every lane gets the result (float64, natural units), and *huge
+ * (warp-uniform) where the row needs natural units (tdt_rexp2::fits). With TOP, *top the row's
+ * largest value (natural units) and its place, every lane. */
 template <int DT, typename X, bool TOP>
 __device__ __forceinline__ double row_lse(const joint_args &a, const typename tdt_elem<DT>::T *zr, acc_t<DT> zb,
                                           int lane, int *huge, row_top *top) {
@@ -590,8 +600,10 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const typename td
                 const zrow_batch<DT> bt{x[p]};
                 lse_add<X>(st, bt);
                 if constexpr (TOP) {
+                    float m = bt.at(0);
 #pragma unroll
-                    for (int j = 0; j < N; ++j) top->see(bt.at(j), q * N + j);
+                    for (int j = 1; j < N; ++j) m = fmaxf(m, bt.at(j));
+                    top->see(m, q * N);
                 }
             }
         }
@@ -602,7 +614,11 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const typename td
         lse_add<X>(st, bt);
         if constexpr (TOP) top->see(bt.v[0], nv * N + lane);
     }
-    if constexpr (TOP) top->join();
+    if constexpr (TOP) {
+        top->join();
+        const int64_t left = a.V - top->i;
+        top->find<DT>(zr, left < N ? left : (int64_t)N);
+    }
     *huge = X::MAY_OVERFLOW ? __any_sync(0xffffffffu, st.huge) : 0;
     return lse_group<X, 32>(st, 0xffffffffu);
 }
