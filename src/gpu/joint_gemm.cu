@@ -267,7 +267,7 @@ template <int DT> __device__ __forceinline__ bool lp_shift(double lse) {
 
 /* The value of W's padded columns of ones: 256 for float16, so that -lse / 256 fits its range
  * (|lse| <= 1e7); 1 otherwise. A power of two: -lse's parts stay exact. */
-template <int DT> __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
+template <int DT> __host__ __device__ __forceinline__ double lse_unit() { return DT == TDT_DTYPE_FLOAT16 ? 256.0 : 1.0; }
 
 /* Whether the forward's z product writes its values in the dtype (float16, bfloat16) less a
  * shift c a node, not in the accumulate type (half the bytes written and read): c is the
@@ -1116,8 +1116,8 @@ template <int DT> struct gemm_run {
             wp());
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
-        /* float16's forward writes (z - c) / 256 (fwd_shifted) */
-        const A alpha = DT == TDT_DTYPE_FLOAT16 && !backward ? (A)(1.0 / 256.0) : (A)1, zero = 0;
+        /* the forward writes (z - c) / fwd_unit (fwd_shifted; 256 for float16, else 1) */
+        const A alpha = backward ? (A)1 : (A)(1.0 / lse_unit<DT>()), zero = 0;
         const cublasStatus_t c = zg.run(h, &alpha, wp(), hs(), &zero, z(), ws(), TDT_JOINT_LT_BYTES, stream);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "cublasLtMatmul (z = W h)");
     }
