@@ -419,6 +419,13 @@ __device__ __forceinline__ void fwd_keys(const joint_args &a, const node_info &n
     row[a.H + 1] = TE::from_double(-c / fwd_unit<DT>());
 }
 
+/* The h kernel's blocks an SM, for its registers: 4 for float16 and bfloat16 (64 registers and
+ * a few bytes spilled, for 80 and 3 blocks without the bound: at huge-joint in bfloat16 the
+ * forward's h kernels took 1.20 ms for 1.32, the backward's 0.69 for 0.80, docs/joint.md), none
+ * for float32 and float64 (the bound raised their registers, and float32's step took up to 1 %
+ * longer). */
+template <int DT> constexpr int h_min_blocks() { return sizeof(typename tdt_elem<DT>::T) == 2 ? 4 : 0; }
+
 /* Warp w of block i: node first + j's h (j = 8 i + w < count; in the backward the chunk's node j,
  * chunk_node) into row j of hs (pitch ldh, the dtype), each lane 16 bytes at a time, zero where the
  * node is not taken (backward: not in a feasible lattice) and past H, but for a 1 at column H (the
@@ -434,10 +441,10 @@ __device__ __forceinline__ void fwd_keys(const joint_args &a, const node_info &n
  * logits and its shift c go into its block and -c / unit into column H + 1 (fwd_keys; W padded
  * is wp, pitch ldh). */
 template <int DT>
-__global__ void __launch_bounds__(256) gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit,
-                                                     int64_t count, typename tdt_elem<DT>::T *hs, int64_t ldh,
-                                                     int backward, uint16_t *split, uint16_t *stacked,
-                                                     int64_t stack_ld, const typename tdt_elem<DT>::T *wp) {
+__global__ void __launch_bounds__(256, h_min_blocks<DT>())
+    gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit, int64_t count,
+                  typename tdt_elem<DT>::T *hs, int64_t ldh, int backward, uint16_t *split, uint16_t *stacked,
+                  int64_t stack_ld, const typename tdt_elem<DT>::T *wp) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
     enum { N = zvec<E>::N };
