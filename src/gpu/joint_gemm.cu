@@ -542,10 +542,7 @@ template <int DT> struct zrow_batch {
     __device__ __forceinline__ acc_t<DT> at(int j) const { return zrow_value<DT>(x.v[j]); }
 };
 
-/* A row's largest value and where it is (the first such place): a lane's, then the warp's. A
- * lane sees one value a 16-byte vector (the vector's largest) with the vector's first place, so
- * after join() i is where the vector holding the row's first largest value starts, and find()
- * moves it onto that value. */
+/* A row's largest value and where it is (the first such place): a lane's, then the warp's. */
 struct row_top {
     float v;
     int64_t i;
@@ -566,13 +563,6 @@ struct row_top {
                 i = oi;
             }
         }
-    }
-    /* i onto the first of the at most n values of zr from i that equals v (row_lse: a lane's
-     * vector or its last single value; warp-uniform) */
-    template <int DT> __device__ __forceinline__ void find(const typename tdt_elem<DT>::T *zr, int64_t n) {
-        if (i < 0) return;
-        const int64_t end = i + n - 1;
-        while (i < end && zrow_value<DT>(zr[i]) != v) ++i;
     }
 };
 
@@ -607,10 +597,8 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const typename td
                 const zrow_batch<DT> bt{x[p]};
                 lse_add<X>(st, bt);
                 if constexpr (TOP) {
-                    float m = bt.at(0);
 #pragma unroll
-                    for (int j = 1; j < N; ++j) m = fmaxf(m, bt.at(j));
-                    top->see(m, q * N);
+                    for (int j = 0; j < N; ++j) top->see(bt.at(j), q * N + j);
                 }
             }
         }
@@ -621,11 +609,7 @@ __device__ __forceinline__ double row_lse(const joint_args &a, const typename td
         lse_add<X>(st, bt);
         if constexpr (TOP) top->see(bt.v[0], nv * N + lane);
     }
-    if constexpr (TOP) {
-        top->join();
-        const int64_t left = a.V - top->i;
-        top->find<DT>(zr, left < N ? left : (int64_t)N);
-    }
+    if constexpr (TOP) top->join();
     *huge = X::MAY_OVERFLOW ? __any_sync(0xffffffffu, st.huge) : 0;
     return lse_group<X, 32>(st, 0xffffffffu);
 }
