@@ -98,10 +98,18 @@ __device__ __forceinline__ void node_decode(const joint_args &a, int64_t n, int6
     *Tb = *Ub = 0;
     if (n >= limit) return;
     const int64_t per = a.maxT * a.row;
-    ni->b = n / per;
-    const int64_t r = n - ni->b * per;
-    ni->t = r / a.row;
-    ni->u = r - ni->t * a.row;
+    if (n <= (int64_t)UINT32_MAX && per <= (int64_t)UINT32_MAX) { /* 32-bit divisions: far fewer instructions */
+        const uint32_t n32 = (uint32_t)n, per32 = (uint32_t)per, row32 = (uint32_t)a.row;
+        const uint32_t b = n32 / per32, r = n32 - b * per32, t = r / row32;
+        ni->b = b;
+        ni->t = t;
+        ni->u = r - t * row32;
+    } else {
+        ni->b = n / per;
+        const int64_t r = n - ni->b * per;
+        ni->t = r / a.row;
+        ni->u = r - ni->t * a.row;
+    }
     const int64_t tb = a.frame_lengths[ni->b], ub = a.label_lengths[ni->b];
     if (tb < 0 || tb > a.maxT || ub < 0 || ub > a.maxU || ni->t >= tb || ni->u > ub) return;
     *Tb = tb;
@@ -129,12 +137,15 @@ template <int DT, int M> struct hidden_vals {
                                          int64_t k0) {
         const raw e = *reinterpret_cast<const raw *>(er + k0), p = *reinterpret_cast<const raw *>(pr + k0);
 #pragma unroll
-        for (int i = 0; i < M; ++i) {
-            x[i] = tdt_elem<DT>::to_acc(e.v[i]) + tdt_elem<DT>::to_acc(p.v[i]);
-            keep[i] = (acc_t<DT>)1;
-            if (a.dropout)
+        for (int i = 0; i < M; ++i) x[i] = tdt_elem<DT>::to_acc(e.v[i]) + tdt_elem<DT>::to_acc(p.v[i]);
+        if (a.dropout) { /* tested once, not an element */
+#pragma unroll
+            for (int i = 0; i < M; ++i)
                 keep[i] = tdt_dropout_keep(a.seed, ni.ctr + (uint64_t)(k0 + i), a.drop_thr) ? (acc_t<DT>)a.drop_scale
                                                                                            : (acc_t<DT>)0;
+        } else {
+#pragma unroll
+            for (int i = 0; i < M; ++i) keep[i] = (acc_t<DT>)1;
         }
     }
 };
