@@ -795,6 +795,40 @@ TEST(GpuJoint, Float32ProductsVariable) {
     EXPECT_EQ(dflt.raw, split.raw) << "float32's default products are not the split ones";
 }
 
+// The GEMM schedule's cuBLASLt kernels: TDT_GPU_JOINT_LT "first" (cuBLASLt's first choice for
+// every product), "fewest" (the candidate with the fewest waves for every product) and "auto"
+// (the default, by product; unset gives its bits) all match the CPU in every dtype, with
+// products large enough that the candidates differ; a bad value is refused and named.
+TEST(GpuJoint, CublasLtChoiceVariable) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), lt("TDT_GPU_JOINT_LT");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    Case c;
+    c.name = "cuBLASLt's kernels";
+    c.B = 3, c.maxT = 24, c.maxU = 10, c.V = 2049, c.H = 96;
+    c.durations = {0, 1, 2, 4};
+    c.ragged = true;
+    c.seed = 33;
+    const Data d = make_data(c, TDT_DTYPE_BFLOAT16);
+    setenv("TDT_GPU_JOINT_LT", "best", 1);
+    const Out bad = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
+    EXPECT_EQ(bad.st, TDT_STATUS_INVALID_OPTION) << bad.err;
+    EXPECT_NE(bad.err.find("TDT_GPU_JOINT_LT"), std::string::npos) << bad.err;
+    for (const char *m : {"first", "fewest", "auto"}) {
+        setenv("TDT_GPU_JOINT_LT", m, 1);
+        SCOPED_TRACE(std::string("TDT_GPU_JOINT_LT=") + m);
+        for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT64, TDT_DTYPE_FLOAT32, TDT_DTYPE_FLOAT16, TDT_DTYPE_BFLOAT16})
+            check_case(c, dt);
+    }
+    setenv("TDT_GPU_JOINT_LT", "auto", 1);
+    const Out by_product = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
+    ASSERT_EQ(by_product.st, TDT_STATUS_SUCCESS) << by_product.err;
+    unsetenv("TDT_GPU_JOINT_LT");
+    const Out dflt = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
+    ASSERT_EQ(dflt.st, TDT_STATUS_SUCCESS) << dflt.err;
+    EXPECT_EQ(dflt.raw, by_product.raw) << "the default kernels are not the \"auto\" ones";
+}
+
 TEST(GpuJoint, DeterministicAcrossRuns) {
     REQUIRE_GPU();
     Case c;

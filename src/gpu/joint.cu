@@ -698,6 +698,18 @@ int joint_float32_split() {
     return strcmp(v, "sgemm") == 0 ? 0 : -1;
 }
 
+/* The GEMM schedule's choice of cuBLASLt kernels (joint_gemm.cu's lt_choose), TDT_GPU_JOINT_LT:
+ * unset, empty or "auto" (2: the default, each product's measured best: cuBLASLt's first choice
+ * for z, of its first eight candidates the one with the fewest waves for d W and d h), "first"
+ * (0: cuBLASLt's first choice for every product) or "fewest" (1: the fewest waves for every
+ * product); -1 where set to anything else. */
+int joint_lt_pick() {
+    const char *v = getenv("TDT_GPU_JOINT_LT");
+    if (!v || !*v || strcmp(v, "auto") == 0) return 2;
+    if (strcmp(v, "fewest") == 0) return 1;
+    return strcmp(v, "first") == 0 ? 0 : -1;
+}
+
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     const tdt_joint_problem_t &p = call->jp;
     const tdt_call_t &c = call->c;
@@ -740,6 +752,14 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
                       getenv("TDT_GPU_JOINT_FLOAT32"));
         return TDT_STATUS_INVALID_OPTION;
     }
+    const int lt_pick = joint_lt_pick();
+    if (lt_pick < 0) {
+        tdt_set_error("TDT_GPU_JOINT_LT = \"%s\": the GEMM schedule's cuBLASLt kernels are \"auto\" (the "
+                      "default), \"first\" (cuBLASLt's first choice for every product) or \"fewest\" (the "
+                      "candidate with the fewest waves for every product)",
+                      getenv("TDT_GPU_JOINT_LT"));
+        return TDT_STATUS_INVALID_OPTION;
+    }
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
                             tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), split, (size_t)chunk,
@@ -752,7 +772,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     joint_run run{call, args_of(call, plan), num_sms, stream};
     if (c.do_forward) {
         if (gemm) {
-            const tdt_status_t st = tdt_gpu_joint_gemm(call, &plan, device, num_sms, 0);
+            const tdt_status_t st = tdt_gpu_joint_gemm(call, &plan, device, num_sms, 0, lt_pick);
             if (st != TDT_STATUS_SUCCESS) return st;
         } else {
             e = with_dtype_tile(p.dtype, T, fwd_go{run});
@@ -767,7 +787,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
         if (st != TDT_STATUS_SUCCESS) return st;
     }
     if (c.do_backward) {
-        if (gemm) return tdt_gpu_joint_gemm(call, &plan, device, num_sms, 1);
+        if (gemm) return tdt_gpu_joint_gemm(call, &plan, device, num_sms, 1, lt_pick);
         e = with_dtype_tile(p.dtype, T, bwd_go{run, plan});
         if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the joint's backward kernels");
     }

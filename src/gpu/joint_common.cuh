@@ -536,9 +536,10 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
 } /* namespace */
 
 /* joint_gemm.cu: the GEMM schedule's forward (the node blocks, for the sweeps the caller runs
- * next) or its backward (the four gradients), on the call's stream. */
+ * next) or its backward (the four gradients), on the call's stream; lt_pick: which of cuBLASLt's
+ * kernels its products take (joint.cu's joint_lt_pick). */
 tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
-                                int num_sms, int backward);
+                                int num_sms, int backward, int lt_pick);
 /* Whether cuBLASLt loaded (the GEMM schedule can run); the default schedule falls back to the
  * tiles where it did not. */
 bool tdt_gpu_joint_gemm_available();

@@ -168,6 +168,26 @@ uint32_t align_of(const void *p) {
     return a;
 }
 
+/* Which of cuBLASLt's kernels a product takes (joint.cu's TDT_GPU_JOINT_LT): its heuristic's
+ * first, or of its first kLtCandidates the one with the fewest waves (the largest tiles; the
+ * first of those on a tie), or by product (the default): the first for z, the fewest waves for
+ * d W and d h. Measured in bfloat16 on an H100 (docs/joint.md): the fewest waves took
+ * huge-joint's backward from 25.8 to 23.4 ms, but z's forward from 11.2 to 11.5 ms there and
+ * from 1.53 to 1.7-1.9 ms at parakeet-joint. */
+const int kLtCandidates = 8;
+enum { TDT_LT_FIRST = 0, TDT_LT_FEWEST_WAVES = 1, TDT_LT_BY_PRODUCT = 2 };
+
+int lt_choose(const cublasLtMatmulHeuristicResult_t *r, int found, int pick) {
+    int best = -1;
+    for (int i = 0; i < found; ++i) {
+        if (r[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        if (best < 0) best = i;
+        if (pick == TDT_LT_FIRST) break;
+        if (r[i].wavesCount > 0.0f && (!(r[best].wavesCount > 0.0f) || r[i].wavesCount < r[best].wavesCount)) best = i;
+    }
+    return best;
+}
+
 /* One product D = alpha op(A) op(B) + beta D of column-major matrices (cuBLASLt's view: a
  * row-major (rows, cols) array of pitch ld is a column-major (cols, rows) one), its kernel
  * chosen once. */
@@ -178,10 +198,12 @@ struct lt_gemm {
     size_t ws_need = 0;
 
     /* m x n = op(A) (m x k) op(B) (k x n); A stored as (ta ? k x m : m x k) with pitch lda,
-     * B as (tb ? n x k : k x n) with pitch ldb, D as m x n with pitch ldd. */
-    cublasStatus_t init(cublasLtHandle_t h, cublasComputeType_t compute, cudaDataType_t scale, cudaDataType_t ab,
-                        cudaDataType_t dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A,
-                        int64_t lda, const void *B, int64_t ldb, const void *D, int64_t ldd, size_t ws_bytes) {
+     * B as (tb ? n x k : k x n) with pitch ldb, D as m x n with pitch ldd. The kernel: pick's
+     * (lt_pick) among cuBLASLt's first kLtCandidates for the problem. */
+    cublasStatus_t init(cublasLtHandle_t h, int pick, cublasComputeType_t compute, cudaDataType_t scale,
+                        cudaDataType_t ab, cudaDataType_t dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                        const void *A, int64_t lda, const void *B, int64_t ldb, const void *D, int64_t ldd,
+                        size_t ws_bytes) {
         const lt_api &L = lt();
         cublasStatus_t s;
         if ((s = L.desc_create(&desc, compute, scale)) != CUBLAS_STATUS_SUCCESS) return s;
@@ -200,15 +222,17 @@ struct lt_gemm {
         if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof ab_);
         if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad);
         if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad);
-        cublasLtMatmulHeuristicResult_t r;
-        memset(&r, 0, sizeof r);
+        cublasLtMatmulHeuristicResult_t r[kLtCandidates];
+        memset(r, 0, sizeof r);
         int found = 0;
-        if (s == CUBLAS_STATUS_SUCCESS) s = L.heuristic(h, desc, la, lb, ld, ld, pref, 1, &r, &found);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = L.heuristic(h, desc, la, lb, ld, ld, pref, pick == TDT_LT_FIRST ? 1 : kLtCandidates, r, &found);
         L.pref_destroy(pref);
         if (s != CUBLAS_STATUS_SUCCESS) return s;
-        if (found < 1 || r.state != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_NOT_SUPPORTED;
-        algo = r.algo;
-        ws_need = r.workspaceSize;
+        const int i = lt_choose(r, found, pick);
+        if (i < 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+        algo = r[i].algo;
+        ws_need = r[i].workspaceSize;
         return CUBLAS_STATUS_SUCCESS;
     }
     cublasStatus_t run(cublasLtHandle_t h, const void *alpha, const void *A, const void *B, const void *beta, void *D,
@@ -1056,7 +1080,10 @@ template <int DT> struct gemm_run {
     cudaStream_t stream;
     int num_sms;
     cublasLtHandle_t h;
-    char *s; /* the scratch */
+    char *s;  /* the scratch */
+    int pick; /* the products' kernels: TDT_LT_FIRST, TDT_LT_FEWEST_WAVES or TDT_LT_BY_PRODUCT */
+    int z_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FIRST : pick; }
+    int dw_dh_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FEWEST_WAVES : pick; }
 
     A *z() const { return reinterpret_cast<A *>(s + plan.g_z); }
     E *hs() const { return reinterpret_cast<E *>(s + plan.g_h); }
@@ -1130,7 +1157,7 @@ template <int DT> struct gemm_run {
      * h carries it (float32 with split products: bfloat16 operands, float32 values) */
     tdt_status_t zgemm(lt_gemm *zg, bool backward) const {
         const cublasStatus_t c =
-            zg->init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(),
+            zg->init(h, z_pick(), lt_types<DT>::compute, lt_types<DT>::scale, opnd(),
                      lt_types<DT>::ab, true, false, plan.g_ldz, nodes(backward),
                      plan.g_ldhp, wp(), plan.g_ldwp, hs(), plan.g_ldhp, z(), plan.g_ldz, TDT_JOINT_LT_BYTES);
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
@@ -1220,17 +1247,17 @@ template <int DT> struct gemm_run {
         const size_t pstride = (size_t)(nb * plan.g_ldz) * 2, hblk = (size_t)plan.g_ldh * 2;
         if (want_w && split()) {
             for (int q = 0; q < 3 && c == CUBLAS_STATUS_SUCCESS; ++q)
-                c = wg3[q].init(h, lt_types<DT>::compute, lt_types<DT>::scale, CUDA_R_16BF, lt_types<DT>::d, false,
+                c = wg3[q].init(h, dw_dh_pick(), lt_types<DT>::compute, lt_types<DT>::scale, CUDA_R_16BF, lt_types<DT>::d, false,
                                 true, wrows, plan.g_ldz, (3 - q) * nb, hstacked() + q * nb * plan.g_ldh + wrow0,
                                 plan.g_ldh, ops, plan.g_ldz, wacc + wrow0, plan.g_ldw, TDT_JOINT_LT_BYTES);
         } else if (want_w) {
-            c = wg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
+            c = wg.init(h, dw_dh_pick(), lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
                         plan.g_ldz, nb, hs() + wrow0, plan.g_ldhp, dz, plan.g_ldz, wacc + wrow0, plan.g_ldw,
                         TDT_JOINT_LT_BYTES);
         }
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
         if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
-            c = hg.init(h, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
+            c = hg.init(h, dw_dh_pick(), lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
                         nodes(true), plan.g_ldz,
                         split() ? (const void *)(reinterpret_cast<const char *>(wp()) + hblk) : (const void *)wp(),
                         plan.g_ldwp, split() ? (const void *)(ops + pstride) : dz, plan.g_ldz, dx, a.H,
@@ -1331,9 +1358,9 @@ template <int DT> struct gemm_run {
 
 template <int DT>
 tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &plan, cublasLtHandle_t h, int num_sms,
-                     int backward) {
+                     int backward, int pick) {
     char *const s = joint_scratch(call);
-    gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s};
+    gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s, pick};
     /* the reductions of joint_common.cuh read the GEMM schedule's buffers */
     r.a.dx = s + plan.g_dx;
     r.a.pred_acc = s + plan.g_pred;
@@ -1350,7 +1377,7 @@ tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &p
 bool tdt_gpu_joint_gemm_available() { return lt().ok; }
 
 tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
-                                int num_sms, int backward) {
+                                int num_sms, int backward, int lt_pick) {
     if (!lt().ok) {
         tdt_set_error("the GPU joint's GEMM schedule (TDT_GPU_JOINT=gemm) needs cuBLASLt: %s", lt().why);
         return TDT_STATUS_CUDA_ERROR;
@@ -1359,10 +1386,10 @@ tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_join
     const cublasLtHandle_t h = lt_handle(device, &cs);
     if (!h) return lt_fail(cs, "cublasLtCreate");
     switch (call->jp.dtype) {
-    case TDT_DTYPE_FLOAT32: return gemm_go<TDT_DTYPE_FLOAT32>(call, *plan, h, num_sms, backward);
-    case TDT_DTYPE_FLOAT64: return gemm_go<TDT_DTYPE_FLOAT64>(call, *plan, h, num_sms, backward);
-    case TDT_DTYPE_FLOAT16: return gemm_go<TDT_DTYPE_FLOAT16>(call, *plan, h, num_sms, backward);
-    case TDT_DTYPE_BFLOAT16: return gemm_go<TDT_DTYPE_BFLOAT16>(call, *plan, h, num_sms, backward);
+    case TDT_DTYPE_FLOAT32: return gemm_go<TDT_DTYPE_FLOAT32>(call, *plan, h, num_sms, backward, lt_pick);
+    case TDT_DTYPE_FLOAT64: return gemm_go<TDT_DTYPE_FLOAT64>(call, *plan, h, num_sms, backward, lt_pick);
+    case TDT_DTYPE_FLOAT16: return gemm_go<TDT_DTYPE_FLOAT16>(call, *plan, h, num_sms, backward, lt_pick);
+    case TDT_DTYPE_BFLOAT16: return gemm_go<TDT_DTYPE_BFLOAT16>(call, *plan, h, num_sms, backward, lt_pick);
     }
     tdt_set_error("problem->dtype = %d", (int)call->jp.dtype);
     return TDT_STATUS_INVALID_DTYPE;
