@@ -1,23 +1,28 @@
 /*
- * joint_lse_proto.cu - a prototype of the fused joint's forward on the tensor cores, z never
+ * joint_lse_proto.cu - prototypes of the fused joint's forward on the tensor cores, z never
  * written: each block keeps its tile of 128 nodes' rows of h in shared memory and streams W's
- * token rows through it, z = h W^T by mma.sync m16n8k16 (bfloat16 operands, float32 sums), each
- * tile of z folded at once into a running log-sum-exp a node: the GEMM schedule's forward z
- * product and node kernel (src/gpu/joint_gemm.cu) in one pass, with no buffer of z.
+ * token rows through it, z = h W^T (bfloat16 operands, float32 sums), each tile of z folded at
+ * once into a running log-sum-exp a node: the GEMM schedule's forward z product and node kernel
+ * (src/gpu/joint_gemm.cu) in one pass, with no buffer of z. Three kernels:
+ *   - mma.sync m16n8k16, W through cp.async stages;
+ *   - Hopper's wgmma (m64n128k16 from shared memory, two warpgroups), W through cp.async stages
+ *     and a block-wide barrier a stage;
+ *   - wgmma fed by a producer warp: W packed once into the stages' layout, one bulk copy a stage
+ *     on mbarriers, no block-wide barrier.
+ * Measured (docs/joint.md, H100): at huge-joint's 303,000 nodes and V 8193, 15.9, 8.4 and 5.6 ms,
+ * where cuBLAS's z product and a row pass take 9.3 ms and the product alone 6.1 ms: the third
+ * is the first forward on the chip that beats them.
  *
- * Measured and not taken (docs/joint.md): on an H100 at huge-joint's 303,000 nodes it took
- * 16.8 ms (191 TFLOP/s) where cuBLAS's z product and a row pass take 9.7 ms (cuBLAS alone 6.5 ms,
- * 497 TFLOP/s). A forward that beats them needs Hopper's wgmma and TMA, not mma.sync.
- *
- * It is checked before it is timed: its log-normalisers against float64 sums over z computed by
- * cuBLAS from the same bfloat16 operands (max |difference| / max(1, |lse|) printed, and the run
- * fails beyond 1e-5), then timed against what the GEMM schedule does now (cuBLAS's z product
- * into float32, then a warp a node's log-sum-exp over its row) and against cuBLAS's product
- * alone.
+ * Each is checked before it is timed: its log-normalisers against float64 sums over z computed
+ * by cuBLAS from the same bfloat16 operands (max |difference| / max(1, |lse|) printed, and the
+ * run fails beyond 1e-5; the wgmma kernels' output filled with NaN first), then timed against
+ * what the GEMM schedule does now (cuBLAS's z product into float32, then a warp a node's
+ * log-sum-exp over its row) and against cuBLAS's product alone.
  *
  *   joint_lse_proto [--nodes N] [--vocab V] [--hidden K] [--iters I]
- * defaults: huge-joint's 303000 nodes (B 8, T 375, U + 1 101), V 8193, K 648 (H 640 with the
- * bias's column and padding: the GEMM schedule's pitch ldh).
+ * defaults: huge-joint's 303000 nodes (B 8, T 375, U + 1 101), V 8193, K 640 (H; the wgmma
+ * kernels take a multiple of 64 up to 640, the bias left to be added outside the product).
+ * Built for sm_90a alone: it runs on the H100 and H200.
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -246,6 +251,301 @@ __global__ void __launch_bounds__(THREADS, 1)
 }
 
 
+/*
+ * The same log-sum-exp on Hopper's wgmma (sm_90a), two kernels below: blocks of 128 nodes, two
+ * warpgroups of 64. h's rows stay in shared memory as KC chunks of 64 values (128 bytes a row,
+ * the 128-byte swizzle: row r's 16-byte unit u at unit u ^ (r % 8)); W's rows stream through
+ * WSTAGES stages of 128 rows x 64 values in the same layout. A step is one stage: each
+ * warpgroup's four m64n128k16 products into its 64 x 128 float32 accumulators; after the last
+ * chunk of a tile of W's rows the warpgroup waits for them and folds them into its nodes'
+ * running sums as the mma.sync kernel does. h's pitch ldh must be a multiple of 64 and at most
+ * 640 (the shared memory).
+ */
+namespace wg {
+const int BM = 128, BN = 128, BK = 64, WSTAGES = 4, THREADS = 256;
+const int CHUNK = BM * BK * 2;  /* bytes of one chunk of h's rows */
+const int STAGE = BN * BK * 2;  /* bytes of one stage of W's rows */
+inline size_t smem_bytes(int64_t ldh) { return (size_t)(ldh / BK) * CHUNK + (size_t)WSTAGES * STAGE + 1024; }
+}  // namespace wg
+
+/* the shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: start
+ * address, leading offset 1 (unused by this layout), stride 1024 bytes (8 rows of 128 bytes) */
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* pins an accumulator's registers to this point of the program: the compiler moves no read or
+ * write of them across it (nor across the wgmma waits, which say nothing of registers) */
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* d (+)= A B^T for a 64 x 16 A and 128 x 16 B, bfloat16, float32 sums; d is overwritten where
+ * !accumulate */
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(accumulate));
+#else
+    (void)d, (void)da, (void)db, (void)accumulate;
+    __trap();
+#endif
+}
+
+/* a whole tile of z (64 x 128: thread (warp, lane) of a warpgroup holds rows warp 16 + lane / 4
+ * and 8 more, columns 8 j + 2 (lane % 4) + c, as the accumulators of m64n128k16 lie) into its
+ * rows' running sums, columns col0 = tile 128 on; both rows' after the wait that retired acc */
+__device__ __forceinline__ void wg_fold(float (&acc)[64], lse2 (&run)[2], int col0, int V, int lane) {
+    fence_acc(acc);
+    col0 += 2 * (lane & 3);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                if (col0 + j * 8 + c < V) mx = fmaxf(mx, acc[4 * j + 2 * hf + c] * LOG2E);
+        lse2 &r = run[hf];
+        if (mx > r.m) {
+            r.s *= exp2f(r.m - mx);
+            r.m = mx;
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                if (col0 + j * 8 + c < V) sum += exp2f(fmaf(acc[4 * j + 2 * hf + c], LOG2E, -r.m));
+        r.s += sum;
+    }
+}
+
+/* the 4 lanes of each row merge their sums; the row's lse (natural units) to lse[row0 + row] */
+__device__ __forceinline__ void wg_store(const lse2 (&run)[2], float *lse, int64_t row0, int64_t count, int warp,
+                                         int lane) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        lse2 r = run[hf];
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1)
+            r = lse2_merge(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+        const int64_t n = row0 + warp * 16 + hf * 8 + (lane >> 2);
+        if ((lane & 3) == 0 && n < count) lse[n] = (r.m + log2f(r.s)) / LOG2E;
+    }
+}
+
+/* h's rows node0.. (zeros past count) into shared memory: chunk c, row r, 16-byte unit u at
+ * hs + c CHUNK + r 128 + (u ^ r % 8) 16, by threads tid of nthreads, as cp.async */
+__device__ __forceinline__ void wg_load_h(unsigned char *hs, const uint16_t *h, int64_t ldh, int64_t node0,
+                                          int64_t count, int tid, int nthreads) {
+    const int KC = (int)(ldh / wg::BK);
+    for (int i = tid; i < KC * wg::BM * 8; i += nthreads) {
+        const int c = i / (wg::BM * 8), r = (i / 8) % wg::BM, u = i % 8;
+        const bool in = node0 + r < count;
+        cp_async16(smem_addr(hs + c * wg::CHUNK + r * 128 + ((u ^ (r & 7)) << 4)),
+                   h + (in ? (node0 + r) * ldh + c * wg::BK + u * 8 : 0), in);
+    }
+}
+
+/* W's stage `step` (tile step / KC, chunk step % KC) of z: the warpgroup's four m64n128k16
+ * products, k 16 at a time inside the 128-byte rows (the descriptors' start moves 32 bytes) */
+__device__ __forceinline__ void wg_products(float (&acc)[64], uint32_t a0, uint32_t stage, int kc) {
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < wg::BK / 16; ++kk)
+        wgmma_m64n128k16_bf16(acc, wgmma_desc(a0 + kc * wg::CHUNK + kk * 32), wgmma_desc(stage + kk * 32),
+                              kc > 0 || kk > 0);
+    wgmma_commit();
+}
+
+/*
+ * 256 threads, both warpgroups loading: W's stages by cp.async two steps ahead, a block-wide
+ * barrier a step (the stage in; both warpgroups done with the one reloaded next).
+ */
+__global__ void __launch_bounds__(wg::THREADS, 1)
+    joint_lse_wgmma_kernel(const uint16_t *__restrict__ h, const uint16_t *__restrict__ W, int64_t ldh, float *lse,
+                           int64_t count, int V) {
+    extern __shared__ unsigned char smem_raw[];
+    /* the swizzle's pattern repeats every 1024 bytes: align the base to that */
+    unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    const int KC = (int)(ldh / wg::BK);
+    unsigned char *hs = smem, *ws = smem + (size_t)KC * wg::CHUNK;
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t node0 = (int64_t)blockIdx.x * wg::BM;
+    const int tiles = (V + wg::BN - 1) / wg::BN, steps = tiles * KC;
+    wg_load_h(hs, h, ldh, node0, count, tid, wg::THREADS);
+    auto load_stage = [&](int step) {
+        if (step < steps) {
+            const int tile = step / KC, kc = step - tile * KC;
+            unsigned char *dst = ws + (step % wg::WSTAGES) * wg::STAGE;
+#pragma unroll
+            for (int i = 0; i < wg::BN * 8 / wg::THREADS; ++i) {
+                const int c = tid + i * wg::THREADS, r = c >> 3, u = c & 7;
+                const int64_t row = (int64_t)tile * wg::BN + r;
+                const bool in = row < V;
+                cp_async16(smem_addr(dst + r * 128 + ((u ^ (r & 7)) << 4)),
+                           W + (in ? row * ldh + kc * wg::BK + u * 8 : 0), in);
+            }
+        }
+        cp_commit();
+    };
+    load_stage(0); /* with h's rows in the same group */
+    load_stage(1);
+
+    lse2 run[2] = {{-INFINITY, 0.f}, {-INFINITY, 0.f}};
+    const uint32_t a0 = smem_addr(hs) + wgi * 64 * 128, b0 = smem_addr(ws);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int tile = 0, step = 0; tile < tiles; ++tile) {
+        for (int kc = 0; kc < KC; ++kc, ++step) {
+            cp_wait<1>();
+            fence_proxy_async(); /* this thread's cp.async writes, before the tensor cores read them */
+            __syncthreads();     /* every thread's; and both warpgroups are past step - 2's products */
+            load_stage(step + 2);
+            wg_products(acc, a0, b0 + (step % wg::WSTAGES) * wg::STAGE, kc);
+            wgmma_wait<1>();
+        }
+        wgmma_wait<0>();
+        wg_fold(acc, run, tile * wg::BN, V, lane);
+    }
+    cp_wait<0>();
+    wg_store(run, lse, node0 + wgi * 64, count, warp, lane);
+}
+
+/*
+ * The same fed by a producer warp: W is first packed (joint_pack_w_kernel) into the stages' exact
+ * layout, tile after tile and chunk after chunk, 16 KB a stage, so that one thread streams it
+ * with one bulk copy a stage (cp.async.bulk, completing on the stage's "full" mbarrier) while
+ * the two warpgroups take the stages in order and give each back (its "empty" mbarrier, one
+ * arrival a warp) once their products on it are retired. No block-wide barrier after h's rows
+ * are in: the warpgroups and the copies run at their own pace. 288 threads: warps 0-7 the two
+ * warpgroups, warp 8 the producer.
+ */
+namespace wgb {
+const int THREADS = 288;
+inline size_t smem_bytes(int64_t ldh) { return wg::smem_bytes(ldh) + 2 * wg::WSTAGES * 8; }
+}  // namespace wgb
+
+/* W's rows (pitch ldh, V of them) -> tiles x KC stages of 128 rows x 64 values, each stage the
+ * 128-byte swizzle's layout, rows past V zero */
+__global__ void joint_pack_w_kernel(const uint16_t *__restrict__ W, int64_t ldh, int V, uint4 *Wp) {
+    const int KC = (int)(ldh / wg::BK), tiles = (V + wg::BN - 1) / wg::BN;
+    const int64_t units = (int64_t)tiles * KC * wg::BN * 8;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < units; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t st = i / (wg::BN * 8);
+        const int r = (int)(i / 8 % wg::BN), u = (int)(i % 8);
+        const int tile = (int)(st / KC), kc = (int)(st % KC);
+        const int64_t row = (int64_t)tile * wg::BN + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row < V) v = *reinterpret_cast<const uint4 *>(W + row * ldh + kc * wg::BK + u * 8);
+        Wp[st * (wg::BN * 8) + r * 8 + (u ^ (r & 7))] = v;
+    }
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* bytes global -> shared by the copy engine, counted on the mbarrier bar */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+__global__ void __launch_bounds__(wgb::THREADS, 1)
+    joint_lse_wgmma_bulk_kernel(const uint16_t *__restrict__ h, const unsigned char *__restrict__ Wp, int64_t ldh,
+                                float *lse, int64_t count, int V) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    const int KC = (int)(ldh / wg::BK);
+    unsigned char *hs = smem, *ws = smem + (size_t)KC * wg::CHUNK;
+    const uint32_t full0 = smem_addr(ws + wg::WSTAGES * wg::STAGE), empty0 = full0 + wg::WSTAGES * 8;
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t node0 = (int64_t)blockIdx.x * wg::BM;
+    const int tiles = (V + wg::BN - 1) / wg::BN, steps = tiles * KC;
+    if (tid == 0)
+        for (int s = 0; s < wg::WSTAGES; ++s) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 8);
+        }
+    __syncthreads(); /* the barriers' initialisation, before any thread uses them */
+    if (tid >= 256) { /* the producer */
+        if (tid == 256)
+            for (int step = 0; step < steps; ++step) {
+                const int s = step % wg::WSTAGES;
+                if (step >= wg::WSTAGES) mbar_wait(empty0 + 8 * s, (uint32_t)((step / wg::WSTAGES - 1) & 1));
+                bulk_load(smem_addr(ws + s * wg::STAGE), Wp + (size_t)step * wg::STAGE, wg::STAGE, full0 + 8 * s);
+            }
+        return;
+    }
+    wg_load_h(hs, h, ldh, node0, count, tid, 256);
+    cp_commit();
+    cp_wait<0>();
+    fence_proxy_async();
+    asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* the two warpgroups' h */
+
+    lse2 run[2] = {{-INFINITY, 0.f}, {-INFINITY, 0.f}};
+    const uint32_t a0 = smem_addr(hs) + wgi * 64 * 128, b0 = smem_addr(ws);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int tile = 0, step = 0; tile < tiles; ++tile) {
+        for (int kc = 0; kc < KC; ++kc, ++step) {
+            const int s = step % wg::WSTAGES;
+            mbar_wait(full0 + 8 * s, (uint32_t)((step / wg::WSTAGES) & 1));
+            wg_products(acc, a0, b0 + s * wg::STAGE, kc);
+            wgmma_wait<1>();
+            /* the previous stage's products are retired: give it back */
+            if (step > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((step - 1) % wg::WSTAGES));
+        }
+        wgmma_wait<0>();
+        wg_fold(acc, run, tile * wg::BN, V, lane);
+    }
+    wg_store(run, lse, node0 + wgi * 64, count, warp, lane);
+}
+
 /* the GEMM schedule's way: a warp a node, the log-sum-exp of its first V values of z (float32,
  * pitch ldz), base 2, in float32 */
 __global__ void lse_rows_kernel(const float *z, int64_t ldz, float *lse, int64_t nodes, int V) {
@@ -302,7 +602,7 @@ __global__ void fill_kernel(__nv_bfloat16 *p, int64_t rows, int K, int zero_from
 
 int main(int argc, char **argv) {
     int64_t nodes = 303000;
-    int V = 8193, K = 648, iters = 5;
+    int V = 8193, K = 640, iters = 5;
     static const option opts[] = {{"nodes", required_argument, 0, 'n'}, {"vocab", required_argument, 0, 'v'},
                                   {"hidden", required_argument, 0, 'k'}, {"iters", required_argument, 0, 'i'},
                                   {0, 0, 0, 0}};
@@ -356,9 +656,37 @@ int main(int argc, char **argv) {
             if (rows) lse_rows_kernel<<<(unsigned)((n + 7) / 8), 256>>>(z, ldz, lse_r + n0, n, V);
         }
     };
+    /* the wgmma kernels where h's pitch suits them (the device is sm_90a's: this program's only
+     * machine code) */
+    const size_t wsmem = wg::smem_bytes(Kp), bsmem = wgb::smem_bytes(Kp);
+    const bool use_wg = Kp % wg::BK == 0 && bsmem <= (size_t)prop.sharedMemPerBlockOptin;
+    float *lse_w = nullptr;
+    unsigned char *Wp = nullptr;
+    if (use_wg) {
+        CK(cudaFuncSetAttribute(joint_lse_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsmem));
+        CK(cudaFuncSetAttribute(joint_lse_wgmma_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)bsmem));
+        CK(cudaMalloc(&lse_w, nodes * 4));
+        CK(cudaMalloc(&Wp, (size_t)(V + wg::BN - 1) / wg::BN * (Kp / wg::BK) * wg::STAGE));
+    } else {
+        printf("wgmma kernels: not run (K padded %d: they take a multiple of 64, at most 640)\n", Kp);
+    }
+    auto fused_wg = [&](int variant) {
+        if (variant == 1) { /* W packed, then the producer warp's kernel */
+            joint_pack_w_kernel<<<264, 256>>>(reinterpret_cast<const uint16_t *>(W), Kp, V,
+                                              reinterpret_cast<uint4 *>(Wp));
+            joint_lse_wgmma_bulk_kernel<<<blocks, wgb::THREADS, bsmem>>>(reinterpret_cast<const uint16_t *>(h), Wp,
+                                                                         Kp, lse_w, nodes, V);
+        } else {
+            joint_lse_wgmma_kernel<<<blocks, wg::THREADS, wsmem>>>(reinterpret_cast<const uint16_t *>(h),
+                                                                   reinterpret_cast<const uint16_t *>(W), Kp, lse_w,
+                                                                   nodes, V);
+        }
+    };
     /* check */
     fused();
     CK(cudaGetLastError());
+
     for (int64_t n0 = 0; n0 < nodes; n0 += chunk) {
         const int64_t n = std::min(chunk, nodes - n0);
         if (gemm(n0, n) != CUBLAS_STATUS_SUCCESS) {
@@ -387,6 +715,26 @@ int main(int argc, char **argv) {
         printf("FAILED: the fused kernel's log-normalisers differ\n");
         return 1;
     }
+    static const char *const wg_names[2] = {"wgmma, cp.async", "wgmma, producer warp"};
+    for (int variant = 0; use_wg && variant < 2; ++variant) {
+        CK(cudaMemset(lse_w, 0xff, nodes * 4)); /* NaN: every value must be written */
+        fused_wg(variant);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(f.data(), lse_w, nodes * 4, cudaMemcpyDeviceToHost));
+        double ew = 0;
+        worst = 0;
+        for (int64_t i = 0; i < nodes; ++i) {
+            const double d = fabs(f[i] - ref[i]) / std::max(1.0, fabs(ref[i]));
+            if (!(d <= ew)) ew = d, worst = i;
+        }
+        printf("check: %s max rel. difference %.3g (node %lld: %.9g, want %.9g)\n", wg_names[variant], ew,
+               (long long)worst, f[worst], ref[worst]);
+        if (!(ew <= 1e-5)) {
+            printf("FAILED: the %s kernel's log-normalisers differ\n", wg_names[variant]);
+            return 1;
+        }
+    }
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -403,6 +751,13 @@ int main(int argc, char **argv) {
     const double flop = 2.0 * (double)nodes * V * Kp;
     const float tf = time(fused), tu = time([&] { unfused(true); }), tg = time([&] { unfused(false); });
     printf("fused z + log-sum-exp        %8.3f ms  %6.1f TFLOP/s\n", tf, flop / tf / 1e9);
+    if (use_wg) {
+        for (int variant = 0; variant < 2; ++variant) {
+            const float tw = time([&] { fused_wg(variant); });
+            printf("%-28s %8.3f ms  %6.1f TFLOP/s%s\n", wg_names[variant], tw, flop / tw / 1e9,
+                   variant == 1 ? " (W's packing included)" : "");
+        }
+    }
     printf("cuBLAS z (float32) + rows    %8.3f ms  %6.1f TFLOP/s  (fused / this %.2f)\n", tu, flop / tu / 1e9, tf / tu);
     printf("cuBLAS z alone               %8.3f ms  %6.1f TFLOP/s\n", tg, flop / tg / 1e9);
     return 0;
