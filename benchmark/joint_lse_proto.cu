@@ -9,8 +9,8 @@
  *     and a block-wide barrier a stage;
  *   - wgmma fed by a producer warp: W packed once into the stages' layout, one bulk copy a stage
  *     on mbarriers, no block-wide barrier.
- * Measured (docs/joint.md, H100): at huge-joint's 303,000 nodes and V 8193, 15.9, 8.4 and 5.6 ms,
- * where cuBLAS's z product and a row pass take 9.3 ms and the product alone 6.1 ms: the third
+ * Measured (docs/joint.md, H100): at huge-joint's 303,000 nodes and V 8193, 15.8, 8.4 and 5.6 ms,
+ * where cuBLAS's z product and a row pass take 9.3 ms and the product alone 6.2 ms: the third
  * is the first forward on the chip that beats them.
  *
  * Each is checked before it is timed: its log-normalisers against float64 sums over z computed

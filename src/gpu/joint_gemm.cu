@@ -172,8 +172,8 @@ uint32_t align_of(const void *p) {
  * first, or of its first kLtCandidates the one with the fewest waves (the largest tiles; the
  * first of those on a tie), or by product (the default): the first for z, the fewest waves for
  * d W and d h. Measured in bfloat16 on an H100 (docs/joint.md): the fewest waves took
- * huge-joint's backward from 25.8 to 23.4 ms, but z's forward from 11.2 to 11.5 ms there and
- * from 1.53 to 1.7-1.9 ms at parakeet-joint. */
+ * huge-joint's backward from 25.9 to 23.5 ms, but z's forward from 11.15 to 11.45 ms there and
+ * from 1.54 to 1.70 ms at parakeet-joint. */
 const int kLtCandidates = 8;
 enum { TDT_LT_FIRST = 0, TDT_LT_FEWEST_WAVES = 1, TDT_LT_BY_PRODUCT = 2 };
 
