@@ -106,6 +106,29 @@ __device__ __forceinline__ lse2 lse2_merge(lse2 a, lse2 b) {
     return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
 }
 
+/* N x 2 values of a row of z, value(j, c) at column col0 + 8 j + c (those < V taken), into the
+ * row's running sum r: the tile's largest value first, then their terms (base 2) */
+template <int N, typename Value>
+__device__ __forceinline__ void lse2_fold(lse2 &r, int col0, int V, const Value &value) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+            if (col0 + j * 8 + c < V) mx = fmaxf(mx, value(j, c) * LOG2E);
+    if (mx > r.m) {
+        r.s *= exp2f(r.m - mx);
+        r.m = mx;
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+            if (col0 + j * 8 + c < V) sum += exp2f(fmaf(value(j, c), LOG2E, -r.m));
+    r.s += sum;
+}
+
 /*
  * lse[n] (natural units) of z[n, 0..V) = h[n] W^T for the nodes n < count: h's rows (pitch ldh,
  * a multiple of 8, zeros past the inner size) and W's rows (pitch ldh), the dtype's bits.
@@ -202,26 +225,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c)
-                            if (col0 + j * 8 + c < V) mx = fmaxf(mx, acc[i][j][hf * 2 + c] * LOG2E);
-                    lse2 &r = run[i][hf];
-                    if (mx > r.m) {
-                        r.s *= exp2f(r.m - mx);
-                        r.m = mx;
-                    }
-                    float s = 0.f;
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-#pragma unroll
-                        for (int c = 0; c < 2; ++c)
-                            if (col0 + j * 8 + c < V) s += exp2f(fmaf(acc[i][j][hf * 2 + c], LOG2E, -r.m));
-                    r.s += s;
-                }
+                for (int hf = 0; hf < 2; ++hf)
+                    lse2_fold<8>(run[i][hf], col0, V, [&](int j, int c) { return acc[i][j][hf * 2 + c]; });
             clear();
         }
     }
@@ -324,26 +329,8 @@ __device__ __forceinline__ void wg_fold(float (&acc)[64], lse2 (&run)[2], int co
     fence_acc(acc);
     col0 += 2 * (lane & 3);
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-                if (col0 + j * 8 + c < V) mx = fmaxf(mx, acc[4 * j + 2 * hf + c] * LOG2E);
-        lse2 &r = run[hf];
-        if (mx > r.m) {
-            r.s *= exp2f(r.m - mx);
-            r.m = mx;
-        }
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-                if (col0 + j * 8 + c < V) sum += exp2f(fmaf(acc[4 * j + 2 * hf + c], LOG2E, -r.m));
-        r.s += sum;
-    }
+    for (int hf = 0; hf < 2; ++hf)
+        lse2_fold<16>(run[hf], col0, V, [&](int j, int c) { return acc[4 * j + 2 * hf + c]; });
 }
 
 /* the 4 lanes of each row merge their sums; the row's lse (natural units) to lse[row0 + row] */
