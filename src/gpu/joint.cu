@@ -698,16 +698,15 @@ int joint_float32_split() {
     return strcmp(v, "sgemm") == 0 ? 0 : -1;
 }
 
-/* The GEMM schedule's choice of cuBLASLt kernels (joint_gemm.cu's lt_choose), TDT_GPU_JOINT_LT:
- * unset, empty or "auto" (2: the default, each product's measured best: cuBLASLt's first choice
- * for z, of its first eight candidates the one with the fewest waves for d W and d h), "first"
- * (0: cuBLASLt's first choice for every product) or "fewest" (1: the fewest waves for every
- * product); -1 where set to anything else. */
+/* The GEMM schedule's choice of cuBLASLt kernels, TDT_GPU_JOINT_LT: unset, empty or "auto"
+ * (TDT_LT_BY_PRODUCT, the default: cuBLASLt's first choice for z, of its first eight candidates
+ * the one with the fewest waves for d W and d h), "first" (TDT_LT_FIRST for every product) or
+ * "fewest" (TDT_LT_FEWEST_WAVES for every product); -1 where set to anything else. */
 int joint_lt_pick() {
     const char *v = getenv("TDT_GPU_JOINT_LT");
-    if (!v || !*v || strcmp(v, "auto") == 0) return 2;
-    if (strcmp(v, "fewest") == 0) return 1;
-    return strcmp(v, "first") == 0 ? 0 : -1;
+    if (!v || !*v || strcmp(v, "auto") == 0) return TDT_LT_BY_PRODUCT;
+    if (strcmp(v, "fewest") == 0) return TDT_LT_FEWEST_WAVES;
+    return strcmp(v, "first") == 0 ? TDT_LT_FIRST : -1;
 }
 
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {

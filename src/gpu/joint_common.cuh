@@ -535,9 +535,14 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
 
 } /* namespace */
 
+/* Which of cuBLASLt's kernels the GEMM schedule's products take (joint_gemm.cu's lt_choose;
+ * joint.cu's TDT_GPU_JOINT_LT): the heuristic's first, the candidate with the fewest waves, or
+ * by product (the default: the first for z, the fewest waves for d W and d h). */
+enum { TDT_LT_FIRST = 0, TDT_LT_FEWEST_WAVES = 1, TDT_LT_BY_PRODUCT = 2 };
+
 /* joint_gemm.cu: the GEMM schedule's forward (the node blocks, for the sweeps the caller runs
  * next) or its backward (the four gradients), on the call's stream; lt_pick: which of cuBLASLt's
- * kernels its products take (joint.cu's joint_lt_pick). */
+ * kernels its products take (TDT_LT_*). */
 tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
                                 int num_sms, int backward, int lt_pick);
 /* Whether cuBLASLt loaded (the GEMM schedule can run); the default schedule falls back to the

@@ -175,7 +175,6 @@ uint32_t align_of(const void *p) {
  * huge-joint's backward from 25.9 to 23.5 ms, but z's forward from 11.15 to 11.45 ms there and
  * from 1.54 to 1.70 ms at parakeet-joint. */
 const int kLtCandidates = 8;
-enum { TDT_LT_FIRST = 0, TDT_LT_FEWEST_WAVES = 1, TDT_LT_BY_PRODUCT = 2 };
 
 int lt_choose(const cublasLtMatmulHeuristicResult_t *r, int found, int pick) {
     int best = -1;
