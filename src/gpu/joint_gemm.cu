@@ -1244,19 +1244,20 @@ template <int DT> struct gemm_run {
         const char *ops = reinterpret_cast<const char *>(dzsplit());
         const int64_t nb = nodes(true);
         const size_t pstride = (size_t)(nb * plan.g_ldz) * 2, hblk = (size_t)plan.g_ldh * 2;
+        const int pk = dw_dh_pick();
         if (want_w && split()) {
             for (int q = 0; q < 3 && c == CUBLAS_STATUS_SUCCESS; ++q)
-                c = wg3[q].init(h, dw_dh_pick(), lt_types<DT>::compute, lt_types<DT>::scale, CUDA_R_16BF, lt_types<DT>::d, false,
+                c = wg3[q].init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, CUDA_R_16BF, lt_types<DT>::d, false,
                                 true, wrows, plan.g_ldz, (3 - q) * nb, hstacked() + q * nb * plan.g_ldh + wrow0,
                                 plan.g_ldh, ops, plan.g_ldz, wacc + wrow0, plan.g_ldw, TDT_JOINT_LT_BYTES);
         } else if (want_w) {
-            c = wg.init(h, dw_dh_pick(), lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
+            c = wg.init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
                         plan.g_ldz, nb, hs() + wrow0, plan.g_ldhp, dz, plan.g_ldz, wacc + wrow0, plan.g_ldw,
                         TDT_JOINT_LT_BYTES);
         }
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
         if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
-            c = hg.init(h, dw_dh_pick(), lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
+            c = hg.init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
                         nodes(true), plan.g_ldz,
                         split() ? (const void *)(reinterpret_cast<const char *>(wp()) + hblk) : (const void *)wp(),
                         plan.g_ldwp, split() ? (const void *)(ops + pstride) : dz, plan.g_ldz, dx, a.H,
