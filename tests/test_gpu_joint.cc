@@ -829,6 +829,54 @@ TEST(GpuJoint, CublasLtChoiceVariable) {
     EXPECT_EQ(dflt.raw, by_product.raw) << "the default kernels are not the \"auto\" ones";
 }
 
+// The forward's log-normalisers on wgmma (TDT_GPU_JOINT_FWD=wgmma; float16 and bfloat16 on
+// compute capability 9.0 with H up to 640, elsewhere the default forward runs): against the CPU
+// with H a whole number of 64-value chunks and not, V a whole number of 128-row tiles and not,
+// with and without bias, tanh and dropout, strided tensors, and with the chunk too small to hold
+// W packed (the default forward then). Costs within the dtype's tolerance of the CPU and within
+// 1e-4 (relative) of the default forward's.
+TEST(GpuJoint, WgmmaForwardVariable) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), fwd("TDT_GPU_JOINT_FWD"), chunk("TDT_GPU_JOINT_CHUNK_KB");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    std::vector<Case> cases;
+    {
+        Case c;
+        c.name = "wgmma H 128, V 256";
+        c.B = 3, c.maxT = 20, c.maxU = 7, c.V = 256, c.H = 128;
+        c.durations = {0, 1, 2, 4};
+        c.ragged = true;
+        c.seed = 41;
+        cases.push_back(c);
+        c.name = "wgmma H 100, V 1025, no bias, tanh, dropout, strided";
+        c.V = 1025, c.H = 100, c.bias = false, c.act = TDT_ACTIVATION_TANH, c.dropout = 0.1, c.strided = true;
+        c.seed = 42;
+        cases.push_back(c);
+        c = Case();
+        c.name = "wgmma H 640, V 300, RNN-T";
+        c.B = 2, c.maxT = 30, c.maxU = 9, c.V = 300, c.H = 640;
+        c.durations = {};
+        c.seed = 43;
+        cases.push_back(c);
+    }
+    for (const char *kb : {"", "1"}) {
+        setenv("TDT_GPU_JOINT_CHUNK_KB", kb, 1);
+        for (const Case &c : cases)
+            for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT16, TDT_DTYPE_BFLOAT16}) {
+                SCOPED_TRACE(std::string("TDT_GPU_JOINT_CHUNK_KB=") + kb);
+                setenv("TDT_GPU_JOINT_FWD", "wgmma", 1);
+                check_case(c, dt);
+                const Data d = make_data(c, dt);
+                const Out w = run(c, d, dt, TDT_LOCATION_GPU);
+                unsetenv("TDT_GPU_JOINT_FWD");
+                const Out g = run(c, d, dt, TDT_LOCATION_GPU);
+                ASSERT_EQ(w.st, TDT_STATUS_SUCCESS) << w.err;
+                ASSERT_EQ(g.st, TDT_STATUS_SUCCESS) << g.err;
+                expect_close(w.costs, g.costs, Tol{1e-4, 1e-6}, "costs, wgmma against the default forward");
+            }
+    }
+}
+
 TEST(GpuJoint, DeterministicAcrossRuns) {
     REQUIRE_GPU();
     Case c;

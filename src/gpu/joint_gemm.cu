@@ -77,6 +77,9 @@
 #include <cublasLt.h>
 
 #include "joint_common.cuh"
+#if TDT_HAVE_WGMMA
+#include "joint_wgmma.h"
+#endif
 
 namespace {
 
@@ -706,6 +709,30 @@ __global__ void __launch_bounds__(256) gemm_node_kernel(const __grid_constant__ 
     }
 }
 
+/* Warp w of block j: node first + 8 j + w's block of the workspace from its log-normaliser
+ * lse_in[8 j + w] (float32, tdt_gpu_wgmma_lse: float16 and bfloat16 on sm_90a) and the blank,
+ * label and duration logits the h kernel put in the block (fwd_keys); a log-normaliser that
+ * float32 did not hold (inf or NaN) is recomputed from the products themselves
+ * (fwd_lse_exact). */
+template <int DT>
+__global__ void __launch_bounds__(256) gemm_node_lse_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                            int64_t limit, const float *lse_in,
+                                                            const typename tdt_elem<DT>::T *hs,
+                                                            const typename tdt_elem<DT>::T *wp, int64_t ldh) {
+    const int lane = threadIdx.x & 31;
+    const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    node_info ni;
+    int64_t Tb, Ub;
+    node_decode(a, first + j, limit, &ni, &Tb, &Ub);
+    if (!ni.valid) return; /* warp-uniform */
+    double *const w = tdt_wblock(&a.wb, ni.b, ni.t, ni.u);
+    const double c = w[tdt_w_lse(a.D)], zb = w[TDT_W_BLANK], zy = w[TDT_W_LABEL];
+    double lse = (double)lse_in[j];
+    if (!(fabs(lse) < INFINITY)) lse = fwd_lse_exact<DT>(a, hs + j * ldh, wp, ldh, c, lane); /* rare */
+    if (lane != 0) return;
+    node_block<double>(a, ni, lse, zb, zy, w + TDT_W_DUR);
+}
+
 /* The bulk of a row of dz from the row d of nv 16-byte vectors (the dtype): every value x as
  * tdt_row_grad(c, x), each lane kRowPasses vectors read before it hands them on (loads in flight
  * together) to put(q, vector q): written back over d, or as split parts. No branch an element:
@@ -1081,6 +1108,7 @@ template <int DT> struct gemm_run {
     cublasLtHandle_t h;
     char *s;  /* the scratch */
     int pick; /* the products' kernels: TDT_LT_FIRST, TDT_LT_FEWEST_WAVES or TDT_LT_BY_PRODUCT */
+    int device;
     int z_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FIRST : pick; }
     int dw_dh_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FEWEST_WAVES : pick; }
 
@@ -1162,10 +1190,51 @@ template <int DT> struct gemm_run {
         return c == CUBLAS_STATUS_SUCCESS ? TDT_STATUS_SUCCESS : lt_fail(c, "choosing cuBLASLt's kernel for z = W h");
     }
 
+#if TDT_HAVE_WGMMA
+    /* The forward on wgmma (TDT_GPU_JOINT_FWD=wgmma, float16 and bfloat16, where the device and
+     * H suit it and the chunk's z has room for W packed and the chunk's log-normalisers): W
+     * packed into z's bytes, then a chunk at a time the h kernel, tdt_gpu_wgmma_lse and
+     * gemm_node_lse_kernel. */
+    bool wgmma_forward() const {
+        if constexpr (!fwd_shifted<DT>()) return false;
+        const char *v = getenv("TDT_GPU_JOINT_FWD");
+        if (!v || strcmp(v, "wgmma") != 0 || !tdt_gpu_wgmma_fits(device, a.H)) return false;
+        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E);
+        return tdt_gpu_wgmma_pack_bytes(a.V, a.H) + (size_t)nodes(false) * sizeof(float) <= room;
+    }
+    tdt_status_t forward_wgmma() const {
+        char *const zb = reinterpret_cast<char *>(z());
+        float *const lse = reinterpret_cast<float *>(zb + tdt_gpu_wgmma_pack_bytes(a.V, a.H));
+        tdt_status_t st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, a.V, a.H, zb, num_sms, stream),
+                               "launching the joint's W packing for wgmma");
+        const int64_t all = a.B * a.maxT;
+        for (int64_t r0 = 0; r0 < all && st == TDT_STATUS_SUCCESS; r0 += plan.g_rows) {
+            const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
+            const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(false), count = rows * a.row;
+            gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(a, first, limit, n, hs(), plan.g_ldh, 0,
+                                                                         NULL, NULL, 0, wp());
+            st = cuda(cudaGetLastError(), "launching the joint's h kernel");
+            if (st == TDT_STATUS_SUCCESS)
+                st = cuda(tdt_gpu_wgmma_lse(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, zb, a.bias, a.V, a.H, count,
+                                            lse, stream),
+                          "launching the joint's wgmma log-normalisers");
+            if (st != TDT_STATUS_SUCCESS) break;
+            gemm_node_lse_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(a, first, limit, lse, hs(),
+                                                                                      wp(), plan.g_ldh);
+            st = cuda(cudaGetLastError(), "launching the joint's node kernel");
+        }
+        return st;
+    }
+#endif
+
     tdt_status_t forward() const {
         lt_gemm zg;
         tdt_status_t st = pad_w();
-        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg, false);
+        if (st != TDT_STATUS_SUCCESS) return st;
+#if TDT_HAVE_WGMMA
+        if (wgmma_forward()) return forward_wgmma();
+#endif
+        st = zgemm(&zg, false);
         if (st != TDT_STATUS_SUCCESS) return st;
         const int64_t all = a.B * a.maxT;
         for (int64_t r0 = 0; r0 < all; r0 += plan.g_rows) {
@@ -1358,9 +1427,9 @@ template <int DT> struct gemm_run {
 
 template <int DT>
 tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &plan, cublasLtHandle_t h, int num_sms,
-                     int backward, int pick) {
+                     int backward, int pick, int device) {
     char *const s = joint_scratch(call);
-    gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s, pick};
+    gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s, pick, device};
     /* the reductions of joint_common.cuh read the GEMM schedule's buffers */
     r.a.dx = s + plan.g_dx;
     r.a.pred_acc = s + plan.g_pred;
@@ -1386,10 +1455,10 @@ tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_join
     const cublasLtHandle_t h = lt_handle(device, &cs);
     if (!h) return lt_fail(cs, "cublasLtCreate");
     switch (call->jp.dtype) {
-    case TDT_DTYPE_FLOAT32: return gemm_go<TDT_DTYPE_FLOAT32>(call, *plan, h, num_sms, backward, lt_pick);
-    case TDT_DTYPE_FLOAT64: return gemm_go<TDT_DTYPE_FLOAT64>(call, *plan, h, num_sms, backward, lt_pick);
-    case TDT_DTYPE_FLOAT16: return gemm_go<TDT_DTYPE_FLOAT16>(call, *plan, h, num_sms, backward, lt_pick);
-    case TDT_DTYPE_BFLOAT16: return gemm_go<TDT_DTYPE_BFLOAT16>(call, *plan, h, num_sms, backward, lt_pick);
+    case TDT_DTYPE_FLOAT32: return gemm_go<TDT_DTYPE_FLOAT32>(call, *plan, h, num_sms, backward, lt_pick, device);
+    case TDT_DTYPE_FLOAT64: return gemm_go<TDT_DTYPE_FLOAT64>(call, *plan, h, num_sms, backward, lt_pick, device);
+    case TDT_DTYPE_FLOAT16: return gemm_go<TDT_DTYPE_FLOAT16>(call, *plan, h, num_sms, backward, lt_pick, device);
+    case TDT_DTYPE_BFLOAT16: return gemm_go<TDT_DTYPE_BFLOAT16>(call, *plan, h, num_sms, backward, lt_pick, device);
     }
     tdt_set_error("problem->dtype = %d", (int)call->jp.dtype);
     return TDT_STATUS_INVALID_DTYPE;

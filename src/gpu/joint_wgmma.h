@@ -1,0 +1,29 @@
+/*
+ * joint_wgmma.h - the GEMM schedule's forward log-normalisers on Hopper's wgmma
+ * (src/gpu/sm90a/joint_wgmma.cu, compiled for sm_90a alone; built where nvcc has sm_90a,
+ * TDT_HAVE_WGMMA). float16 and bfloat16 operands, float32 sums.
+ */
+#ifndef TDT_GPU_JOINT_WGMMA_H
+#define TDT_GPU_JOINT_WGMMA_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Whether the kernel runs on the device for a hidden size H: compute capability 9.0 and h's
+ * ceil(H / 64) chunks of 128 nodes in its shared memory (H <= 640 on the H100 and H200). */
+bool tdt_gpu_wgmma_fits(int device, int64_t H);
+/* The bytes of W's V token rows packed for the kernel (a multiple of 16 KB). */
+size_t tdt_gpu_wgmma_pack_bytes(int64_t V, int64_t H);
+/* W's first V rows (16-bit values, pitch ldw, columns < H) packed into Wp (16-byte aligned,
+ * tdt_gpu_wgmma_pack_bytes), on stream. */
+cudaError_t tdt_gpu_wgmma_pack(const void *W, int64_t ldw, int64_t V, int64_t H, void *Wp, int num_sms,
+                               cudaStream_t stream);
+/* lse[n] = log sum_v exp(h[n] . W[v] + bias[v]) over v < V for the count rows of h (16-bit
+ * values, float16 where f16 else bfloat16, pitch ldh a multiple of 8, columns < H taken), W
+ * packed as above, bias (V values of the same type) or NULL; on stream. A NaN in a row's values
+ * makes its lse NaN; a row past float32's range gives inf or NaN (the caller recomputes it). */
+cudaError_t tdt_gpu_wgmma_lse(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
+                              int64_t H, int64_t count, float *lse, cudaStream_t stream);
+
+#endif
