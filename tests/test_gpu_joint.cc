@@ -834,7 +834,7 @@ TEST(GpuJoint, CublasLtChoiceVariable) {
 // with H a whole number of 64-value chunks and not, V a whole number of 128-row tiles and not,
 // with and without bias, tanh and dropout, strided tensors, and with the chunk too small to hold
 // W packed (the default forward then). Costs within the dtype's tolerance of the CPU and within
-// 1e-4 (relative) of the default forward's.
+// 1e-4 (relative) of the default forward's; a bad value is refused and named.
 TEST(GpuJoint, WgmmaForwardVariable) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), fwd("TDT_GPU_JOINT_FWD"), chunk("TDT_GPU_JOINT_CHUNK_KB");
@@ -858,6 +858,13 @@ TEST(GpuJoint, WgmmaForwardVariable) {
         c.durations = {};
         c.seed = 43;
         cases.push_back(c);
+    }
+    {
+        const Data d = make_data(cases[0], TDT_DTYPE_BFLOAT16);
+        setenv("TDT_GPU_JOINT_FWD", "tensor", 1);
+        const Out bad = run(cases[0], d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
+        EXPECT_EQ(bad.st, TDT_STATUS_INVALID_OPTION) << bad.err;
+        EXPECT_NE(bad.err.find("TDT_GPU_JOINT_FWD"), std::string::npos) << bad.err;
     }
     for (const char *kb : {"", "1"}) {
         setenv("TDT_GPU_JOINT_CHUNK_KB", kb, 1);

@@ -709,6 +709,16 @@ int joint_lt_pick() {
     return strcmp(v, "first") == 0 ? TDT_LT_FIRST : -1;
 }
 
+/* The GEMM schedule's forward, TDT_GPU_JOINT_FWD: unset, empty or "gemm" (0: the z product on
+ * cuBLASLt, then the node kernel) or "wgmma" (1: float16 and bfloat16 on compute capability 9.0
+ * with H up to 640, on Hopper's wgmma, the logits never written; elsewhere as "gemm"); -1 where
+ * set to anything else. */
+int joint_fwd_wgmma() {
+    const char *v = getenv("TDT_GPU_JOINT_FWD");
+    if (!v || !*v || strcmp(v, "gemm") == 0) return 0;
+    return strcmp(v, "wgmma") == 0 ? 1 : -1;
+}
+
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     const tdt_joint_problem_t &p = call->jp;
     const tdt_call_t &c = call->c;
@@ -759,6 +769,14 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
                       getenv("TDT_GPU_JOINT_LT"));
         return TDT_STATUS_INVALID_OPTION;
     }
+    const int fwd_wgmma = joint_fwd_wgmma();
+    if (fwd_wgmma < 0) {
+        tdt_set_error("TDT_GPU_JOINT_FWD = \"%s\": the GEMM schedule's forward is \"gemm\" (the default) or "
+                      "\"wgmma\" (float16 and bfloat16 on compute capability 9.0)",
+                      getenv("TDT_GPU_JOINT_FWD"));
+        return TDT_STATUS_INVALID_OPTION;
+    }
+    const joint_gemm_opts gopts{lt_pick, fwd_wgmma};
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
                             tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), split, (size_t)chunk,
@@ -771,7 +789,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     joint_run run{call, args_of(call, plan), num_sms, stream};
     if (c.do_forward) {
         if (gemm) {
-            const tdt_status_t st = tdt_gpu_joint_gemm(call, &plan, device, num_sms, 0, lt_pick);
+            const tdt_status_t st = tdt_gpu_joint_gemm(call, &plan, device, num_sms, 0, gopts);
             if (st != TDT_STATUS_SUCCESS) return st;
         } else {
             e = with_dtype_tile(p.dtype, T, fwd_go{run});
@@ -786,7 +804,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
         if (st != TDT_STATUS_SUCCESS) return st;
     }
     if (c.do_backward) {
-        if (gemm) return tdt_gpu_joint_gemm(call, &plan, device, num_sms, 1, lt_pick);
+        if (gemm) return tdt_gpu_joint_gemm(call, &plan, device, num_sms, 1, gopts);
         e = with_dtype_tile(p.dtype, T, bwd_go{run, plan});
         if (e != cudaSuccess) return tdt_gpu_cuda_fail(e, "launching the joint's backward kernels");
     }

@@ -540,11 +540,17 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
  * by product (the default: the first for z, the fewest waves for d W and d h). */
 enum { TDT_LT_FIRST = 0, TDT_LT_FEWEST_WAVES = 1, TDT_LT_BY_PRODUCT = 2 };
 
+/* The GEMM schedule's choices that the environment makes (joint.cu): lt_pick, which of
+ * cuBLASLt's kernels its products take (TDT_LT_*); wgmma_forward, the forward's log-normalisers
+ * on wgmma where the device and the shapes allow (joint_wgmma.h). */
+struct joint_gemm_opts {
+    int lt_pick, wgmma_forward;
+};
+
 /* joint_gemm.cu: the GEMM schedule's forward (the node blocks, for the sweeps the caller runs
- * next) or its backward (the four gradients), on the call's stream; lt_pick: which of cuBLASLt's
- * kernels its products take (TDT_LT_*). */
+ * next) or its backward (the four gradients), on the call's stream. */
 tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
-                                int num_sms, int backward, int lt_pick);
+                                int num_sms, int backward, const joint_gemm_opts &opts);
 /* Whether cuBLASLt loaded (the GEMM schedule can run); the default schedule falls back to the
  * tiles where it did not. */
 bool tdt_gpu_joint_gemm_available();

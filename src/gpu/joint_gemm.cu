@@ -1107,7 +1107,8 @@ template <int DT> struct gemm_run {
     int num_sms;
     cublasLtHandle_t h;
     char *s;  /* the scratch */
-    int pick; /* the products' kernels: TDT_LT_FIRST, TDT_LT_FEWEST_WAVES or TDT_LT_BY_PRODUCT */
+    int pick;  /* the products' kernels: TDT_LT_FIRST, TDT_LT_FEWEST_WAVES or TDT_LT_BY_PRODUCT */
+    int wgmma; /* TDT_GPU_JOINT_FWD=wgmma */
     int device;
     int z_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FIRST : pick; }
     int dw_dh_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FEWEST_WAVES : pick; }
@@ -1197,8 +1198,7 @@ template <int DT> struct gemm_run {
      * gemm_node_lse_kernel. */
     bool wgmma_forward() const {
         if constexpr (!fwd_shifted<DT>()) return false;
-        const char *v = getenv("TDT_GPU_JOINT_FWD");
-        if (!v || strcmp(v, "wgmma") != 0 || !tdt_gpu_wgmma_fits(device, a.H)) return false;
+        if (!wgmma || !tdt_gpu_wgmma_fits(device, a.H)) return false;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E);
         return tdt_gpu_wgmma_pack_bytes(a.V, a.H) + (size_t)nodes(false) * sizeof(float) <= room;
     }
@@ -1427,9 +1427,10 @@ template <int DT> struct gemm_run {
 
 template <int DT>
 tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &plan, cublasLtHandle_t h, int num_sms,
-                     int backward, int pick, int device) {
+                     int backward, const joint_gemm_opts &o, int device) {
     char *const s = joint_scratch(call);
-    gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s, pick, device};
+    gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s, o.lt_pick,
+                   o.wgmma_forward, device};
     /* the reductions of joint_common.cuh read the GEMM schedule's buffers */
     r.a.dx = s + plan.g_dx;
     r.a.pred_acc = s + plan.g_pred;
@@ -1446,7 +1447,7 @@ tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &p
 bool tdt_gpu_joint_gemm_available() { return lt().ok; }
 
 tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t *plan, int device,
-                                int num_sms, int backward, int lt_pick) {
+                                int num_sms, int backward, const joint_gemm_opts &opts) {
     if (!lt().ok) {
         tdt_set_error("the GPU joint's GEMM schedule (TDT_GPU_JOINT=gemm) needs cuBLASLt: %s", lt().why);
         return TDT_STATUS_CUDA_ERROR;
@@ -1455,10 +1456,10 @@ tdt_status_t tdt_gpu_joint_gemm(const tdt_joint_call_t *call, const tdt_gpu_join
     const cublasLtHandle_t h = lt_handle(device, &cs);
     if (!h) return lt_fail(cs, "cublasLtCreate");
     switch (call->jp.dtype) {
-    case TDT_DTYPE_FLOAT32: return gemm_go<TDT_DTYPE_FLOAT32>(call, *plan, h, num_sms, backward, lt_pick, device);
-    case TDT_DTYPE_FLOAT64: return gemm_go<TDT_DTYPE_FLOAT64>(call, *plan, h, num_sms, backward, lt_pick, device);
-    case TDT_DTYPE_FLOAT16: return gemm_go<TDT_DTYPE_FLOAT16>(call, *plan, h, num_sms, backward, lt_pick, device);
-    case TDT_DTYPE_BFLOAT16: return gemm_go<TDT_DTYPE_BFLOAT16>(call, *plan, h, num_sms, backward, lt_pick, device);
+    case TDT_DTYPE_FLOAT32: return gemm_go<TDT_DTYPE_FLOAT32>(call, *plan, h, num_sms, backward, opts, device);
+    case TDT_DTYPE_FLOAT64: return gemm_go<TDT_DTYPE_FLOAT64>(call, *plan, h, num_sms, backward, opts, device);
+    case TDT_DTYPE_FLOAT16: return gemm_go<TDT_DTYPE_FLOAT16>(call, *plan, h, num_sms, backward, opts, device);
+    case TDT_DTYPE_BFLOAT16: return gemm_go<TDT_DTYPE_BFLOAT16>(call, *plan, h, num_sms, backward, opts, device);
     }
     tdt_set_error("problem->dtype = %d", (int)call->jp.dtype);
     return TDT_STATUS_INVALID_DTYPE;
