@@ -1193,34 +1193,40 @@ template <int DT> struct gemm_run {
 
 #if TDT_HAVE_WGMMA
     /* The forward on wgmma (TDT_GPU_JOINT_FWD=wgmma, float16 and bfloat16, where the device and
-     * H suit it and the chunk's z has room for W packed and the chunk's log-normalisers): W
-     * packed into z's bytes, then a chunk at a time the h kernel, tdt_gpu_wgmma_lse and
-     * gemm_node_lse_kernel. */
-    bool wgmma_forward() const {
-        if constexpr (!fwd_shifted<DT>()) return false;
-        if (!wgmma || !tdt_gpu_wgmma_fits(device, a.H)) return false;
-        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E);
-        return tdt_gpu_wgmma_pack_bytes(a.V, a.H) + (size_t)nodes(false) * sizeof(float) <= room;
+     * H suit it): z's bytes hold W packed, then as many (b, t) rows' h (pitch g_ldh) and
+     * log-normalisers as fit (wgmma_rows; none: the cuBLASLt forward), and a chunk of those rows
+     * at a time runs the h kernel, tdt_gpu_wgmma_lse and gemm_node_lse_kernel. Chunks of many
+     * rows: the kernel's blocks take 128 nodes each, and z's chunk of rows would give it too few
+     * blocks to fill the device. */
+    int64_t wgmma_rows() const {
+        if constexpr (!fwd_shifted<DT>()) return 0;
+        if (!wgmma || !tdt_gpu_wgmma_fits(device, a.H)) return 0;
+        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
+                     pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H),
+                     per_row = (size_t)a.row * ((size_t)plan.g_ldh * sizeof(E) + sizeof(float));
+        const int64_t all = a.B * a.maxT, fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
+        return fit < all ? fit : all;
     }
-    tdt_status_t forward_wgmma() const {
+    tdt_status_t forward_wgmma(int64_t step) const {
         char *const zb = reinterpret_cast<char *>(z());
-        float *const lse = reinterpret_cast<float *>(zb + tdt_gpu_wgmma_pack_bytes(a.V, a.H));
+        E *const h = reinterpret_cast<E *>(zb + tdt_gpu_wgmma_pack_bytes(a.V, a.H));
+        float *const lse = reinterpret_cast<float *>(h + step * a.row * plan.g_ldh);
         tdt_status_t st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, a.V, a.H, zb, num_sms, stream),
                                "launching the joint's W packing for wgmma");
         const int64_t all = a.B * a.maxT;
-        for (int64_t r0 = 0; r0 < all && st == TDT_STATUS_SUCCESS; r0 += plan.g_rows) {
-            const int64_t rows = all - r0 < plan.g_rows ? all - r0 : plan.g_rows;
-            const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(false), count = rows * a.row;
-            gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(a, first, limit, n, hs(), plan.g_ldh, 0,
-                                                                         NULL, NULL, 0, wp());
+        for (int64_t r0 = 0; r0 < all && st == TDT_STATUS_SUCCESS; r0 += step) {
+            const int64_t rows = all - r0 < step ? all - r0 : step;
+            const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, count = rows * a.row;
+            const unsigned blocks = (unsigned)((count + 7) / 8);
+            gemm_h_kernel<DT><<<blocks, 256, 0, stream>>>(a, first, limit, count, h, plan.g_ldh, 0, NULL, NULL, 0,
+                                                          wp());
             st = cuda(cudaGetLastError(), "launching the joint's h kernel");
             if (st == TDT_STATUS_SUCCESS)
-                st = cuda(tdt_gpu_wgmma_lse(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, zb, a.bias, a.V, a.H, count,
-                                            lse, stream),
+                st = cuda(tdt_gpu_wgmma_lse(DT == TDT_DTYPE_FLOAT16, h, plan.g_ldh, zb, a.bias, a.V, a.H, count, lse,
+                                            stream),
                           "launching the joint's wgmma log-normalisers");
             if (st != TDT_STATUS_SUCCESS) break;
-            gemm_node_lse_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(a, first, limit, lse, hs(),
-                                                                                      wp(), plan.g_ldh);
+            gemm_node_lse_kernel<DT><<<blocks, 256, 0, stream>>>(a, first, limit, lse, h, wp(), plan.g_ldh);
             st = cuda(cudaGetLastError(), "launching the joint's node kernel");
         }
         return st;
@@ -1232,7 +1238,7 @@ template <int DT> struct gemm_run {
         tdt_status_t st = pad_w();
         if (st != TDT_STATUS_SUCCESS) return st;
 #if TDT_HAVE_WGMMA
-        if (wgmma_forward()) return forward_wgmma();
+        if (const int64_t step = wgmma_rows()) return forward_wgmma(step);
 #endif
         st = zgemm(&zg, false);
         if (st != TDT_STATUS_SUCCESS) return st;
