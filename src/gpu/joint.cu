@@ -709,14 +709,14 @@ int joint_lt_pick() {
     return strcmp(v, "first") == 0 ? TDT_LT_FIRST : -1;
 }
 
-/* The GEMM schedule's forward, TDT_GPU_JOINT_FWD: unset, empty or "gemm" (0: the z product on
- * cuBLASLt, then the node kernel) or "wgmma" (1: float16 and bfloat16 on compute capability 9.0
- * with H up to 640, on Hopper's wgmma, the logits never written; elsewhere as "gemm"); -1 where
- * set to anything else. */
+/* The GEMM schedule's forward, TDT_GPU_JOINT_FWD: unset, empty or "wgmma" (1, the default: float16
+ * and bfloat16 on compute capability 9.0 with H up to 640 take their log-normalisers from Hopper's
+ * wgmma, the logits never written; the rest as "gemm") or "gemm" (0: the z product on cuBLASLt,
+ * then the node kernel, everywhere); -1 where set to anything else. */
 int joint_fwd_wgmma() {
     const char *v = getenv("TDT_GPU_JOINT_FWD");
-    if (!v || !*v || strcmp(v, "gemm") == 0) return 0;
-    return strcmp(v, "wgmma") == 0 ? 1 : -1;
+    if (!v || !*v || strcmp(v, "wgmma") == 0) return 1;
+    return strcmp(v, "gemm") == 0 ? 0 : -1;
 }
 
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
@@ -771,8 +771,9 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     }
     const int fwd_wgmma = joint_fwd_wgmma();
     if (fwd_wgmma < 0) {
-        tdt_set_error("TDT_GPU_JOINT_FWD = \"%s\": the GEMM schedule's forward is \"gemm\" (the default) or "
-                      "\"wgmma\" (float16 and bfloat16 on compute capability 9.0)",
+        tdt_set_error("TDT_GPU_JOINT_FWD = \"%s\": the GEMM schedule's forward is \"wgmma\" (the default: "
+                      "float16 and bfloat16 on compute capability 9.0, the rest on cuBLASLt) or \"gemm\" (on "
+                      "cuBLASLt)",
                       getenv("TDT_GPU_JOINT_FWD"));
         return TDT_STATUS_INVALID_OPTION;
     }
