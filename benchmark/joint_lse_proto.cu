@@ -8,7 +8,9 @@
  *   - Hopper's wgmma (m64n128k16 from shared memory, two warpgroups), W through cp.async stages
  *     and a block-wide barrier a stage;
  *   - wgmma fed by a producer warp: W packed once into the stages' layout, one bulk copy a stage
- *     on mbarriers, no block-wide barrier.
+ *     on mbarriers, no block-wide barrier: the library's kernel (src/gpu/sm90a/joint_wgmma.cu,
+ *     the GEMM schedule's forward on compute capability 9.0), called here through
+ *     joint_wgmma.h.
  * Measured (docs/joint.md, H100): at huge-joint's 303,000 nodes and V 8193, 15.8, 8.4 and 5.6 ms,
  * where cuBLAS's z product and a row pass take 9.3 ms and the product alone 6.2 ms: the third
  * is the first forward on the chip that beats them.
@@ -36,6 +38,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "gpu/joint_wgmma.h"
+#include "gpu/sm90a/wgmma.cuh"
 #include "tdt.h"
 
 #define CK(x)                                                                                  \
@@ -64,15 +68,6 @@ inline size_t lse_smem_bytes(int64_t ldh) {
     return (size_t)(BM * (kp + PAD) + STAGES * BN * WROW) * 2;
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16 bytes global -> shared, asynchronously; zeros where !full */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool full) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -94,16 +89,6 @@ template <int DT> __device__ __forceinline__ void mma16816(float (&c)[4], const 
             "{%0,%1,%2,%3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* a running log-sum-exp in base 2: m the largest value so far, s the sum of 2^(x - m) */
-struct lse2 {
-    float m, s;
-};
-__device__ __forceinline__ lse2 lse2_merge(lse2 a, lse2 b) {
-    const float m = fmaxf(a.m, b.m);
-    if (m == -INFINITY) return a;
-    return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
 }
 
 /* N x 2 values of a row of z, value(j, c) at column col0 + 8 j + c (those < V taken), into the
@@ -158,7 +143,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int c = tid; c < BM * k8s; c += THREADS) {
         const int r = c / k8s, k8 = c - r * k8s;
         const bool in = node0 + r < count && k8 * 8 < ldh;
-        cp_async16(smem_addr(hs + r * HROW + k8 * 8), h + (in ? (node0 + r) * ldh + k8 * 8 : 0), in);
+        cp16(saddr(hs + r * HROW + k8 * 8), h + (in ? (node0 + r) * ldh + k8 * 8 : 0), in ? 16 : 0);
     }
     auto load_stage = [&](int step) {
         if (step < steps) {
@@ -169,7 +154,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const int c = tid + i * THREADS, r = c / (BK / 8), k8 = c % (BK / 8);
                 const int64_t row = (int64_t)tile * BN + r, k = (int64_t)kk * BK + k8 * 8;
                 const bool in = row < V && k < ldh;
-                cp_async16(smem_addr(dst + r * WROW + k8 * 8), W + (in ? row * ldh + k : 0), in);
+                cp16(saddr(dst + r * WROW + k8 * 8), W + (in ? row * ldh + k : 0), in ? 16 : 0);
             }
         }
         cp_commit(); /* every step a group, empty or not: the wait below counts them */
@@ -196,7 +181,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int g = lane >> 2, t = lane & 3;
     /* ldmatrix's rows: A (h) row lane % 16 at column 8 (lane / 16); B (W) row 8 (lane / 16) +
      * lane % 8 at column 8 ((lane / 8) % 2): the fragments of m16n8k16 */
-    const uint32_t a_base = smem_addr(hs + (wm * 32 + (lane & 15)) * HROW + (lane >> 4) * 8);
+    const uint32_t a_base = saddr(hs + (wm * 32 + (lane & 15)) * HROW + (lane >> 4) * 8);
     const int b_row = wn * 64 + (lane >> 4) * 8 + (lane & 7), b_col = ((lane >> 3) & 1) * 8;
 
     for (int step = 0; step < steps; ++step) {
@@ -204,7 +189,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         __syncthreads(); /* this step's stage is in; every warp is done with the one reloaded next */
         load_stage(step + STAGES - 1);
         const int tile = step / kst, kk = step - tile * kst;
-        const uint32_t wst = smem_addr(ws + (step % STAGES) * BN * WROW);
+        const uint32_t wst = saddr(ws + (step % STAGES) * BN * WROW);
 #pragma unroll
         for (int k16 = 0; k16 < BK / 16; ++k16) {
             uint32_t a[2][4], b[4][4];
@@ -273,60 +258,11 @@ const int STAGE = BN * BK * 2;  /* bytes of one stage of W's rows */
 inline size_t smem_bytes(int64_t ldh) { return (size_t)(ldh / BK) * CHUNK + (size_t)WSTAGES * STAGE + 1024; }
 }  // namespace wg
 
-/* the shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: start
- * address, leading offset 1 (unused by this layout), stride 1024 bytes (8 rows of 128 bytes) */
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* pins an accumulator's registers to this point of the program: the compiler moves no read or
- * write of them across it (nor across the wgmma waits, which say nothing of registers) */
-__device__ __forceinline__ void fence_acc(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-/* d (+)= A B^T for a 64 x 16 A and 128 x 16 B, bfloat16, float32 sums; d is overwritten where
- * !accumulate */
-__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, "
-        "%40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, "
-        "%56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(accumulate));
-#else
-    (void)d, (void)da, (void)db, (void)accumulate;
-    __trap();
-#endif
-}
-
 /* a whole tile of z (64 x 128: thread (warp, lane) of a warpgroup holds rows warp 16 + lane / 4
  * and 8 more, columns 8 j + 2 (lane % 4) + c, as the accumulators of m64n128k16 lie) into its
  * rows' running sums, columns col0 = tile 128 on; both rows' after the wait that retired acc */
 __device__ __forceinline__ void wg_fold(float (&acc)[64], lse2 (&run)[2], int col0, int V, int lane) {
-    fence_acc(acc);
+    pin(acc);
     col0 += 2 * (lane & 3);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
@@ -355,19 +291,19 @@ __device__ __forceinline__ void wg_load_h(unsigned char *hs, const uint16_t *h, 
     for (int i = tid; i < KC * wg::BM * 8; i += nthreads) {
         const int c = i / (wg::BM * 8), r = (i / 8) % wg::BM, u = i % 8;
         const bool in = node0 + r < count;
-        cp_async16(smem_addr(hs + c * wg::CHUNK + r * 128 + ((u ^ (r & 7)) << 4)),
-                   h + (in ? (node0 + r) * ldh + c * wg::BK + u * 8 : 0), in);
+        cp16(saddr(hs + c * wg::CHUNK + r * 128 + ((u ^ (r & 7)) << 4)),
+                   h + (in ? (node0 + r) * ldh + c * wg::BK + u * 8 : 0), in ? 16 : 0);
     }
 }
 
 /* W's stage `step` (tile step / KC, chunk step % KC) of z: the warpgroup's four m64n128k16
  * products, k 16 at a time inside the 128-byte rows (the descriptors' start moves 32 bytes) */
 __device__ __forceinline__ void wg_products(float (&acc)[64], uint32_t a0, uint32_t stage, int kc) {
-    fence_acc(acc);
+    pin(acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < wg::BK / 16; ++kk)
-        wgmma_m64n128k16_bf16(acc, wgmma_desc(a0 + kc * wg::CHUNK + kk * 32), wgmma_desc(stage + kk * 32),
+        mma<0>(acc, desc_of(a0 + kc * wg::CHUNK + kk * 32), desc_of(stage + kk * 32),
                               kc > 0 || kk > 0);
     wgmma_commit();
 }
@@ -381,7 +317,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1)
                            int64_t count, int V) {
     extern __shared__ unsigned char smem_raw[];
     /* the swizzle's pattern repeats every 1024 bytes: align the base to that */
-    unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
     const int KC = (int)(ldh / wg::BK);
     unsigned char *hs = smem, *ws = smem + (size_t)KC * wg::CHUNK;
     const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
@@ -397,8 +333,8 @@ __global__ void __launch_bounds__(wg::THREADS, 1)
                 const int c = tid + i * wg::THREADS, r = c >> 3, u = c & 7;
                 const int64_t row = (int64_t)tile * wg::BN + r;
                 const bool in = row < V;
-                cp_async16(smem_addr(dst + r * 128 + ((u ^ (r & 7)) << 4)),
-                           W + (in ? row * ldh + kc * wg::BK + u * 8 : 0), in);
+                cp16(saddr(dst + r * 128 + ((u ^ (r & 7)) << 4)),
+                           W + (in ? row * ldh + kc * wg::BK + u * 8 : 0), in ? 16 : 0);
             }
         }
         cp_commit();
@@ -407,7 +343,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1)
     load_stage(1);
 
     lse2 run[2] = {{-INFINITY, 0.f}, {-INFINITY, 0.f}};
-    const uint32_t a0 = smem_addr(hs) + wgi * 64 * 128, b0 = smem_addr(ws);
+    const uint32_t a0 = saddr(hs) + wgi * 64 * 128, b0 = saddr(ws);
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -424,112 +360,6 @@ __global__ void __launch_bounds__(wg::THREADS, 1)
         wg_fold(acc, run, tile * wg::BN, V, lane);
     }
     cp_wait<0>();
-    wg_store(run, lse, node0 + wgi * 64, count, warp, lane);
-}
-
-/*
- * The same fed by a producer warp: W is first packed (joint_pack_w_kernel) into the stages' exact
- * layout, tile after tile and chunk after chunk, 16 KB a stage, so that one thread streams it
- * with one bulk copy a stage (cp.async.bulk, completing on the stage's "full" mbarrier) while
- * the two warpgroups take the stages in order and give each back (its "empty" mbarrier, one
- * arrival a warp) once their products on it are retired. No block-wide barrier after h's rows
- * are in: the warpgroups and the copies run at their own pace. 288 threads: warps 0-7 the two
- * warpgroups, warp 8 the producer.
- */
-namespace wgb {
-const int THREADS = 288;
-inline size_t smem_bytes(int64_t ldh) { return wg::smem_bytes(ldh) + 2 * wg::WSTAGES * 8; }
-}  // namespace wgb
-
-/* W's rows (pitch ldh, V of them) -> tiles x KC stages of 128 rows x 64 values, each stage the
- * 128-byte swizzle's layout, rows past V zero */
-__global__ void joint_pack_w_kernel(const uint16_t *__restrict__ W, int64_t ldh, int V, uint4 *Wp) {
-    const int KC = (int)(ldh / wg::BK), tiles = (V + wg::BN - 1) / wg::BN;
-    const int64_t units = (int64_t)tiles * KC * wg::BN * 8;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < units; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t st = i / (wg::BN * 8);
-        const int r = (int)(i / 8 % wg::BN), u = (int)(i % 8);
-        const int tile = (int)(st / KC), kc = (int)(st % KC);
-        const int64_t row = (int64_t)tile * wg::BN + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row < V) v = *reinterpret_cast<const uint4 *>(W + row * ldh + kc * wg::BK + u * 8);
-        Wp[st * (wg::BN * 8) + r * 8 + (u ^ (r & 7))] = v;
-    }
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* bytes global -> shared by the copy engine, counted on the mbarrier bar */
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
-__global__ void __launch_bounds__(wgb::THREADS, 1)
-    joint_lse_wgmma_bulk_kernel(const uint16_t *__restrict__ h, const unsigned char *__restrict__ Wp, int64_t ldh,
-                                float *lse, int64_t count, int V) {
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    const int KC = (int)(ldh / wg::BK);
-    unsigned char *hs = smem, *ws = smem + (size_t)KC * wg::CHUNK;
-    const uint32_t full0 = smem_addr(ws + wg::WSTAGES * wg::STAGE), empty0 = full0 + wg::WSTAGES * 8;
-    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
-    const int64_t node0 = (int64_t)blockIdx.x * wg::BM;
-    const int tiles = (V + wg::BN - 1) / wg::BN, steps = tiles * KC;
-    if (tid == 0)
-        for (int s = 0; s < wg::WSTAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 8);
-        }
-    __syncthreads(); /* the barriers' initialisation, before any thread uses them */
-    if (tid >= 256) { /* the producer */
-        if (tid == 256)
-            for (int step = 0; step < steps; ++step) {
-                const int s = step % wg::WSTAGES;
-                if (step >= wg::WSTAGES) mbar_wait(empty0 + 8 * s, (uint32_t)((step / wg::WSTAGES - 1) & 1));
-                bulk_load(smem_addr(ws + s * wg::STAGE), Wp + (size_t)step * wg::STAGE, wg::STAGE, full0 + 8 * s);
-            }
-        return;
-    }
-    wg_load_h(hs, h, ldh, node0, count, tid, 256);
-    cp_commit();
-    cp_wait<0>();
-    fence_proxy_async();
-    asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* the two warpgroups' h */
-
-    lse2 run[2] = {{-INFINITY, 0.f}, {-INFINITY, 0.f}};
-    const uint32_t a0 = smem_addr(hs) + wgi * 64 * 128, b0 = smem_addr(ws);
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    for (int tile = 0, step = 0; tile < tiles; ++tile) {
-        for (int kc = 0; kc < KC; ++kc, ++step) {
-            const int s = step % wg::WSTAGES;
-            mbar_wait(full0 + 8 * s, (uint32_t)((step / wg::WSTAGES) & 1));
-            wg_products(acc, a0, b0 + s * wg::STAGE, kc);
-            wgmma_wait<1>();
-            /* the previous stage's products are retired: give it back */
-            if (step > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((step - 1) % wg::WSTAGES));
-        }
-        wgmma_wait<0>();
-        wg_fold(acc, run, tile * wg::BN, V, lane);
-    }
     wg_store(run, lse, node0 + wgi * 64, count, warp, lane);
 }
 
@@ -645,25 +475,21 @@ int main(int argc, char **argv) {
     };
     /* the wgmma kernels where h's pitch suits them (the device is sm_90a's: this program's only
      * machine code) */
-    const size_t wsmem = wg::smem_bytes(Kp), bsmem = wgb::smem_bytes(Kp);
-    const bool use_wg = Kp % wg::BK == 0 && bsmem <= (size_t)prop.sharedMemPerBlockOptin;
+    const size_t wsmem = wg::smem_bytes(Kp);
+    const bool use_wg = Kp % wg::BK == 0 && wsmem <= (size_t)prop.sharedMemPerBlockOptin && tdt_gpu_wgmma_fits(0, K);
     float *lse_w = nullptr;
-    unsigned char *Wp = nullptr;
+    void *Wp = nullptr;
     if (use_wg) {
         CK(cudaFuncSetAttribute(joint_lse_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsmem));
-        CK(cudaFuncSetAttribute(joint_lse_wgmma_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bsmem));
         CK(cudaMalloc(&lse_w, nodes * 4));
-        CK(cudaMalloc(&Wp, (size_t)(V + wg::BN - 1) / wg::BN * (Kp / wg::BK) * wg::STAGE));
+        CK(cudaMalloc(&Wp, tdt_gpu_wgmma_pack_bytes(V, K)));
     } else {
         printf("wgmma kernels: not run (K padded %d: they take a multiple of 64, at most 640)\n", Kp);
     }
     auto fused_wg = [&](int variant) {
-        if (variant == 1) { /* W packed, then the producer warp's kernel */
-            joint_pack_w_kernel<<<264, 256>>>(reinterpret_cast<const uint16_t *>(W), Kp, V,
-                                              reinterpret_cast<uint4 *>(Wp));
-            joint_lse_wgmma_bulk_kernel<<<blocks, wgb::THREADS, bsmem>>>(reinterpret_cast<const uint16_t *>(h), Wp,
-                                                                         Kp, lse_w, nodes, V);
+        if (variant == 1) { /* W packed, then the producer warp's kernel: the library's */
+            CK(tdt_gpu_wgmma_pack(W, Kp, V, K, Wp, prop.multiProcessorCount, 0));
+            CK(tdt_gpu_wgmma_lse(0, h, Kp, Wp, NULL, V, K, nodes, lse_w, 0));
         } else {
             joint_lse_wgmma_kernel<<<blocks, wg::THREADS, wsmem>>>(reinterpret_cast<const uint16_t *>(h),
                                                                    reinterpret_cast<const uint16_t *>(W), Kp, lse_w,

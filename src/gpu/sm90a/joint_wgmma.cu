@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "../joint_wgmma.h"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -35,88 +36,9 @@ inline size_t smem_of(int64_t H) {
     return (size_t)chunks_of(H) * kHBytes + (size_t)kStages * kStage + 2 * kStages * 8 + 1024;
 }
 
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* bytes (0-16) of 16 global -> shared, the rest zero */
-__device__ __forceinline__ void cp16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
-/* the shared-memory descriptor of a K-major operand in the 128-byte swizzle: start, leading
- * offset 1 (unused by the layout), stride 1024 bytes (8 rows of 128 bytes) */
-__device__ __forceinline__ uint64_t desc_of(uint32_t a) {
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-
-/* pins the accumulators to this point of the program (the waits say nothing of registers) */
-__device__ __forceinline__ void pin(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/* d (+)= A B^T, A 64 x 16 and B 128 x 16 of the 16-bit type F16 (1: float16, 0: bfloat16) from
- * their descriptors; d overwritten where !acc */
-template <int F16> __device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db, int acc) {
-#define TDT_WGMMA_REGS                                                                                  \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "  \
-    "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "   \
-    "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "   \
-    "%59, %60, %61, %62, %63}"
-#define TDT_WGMMA_OUT                                                                                   \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),     \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),        \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),      \
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),      \
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),      \
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),      \
-        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),      \
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if (F16)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " TDT_WGMMA_REGS
-                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : TDT_WGMMA_OUT
-                     : "l"(da), "l"(db), "r"(acc));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TDT_WGMMA_REGS
-                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : TDT_WGMMA_OUT
-                     : "l"(da), "l"(db), "r"(acc));
-#else
-    (void)d, (void)da, (void)db, (void)acc;
-    __trap();
-#endif
-#undef TDT_WGMMA_REGS
-#undef TDT_WGMMA_OUT
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
 template <int F16> __device__ __forceinline__ float to_f(uint16_t x) {
     if (F16) return __half2float(__ushort_as_half(x));
     return __bfloat162float(__ushort_as_bfloat16(x));
-}
-
-/* a running log-sum-exp in base 2 */
-struct lse2 {
-    float m, s;
-};
-__device__ __forceinline__ lse2 lse2_merge(lse2 a, lse2 b) {
-    const float m = fmaxf(a.m, b.m);
-    if (m == -INFINITY) return a;
-    return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
 }
 
 /* W's token rows (the dtype, pitch ldw, columns < H) -> tiles of kRows rows x KC chunks, each
@@ -184,8 +106,8 @@ __global__ void __launch_bounds__(kThreads, 1)
              bytes);
     }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* for the tensor cores */
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");                /* both warpgroups' rows */
+    fence_proxy_async(); /* for the tensor cores */
+    asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* both warpgroups' rows */
 
     lse2 run[2] = {{-INFINITY, 0.f}, {-INFINITY, 0.f}};
     const uint32_t a0 = saddr(hs) + wgi * 64 * 128, b0 = saddr(ws);
@@ -197,18 +119,18 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int s = step % kStages;
             mbar_wait(full0 + 8 * s, (uint32_t)((step / kStages) & 1));
             pin(acc);
-            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kChunk / 16; ++kk)
                 mma<F16>(acc, desc_of(a0 + kc * kHBytes + kk * 32), desc_of(b0 + s * kStage + kk * 32), kc > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            wgmma_commit();
+            wgmma_wait<1>();
             /* the previous stage's products are retired: give it back */
             if (step > 0 && lane == 0)
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * ((step - 1) % kStages))
                              : "memory");
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wgmma_wait<0>();
         pin(acc);
         /* thread (warp, lane) holds rows warp 16 + lane / 4 and 8 more at columns 8 j + 2 (lane % 4) + c */
         const int64_t col0 = (int64_t)tile * kRows + 2 * (lane & 3);
