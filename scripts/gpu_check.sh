@@ -69,8 +69,25 @@ if want joint; then
   # cuBLAS's GEMM of the same size, then through the binding against the unfused path (time, peak
   # memory)
   san="--error-exitcode=1 --print-limit 20"
-  step joint_memcheck 120 compute-sanitizer --tool memcheck $san build-gpu/tests/tdt_gpu_tests \
-    --gtest_filter='GpuJoint.*'
+  step joint_memcheck 150 compute-sanitizer --tool memcheck $san build-gpu/tests/tdt_gpu_tests \
+    --gtest_filter='GpuJoint*'
+  # the wgmma forward (compute capability 9.0): three of its instances under racecheck, two
+  # under initcheck (the slower tool: 35-40 s each on an H100). Both report inside cuBLASLt's own
+  # kernels, which these tests run too (the cuBLASLt forward beside it, the backward's products):
+  # racecheck within an sm_90 nvjet kernel, initcheck the reads of cuBLASLt's outputs (below); a
+  # report about any other kernel fails
+  wg='GpuJoint/WgmmaForward.*/case0_bfloat16_chunk300:GpuJoint/WgmmaForward.*/case0_float16_chunkdefault'
+  wg_race="$wg:GpuJoint/WgmmaForward.*/case2_float16_chunkdefault"
+  step joint_wgmma_racecheck 150 bash -c "compute-sanitizer --tool racecheck --racecheck-report all \
+    --print-limit 1000000 build-gpu/tests/tdt_gpu_tests --gtest_filter='$wg_race' > \$0 2>&1; rc=\$?; \
+    n=\$(grep -E '^=+ +(Read|Write) Thread' \$0 | grep -vc nvjet); echo \"hazards outside cuBLASLt: \$n\"; \
+    (( rc == 0 && n == 0 ))" "$LOGS/joint_wgmma_racecheck.raw"
+  step joint_wgmma_initcheck 150 bash -c "compute-sanitizer --tool initcheck --print-limit 1000000 \
+    build-gpu/tests/tdt_gpu_tests --gtest_filter='$wg' > \$0 2>&1; rc=\$?; \
+    grep -A1 Uninitialized \$0 | grep -o 'at [^(]*' | sort | uniq -c; \
+    n=\$(grep -A1 Uninitialized \$0 | grep '^=* *at ' | grep -Evc 'gemm_(dx|dz|node)_kernel<'); \
+    echo \"reports outside the kernels that read cuBLASLt's outputs: \$n\"; (( rc == 0 && n == 0 ))" \
+    "$LOGS/joint_wgmma_initcheck.raw"
   step joint_racecheck 90 compute-sanitizer --tool racecheck --racecheck-report all $san \
     build-gpu/tests/tdt_gpu_tests \
     --gtest_filter='GpuJoint.BasicTdtEveryDtype:GpuJoint.RaggedDropoutTanhOddHidden'
@@ -85,6 +102,11 @@ if want joint; then
     build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint.*'
   step joint_bench 150 build-gpu/benchmark/joint_gpu_bench --iters 5 \
     --shapes parakeet-joint,huge-joint,long-joint,xl-joint
+  # the forward on cuBLASLt (TDT_GPU_JOINT_FWD=gemm; the default on Hopper is the wgmma one): its
+  # tests and its bfloat16 benchmark, against the default's above
+  step joint_fwd_gemm_tests 120 env TDT_GPU_JOINT_FWD=gemm build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint*'
+  step joint_bench_fwd_gemm 120 env TDT_GPU_JOINT_FWD=gemm build-gpu/benchmark/joint_gpu_bench --iters 5 \
+    --shapes parakeet-joint,huge-joint,long-joint --dtypes bf16
   step joint_bench_py 240 python3 benchmark/bench.py --device cuda --iters 5 \
     --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes bfloat16,float32 \
     --plot "$OUT/joint.png"
