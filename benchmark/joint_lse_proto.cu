@@ -476,7 +476,8 @@ int main(int argc, char **argv) {
     /* the wgmma kernels where h's pitch suits them (the device is sm_90a's: this program's only
      * machine code) */
     const size_t wsmem = wg::smem_bytes(Kp);
-    const bool use_wg = Kp % wg::BK == 0 && wsmem <= (size_t)prop.sharedMemPerBlockOptin && tdt_gpu_wgmma_fits(0, K);
+    const bool use_wg = Kp % wg::BK == 0 && wsmem <= (size_t)prop.sharedMemPerBlockOptin &&
+                        tdt_gpu_wgmma_fits(prop.major, prop.minor, (int)prop.sharedMemPerBlockOptin, K);
     float *lse_w = nullptr;
     void *Wp = nullptr;
     if (use_wg) {

@@ -1200,7 +1200,13 @@ template <int DT> struct gemm_run {
      * blocks to fill the device. */
     int64_t wgmma_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
-        if (!wgmma || !tdt_gpu_wgmma_fits(device, a.H)) return 0;
+        if (!wgmma) return 0;
+        int major = 0, minor = 0, optin = 0; /* the device's attributes, kept by gpu.cu */
+        if (tdt_device_attribute(cudaDevAttrComputeCapabilityMajor, device, &major) != cudaSuccess ||
+            tdt_device_attribute(cudaDevAttrComputeCapabilityMinor, device, &minor) != cudaSuccess ||
+            tdt_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &optin) != cudaSuccess ||
+            !tdt_gpu_wgmma_fits(major, minor, optin, a.H))
+            return 0;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
                      pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H),
                      per_row = (size_t)a.row * ((size_t)plan.g_ldh * sizeof(E) + sizeof(float));

@@ -10,9 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Whether the kernel runs on the device for a hidden size H: compute capability 9.0 and h's
+/* Whether the kernel runs on a device of compute capability cc_major.cc_minor with smem_optin
+ * bytes of shared memory a block (opt-in) for a hidden size H: compute capability 9.0 and h's
  * ceil(H / 64) chunks of 128 nodes in its shared memory (H <= 640 on the H100 and H200). */
-bool tdt_gpu_wgmma_fits(int device, int64_t H);
+bool tdt_gpu_wgmma_fits(int cc_major, int cc_minor, int smem_optin, int64_t H);
 /* The bytes of W's V token rows packed for the kernel (a multiple of 16 KB). */
 size_t tdt_gpu_wgmma_pack_bytes(int64_t V, int64_t H);
 /* W's first V rows (16-bit values, pitch ldw, columns < H) packed into Wp (16-byte aligned,

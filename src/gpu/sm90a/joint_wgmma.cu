@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../gpu_common.cuh"
 #include "../joint_wgmma.h"
 #include "wgmma.cuh"
 
@@ -179,15 +180,8 @@ size_t tdt_gpu_wgmma_pack_bytes(int64_t V, int64_t H) {
     return (size_t)((V + kRows - 1) / kRows) * (size_t)chunks_of(H) * kStage;
 }
 
-bool tdt_gpu_wgmma_fits(int device, int64_t H) {
-    int major = 0, minor = 0, optin = 0;
-    if (H < 1 || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-        (void)cudaGetLastError(); /* this query's, not the caller's */
-        return false;
-    }
-    return major == 9 && minor == 0 && smem_of(H) <= (size_t)optin;
+bool tdt_gpu_wgmma_fits(int cc_major, int cc_minor, int smem_optin, int64_t H) {
+    return H >= 1 && cc_major == 9 && cc_minor == 0 && smem_of(H) <= (size_t)smem_optin;
 }
 
 cudaError_t tdt_gpu_wgmma_pack(const void *W, int64_t ldw, int64_t V, int64_t H, void *Wp, int num_sms,
@@ -203,7 +197,7 @@ cudaError_t tdt_gpu_wgmma_lse(int f16, const void *h, int64_t ldh, const void *W
     const size_t smem = smem_of(H);
     void (*k)(const uint16_t *, int64_t, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t,
               float *) = f16 ? wgmma_lse_kernel<1> : wgmma_lse_kernel<0>;
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = tdt_allow_smem(k, smem);
     if (e != cudaSuccess) return e;
     k<<<(unsigned)((count + kNodes - 1) / kNodes), kThreads, smem, stream>>>(
         static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
