@@ -269,20 +269,6 @@ __device__ __forceinline__ void wg_fold(float (&acc)[64], lse2 (&run)[2], int co
         lse2_fold<16>(run[hf], col0, V, [&](int j, int c) { return acc[4 * j + 2 * hf + c]; });
 }
 
-/* the 4 lanes of each row merge their sums; the row's lse (natural units) to lse[row0 + row] */
-__device__ __forceinline__ void wg_store(const lse2 (&run)[2], float *lse, int64_t row0, int64_t count, int warp,
-                                         int lane) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        lse2 r = run[hf];
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1)
-            r = lse2_merge(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
-        const int64_t n = row0 + warp * 16 + hf * 8 + (lane >> 2);
-        if ((lane & 3) == 0 && n < count) lse[n] = (r.m + log2f(r.s)) / LOG2E;
-    }
-}
-
 /* h's rows node0.. (zeros past count) into shared memory: chunk c, row r, 16-byte unit u at
  * hs + c CHUNK + r 128 + (u ^ r % 8) 16, by threads tid of nthreads, as cp.async */
 __device__ __forceinline__ void wg_load_h(unsigned char *hs, const uint16_t *h, int64_t ldh, int64_t node0,
@@ -360,7 +346,7 @@ __global__ void __launch_bounds__(wg::THREADS, 1)
         wg_fold(acc, run, tile * wg::BN, V, lane);
     }
     cp_wait<0>();
-    wg_store(run, lse, node0 + wgi * 64, count, warp, lane);
+    lse2_store(run, lse, node0 + wgi * 64, count, warp, lane);
 }
 
 /* the GEMM schedule's way: a warp a node, the log-sum-exp of its first V values of z (float32,

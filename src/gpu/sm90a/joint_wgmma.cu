@@ -2,9 +2,9 @@
  * joint_wgmma.cu - the GEMM schedule's forward log-normalisers on Hopper's tensor cores (wgmma,
  * compiled for sm_90a alone; joint_wgmma.h is the interface, joint_gemm.cu the caller): for each
  * node of a chunk, lse = log sum_v exp(z_v + bias_v) over the V token outputs, z = h W^T, the
- * logits never written. benchmark/joint_lse_proto.cu's producer-warp kernel, with h's columns
- * from H on (the bias's and the shift's in the GEMM schedule's rows) left out and the bias
- * added to each value as it is folded in.
+ * logits never written. The producer-warp kernel first measured in benchmark/joint_lse_proto.cu
+ * (which now times this one), with h's columns from H on (the bias's and the shift's in the GEMM
+ * schedule's rows) left out and the bias added to each value as it is folded in.
  *
  * A block: 128 nodes, two warpgroups of 64 (warps 0-7) and a producer warp (warp 8). h's rows
  * stay in shared memory as KC = ceil(H / 64) chunks of 64 values, 128 bytes a row in the
@@ -163,15 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             r.s += sum;
         }
     }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        lse2 r = run[hf];
-#pragma unroll
-        for (int o = 1; o <= 2; o <<= 1)
-            r = lse2_merge(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
-        const int64_t n = node0 + wgi * 64 + warp * 16 + hf * 8 + (lane >> 2);
-        if ((lane & 3) == 0 && n < count) lse[n] = (r.m + log2f(r.s)) / kLog2e;
-    }
+    lse2_store(run, lse, node0 + wgi * 64, count, warp, lane);
 }
 
 } /* namespace */

@@ -103,6 +103,22 @@ __device__ __forceinline__ lse2 lse2_merge(lse2 a, lse2 b) {
     return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
 }
 
+/* A warpgroup's running sums after its last tile (m64nNk16's rows: thread (warp, lane) holds
+ * rows warp 16 + lane / 4 and 8 more in run[0], run[1]): the 4 lanes of each row merge theirs,
+ * then the row's lse in natural units goes to lse[row0 + row] for rows before count. */
+__device__ __forceinline__ void lse2_store(const lse2 (&run)[2], float *lse, int64_t row0, int64_t count, int warp,
+                                           int lane) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        lse2 r = run[hf];
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1)
+            r = lse2_merge(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+        const int64_t n = row0 + warp * 16 + hf * 8 + (lane >> 2);
+        if ((lane & 3) == 0 && n < count) lse[n] = (r.m + log2f(r.s)) / 1.4426950408889634f;
+    }
+}
+
 } /* namespace */
 
 #endif
