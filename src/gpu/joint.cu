@@ -719,6 +719,13 @@ int joint_fwd_wgmma() {
     return strcmp(v, "gemm") == 0 ? 0 : -1;
 }
 
+/* An environment variable's value refused: the call's error names it, its value and what it
+ * takes (what); TDT_STATUS_INVALID_OPTION. */
+tdt_status_t env_refused(const char *name, const char *what) {
+    tdt_set_error("%s = \"%s\": %s", name, getenv(name), what);
+    return TDT_STATUS_INVALID_OPTION;
+}
+
 tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     const tdt_joint_problem_t &p = call->jp;
     const tdt_call_t &c = call->c;
@@ -736,11 +743,9 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     if (!sched || !*sched) gemm = tdt_gpu_joint_gemm_available();
     else if (strcmp(sched, "gemm") == 0) gemm = true;
     else if (strcmp(sched, "tiles") == 0) gemm = false;
-    else {
-        tdt_set_error("TDT_GPU_JOINT = \"%s\": the GPU joint's schedule is \"gemm\" or \"tiles\" "
-                      "(unset: gemm where cuBLASLt loads, else tiles)", sched);
-        return TDT_STATUS_INVALID_OPTION;
-    }
+    else
+        return env_refused("TDT_GPU_JOINT", "the GPU joint's schedule is \"gemm\" or \"tiles\" (unset: gemm "
+                                            "where cuBLASLt loads, else tiles)");
     const int T = tile_of(p.dtype, p.hidden, smem_max > 0 ? (size_t)smem_max : 0);
     if (T == 0 && !gemm) {
         tdt_set_error("problem->hidden = %lld: the GPU joint's tiles of its hidden values do not fit "
@@ -749,34 +754,21 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
         return TDT_STATUS_INVALID_SIZE;
     }
     const long long chunk = joint_chunk_bytes();
-    if (chunk < 0) {
-        tdt_set_error("TDT_GPU_JOINT_CHUNK_KB = \"%s\": a whole number of KB from 1 to 67108864",
-                      getenv("TDT_GPU_JOINT_CHUNK_KB"));
-        return TDT_STATUS_INVALID_OPTION;
-    }
+    if (chunk < 0) return env_refused("TDT_GPU_JOINT_CHUNK_KB", "a whole number of KB from 1 to 67108864");
     const int split = joint_float32_split();
-    if (split < 0) {
-        tdt_set_error("TDT_GPU_JOINT_FLOAT32 = \"%s\": float32's products are \"split\" (the default: "
-                      "on bfloat16 parts) or \"sgemm\" (float32 kernels)",
-                      getenv("TDT_GPU_JOINT_FLOAT32"));
-        return TDT_STATUS_INVALID_OPTION;
-    }
+    if (split < 0)
+        return env_refused("TDT_GPU_JOINT_FLOAT32", "float32's products are \"split\" (the default: on bfloat16 "
+                                                    "parts) or \"sgemm\" (float32 kernels)");
     const int lt_pick = joint_lt_pick();
-    if (lt_pick < 0) {
-        tdt_set_error("TDT_GPU_JOINT_LT = \"%s\": the GEMM schedule's cuBLASLt kernels are \"auto\" (the "
-                      "default), \"first\" (cuBLASLt's first choice for every product) or \"fewest\" (the "
-                      "candidate with the fewest waves for every product)",
-                      getenv("TDT_GPU_JOINT_LT"));
-        return TDT_STATUS_INVALID_OPTION;
-    }
+    if (lt_pick < 0)
+        return env_refused("TDT_GPU_JOINT_LT", "the GEMM schedule's cuBLASLt kernels are \"auto\" (the default), "
+                                               "\"first\" (cuBLASLt's first choice for every product) or "
+                                               "\"fewest\" (the candidate with the fewest waves for every product)");
     const int fwd_wgmma = joint_fwd_wgmma();
-    if (fwd_wgmma < 0) {
-        tdt_set_error("TDT_GPU_JOINT_FWD = \"%s\": the GEMM schedule's forward is \"wgmma\" (the default: "
-                      "float16 and bfloat16 on compute capability 9.0, the rest on cuBLASLt) or \"gemm\" (on "
-                      "cuBLASLt)",
-                      getenv("TDT_GPU_JOINT_FWD"));
-        return TDT_STATUS_INVALID_OPTION;
-    }
+    if (fwd_wgmma < 0)
+        return env_refused("TDT_GPU_JOINT_FWD", "the GEMM schedule's forward is \"wgmma\" (the default: float16 "
+                                                "and bfloat16 on compute capability 9.0, the rest on cuBLASLt) or "
+                                                "\"gemm\" (on cuBLASLt)");
     const joint_gemm_opts gopts{lt_pick, fwd_wgmma};
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
