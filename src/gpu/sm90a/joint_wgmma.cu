@@ -76,23 +76,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tiles = (int)((V + kRows - 1) / kRows), steps = tiles * KC;
     if (tid == 0)
         for (int s = 0; s < kStages; ++s) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(full0 + 8 * s) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 8;\n" ::"r"(empty0 + 8 * s) : "memory");
+            mbar_init<1>(full0 + 8 * s);
+            mbar_init<8>(empty0 + 8 * s);
         }
     __syncthreads(); /* the barriers' initialisation, before any use */
     if (tid >= 256) { /* the producer: one thread */
         if (tid == 256)
             for (int step = 0; step < steps; ++step) {
                 const int s = step % kStages;
-                const uint32_t full = full0 + 8 * s;
                 if (step >= kStages) mbar_wait(empty0 + 8 * s, (uint32_t)((step / kStages - 1) & 1));
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full), "r"(kStage)
-                             : "memory");
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                        saddr(ws + s * kStage)),
-                    "l"(Wp + (size_t)step * kStage), "r"(kStage), "r"(full)
-                    : "memory");
+                bulk_load(saddr(ws + s * kStage), Wp + (size_t)step * kStage, kStage, full0 + 8 * s);
             }
         return;
     }
@@ -106,7 +99,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         cp16(saddr(hs + c * kHBytes + r * 128 + ((u ^ (r & 7)) << 4)), h + (bytes ? (node0 + r) * ldh + k0 : 0),
              bytes);
     }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    cp_commit();
+    cp_wait<0>();
     fence_proxy_async(); /* for the tensor cores */
     asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* both warpgroups' rows */
 
@@ -127,9 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_commit();
             wgmma_wait<1>();
             /* the previous stage's products are retired: give it back */
-            if (step > 0 && lane == 0)
-                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * ((step - 1) % kStages))
-                             : "memory");
+            if (step > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((step - 1) % kStages));
         }
         wgmma_wait<0>();
         pin(acc);
