@@ -36,15 +36,7 @@
 
 #include "gpu/joint_wgmma.h"
 #include "gpu/sm90a/wgmma.cuh"
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "proto_util.cuh"
 
 namespace {
 
@@ -119,20 +111,6 @@ __device__ __forceinline__ void mma_n160(float (&d)[80], uint64_t da, uint64_t d
 template <int N> __device__ __forceinline__ void pin_acc(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* bytes global -> shared by the copy engine, counted on the mbarrier bar */
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
 }
 
 /* W's token rows (pitch ldw, columns < H) as d h's operand: for each tile t of 128 rows, chunk kc
@@ -309,21 +287,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
-__device__ __forceinline__ float unit_hash(uint64_t i, uint32_t seed) {
-    uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return (float)((x >> 40) & 0xffffff) / 16777216.0f; /* [0, 1) */
-}
-/* rows x K values uniform in [-scale, scale), rows from `zero_from` on zero */
-__global__ void fill_kernel(__nv_bfloat16 *p, int64_t rows, int K, int64_t zero_from, float scale, uint32_t seed) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * K; i += (int64_t)gridDim.x * blockDim.x)
-        p[i] = __float2bfloat16(i / K >= zero_from ? 0.f : (2.f * unit_hash(i, seed) - 1.f) * scale);
-}
 __global__ void fill_unit_kernel(float *p, int64_t n, uint32_t seed) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        p[i] = unit_hash(i, seed);
+        p[i] = proto::unit_hash(i, seed);
 }
 
 /* a warp a node: lse of its first V values of z (float32, pitch ldz), summed in float64 */
@@ -395,8 +361,8 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&P, (size_t)chunk * ldz * 2));
     CK(cudaMalloc(&Wz, tdt_gpu_wgmma_pack_bytes(V, H)));
     CK(cudaMalloc(&Wt, (size_t)tiles * 4 * kHStage));
-    fill_kernel<<<1024, 256>>>(h, nodes, H, nodes, 1.0f, 1);
-    fill_kernel<<<1024, 256>>>(W, ldz, H, V, 3.0f / sqrtf((float)H), 2);
+    proto::fill_bf16_kernel<<<1024, 256>>>(h, nodes, H, nodes, H, 1.0f, 1);
+    proto::fill_bf16_kernel<<<1024, 256>>>(W, ldz, H, V, H, 3.0f / sqrtf((float)H), 2);
     fill_unit_kernel<<<256, 256>>>(g, nodes, 3);
     CK(cudaGetLastError());
     cublasHandle_t hb;
@@ -464,19 +430,7 @@ int main(int argc, char **argv) {
         printf("FAILED: the fused kernel's d h differs\n");
         return 1;
     }
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    auto time = [&](auto fn) {
-        fn();
-        CK(cudaEventRecord(e0));
-        for (int i = 0; i < iters; ++i) fn();
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        return ms / iters;
-    };
+    auto time = [&](auto fn) { return proto::time_ms(iters, fn); };
     auto unfused = [&]() { /* the GEMM schedule's way: z in bfloat16, P from it, d h = P W */
         for (int64_t n0 = 0; n0 < nodes; n0 += chunk) {
             const int64_t n = std::min(chunk, nodes - n0);

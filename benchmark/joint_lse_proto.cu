@@ -39,17 +39,9 @@
 #include <vector>
 
 #include "gpu/joint_wgmma.h"
+#include "proto_util.cuh"
 #include "gpu/sm90a/wgmma.cuh"
 #include "tdt.h"
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 
 namespace {
 
@@ -386,21 +378,6 @@ __global__ void lse_ref_kernel(const float *z, int64_t ldz, double *lse, int64_t
     if (lane == 0) lse[n] = m + log(s);
 }
 
-__device__ __forceinline__ float unit_hash(uint64_t i, uint32_t seed) {
-    uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return (float)((x >> 40) & 0xffffff) / 16777216.0f; /* [0, 1) */
-}
-/* values uniform in [-scale, scale); columns from `zero_from` on are zero (h's padding) */
-__global__ void fill_kernel(__nv_bfloat16 *p, int64_t rows, int K, int zero_from, float scale, uint32_t seed) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * K; i += (int64_t)gridDim.x * blockDim.x) {
-        const int k = (int)(i % K);
-        p[i] = __float2bfloat16(k >= zero_from ? 0.f : (2.f * unit_hash(i, seed) - 1.f) * scale);
-    }
-}
-
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -432,8 +409,8 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&lse_f, nodes * 4));
     CK(cudaMalloc(&lse_r, nodes * 4));
     CK(cudaMalloc(&lse_ref, nodes * 8));
-    fill_kernel<<<1024, 256>>>(h, nodes, Kp, K, 1.0f, 1);
-    fill_kernel<<<1024, 256>>>(W, ldz, Kp, K, 3.0f / sqrtf((float)K), 2);
+    proto::fill_bf16_kernel<<<1024, 256>>>(h, nodes, Kp, nodes, K, 1.0f, 1);
+    proto::fill_bf16_kernel<<<1024, 256>>>(W, ldz, Kp, ldz, K, 3.0f / sqrtf((float)K), 2);
     /* z for the check and the GEMM schedule's way, in chunks of at most 64 K nodes */
     const int64_t chunk = std::min<int64_t>(nodes, 65536);
     CK(cudaMalloc(&z, (size_t)chunk * ldz * 4));
@@ -535,19 +512,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    auto time = [&](auto fn) {
-        fn();
-        CK(cudaEventRecord(e0));
-        for (int i = 0; i < iters; ++i) fn();
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        cudaEventElapsedTime(&ms, e0, e1);
-        return ms / iters;
-    };
+    auto time = [&](auto fn) { return proto::time_ms(iters, fn); };
     const double flop = 2.0 * (double)nodes * V * Kp;
     const float tf = time(fused), tu = time([&] { unfused(true); }), tg = time([&] { unfused(false); });
     printf("fused z + log-sum-exp        %8.3f ms  %6.1f TFLOP/s\n", tf, flop / tf / 1e9);
