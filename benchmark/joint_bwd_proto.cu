@@ -1,22 +1,26 @@
 /*
- * joint_bwd_proto.cu - a prototype of the fused joint's backward d h on Hopper's tensor cores,
- * dz never written: each block keeps 64 nodes' rows of h in shared memory and, a tile of 128 of
- * W's token rows at a time, recomputes z = h W^T (wgmma m64n64k16, float32 sums), forms the
- * dense part of dz, P = g exp(z - lse) (bfloat16), in shared memory and at once takes
- * d h += P W (wgmma m64n160k16, W^T's tile as the K-major operand), d h's 64 x 640 float32
- * sums held in the two consumer warpgroups' registers (each 320 of the columns) across all of
- * W's tiles. A producer warp streams two rings of W: W packed as the forward packs it
- * (src/gpu/sm90a/joint_wgmma.cu, 16 KB stages of 128 rows x 64 values) for z, and W^T packed
- * here into 40 KB stages (64 token rows x the two warpgroups' 160-column blocks) for d h.
+ * joint_bwd_proto.cu - prototypes of the fused joint's backward products on Hopper's tensor
+ * cores with dz's dense part, P = g exp(z - lse) (g a node's weight), formed on the chip and
+ * never written: z recomputed tile by tile (wgmma, float32 sums), P rounded to bfloat16 into
+ * shared memory in the 128-byte swizzle and consumed there by the next product. The register file
+ * holds 64 x 640 float32 sums a block (two warpgroups' 2 x 80 values a thread), so the two
+ * products run as two passes:
+ *   - d h = P W (dh_kernel): a block keeps 64 nodes' rows of h and d h; W streams through, a tile
+ *     of 128 token rows at a time, twice: as the forward packs it (z) and transposed (d h);
+ *   - d W = P^T h (dw_kernel): a block keeps 64 of W's rows and their d W; h streams through, a
+ *     tile of 64 nodes at a time, twice: as the forward packs W (z^T = W h^T) and transposed
+ *     (d W), over a chunk of node tiles a launch (the chunk's h in L2), each block adding its rows
+ *     of d W once a launch.
+ * A producer warp streams each operand with bulk copies on full/empty mbarriers (two rings).
  *
- * The backward's other terms (the blank's, the label's and the durations', a few values a node)
- * and act' with the reductions into d enc and d pred are left out: this measures whether the
- * dominant part runs on the chip near the GEMMs' rate, against cuBLAS's way (the GEMM
- * schedule's: z into a buffer, P from it, then the d h product).
+ * The backward's other terms (the blank's, the label's and the durations', a few values a node),
+ * the bias, act' and the reductions into d enc and d pred are left out: this measures whether
+ * the dominant work runs on the chip near the GEMMs' rate, against cuBLAS's way (the GEMM
+ * schedule's: z into a buffer in bfloat16, P from it, then the product).
  *
- * Check before timing: d h against cuBLAS's product of the same P (computed from cuBLAS's z,
- * rounded to bfloat16 as here), normwise relative difference printed, the run failing beyond
- * 2e-3 (P's roundings differ where the two z differ in their last bits).
+ * Check before timing: d h and d W against cuBLAS's products of the same P (computed from cuBLAS's
+ * float32 z, rounded to bfloat16 as here), normwise relative difference printed, the run failing
+ * beyond 2e-3 (P's roundings differ where the two z differ in their last bits).
  *
  *   joint_bwd_proto [--nodes N] [--vocab V] [--iters I]
  * defaults: huge-joint's 303000 nodes, V 8193, H 640 (fixed: the warpgroups' 2 x 2 blocks of
@@ -77,6 +81,24 @@ __device__ __forceinline__ void mma_n64(float (&d)[32], uint64_t da, uint64_t db
 #endif
 }
 
+/* d (+)= A B^T, A 64 x 16 and B 32 x 16 bfloat16 from their descriptors, float32 sums; d
+ * overwritten where !acc */
+__device__ __forceinline__ void mma_n32(float (&d)[16], uint64_t da, uint64_t db, int acc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(acc));
+#else
+    (void)d, (void)da, (void)db, (void)acc;
+    __trap();
+#endif
+}
+
 /* d (+)= A B^T, A 64 x 16 and B 160 x 16 bfloat16 from their descriptors, float32 sums; d
  * overwritten where !acc */
 __device__ __forceinline__ void mma_n160(float (&d)[80], uint64_t da, uint64_t db, int acc) {
@@ -113,34 +135,36 @@ template <int N> __device__ __forceinline__ void pin_acc(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* W's token rows (pitch ldw, columns < H) as d h's operand: for each tile t of 128 rows, chunk kc
- * of 64 of them and block pair jj, a stage of 320 rows of 64 values (W^T: row r is column
- * jj 160 + r of W for r < 160, 320 + jj 160 + r - 160 after, its values W's rows t 128 + kc 64
- * on), the 128-byte swizzle's layout (16-byte unit u of row r at u ^ r % 8), zero past V;
- * stage q = kc 2 + jj of tile t at (t 4 + q) kHStage */
-__global__ void pack_wt_kernel(const uint16_t *__restrict__ W, int64_t ldw, int64_t V, uint4 *Wt) {
-    const int64_t tiles = (V + kRows - 1) / kRows, units = tiles * 4 * (2 * kBlock) * 8;
+/* A matrix's rows (16-bit values, pitch ld, H columns, `rows` of them) transposed into the
+ * second operand of a product whose inner dimension runs over those rows: for each tile t of
+ * kcs 64 rows, chunk kc of 64 of them and block pair jj, a stage of 320 rows of 64 values (row r:
+ * column jj 160 + r of the matrix for r < 160, 320 + jj 160 + r - 160 after; its values the
+ * matrix's rows t kcs 64 + kc 64 on), the 128-byte swizzle's layout (16-byte unit u of row r at
+ * u ^ r % 8), zero past `rows`; stage q = kc 2 + jj of tile t at (t 2 kcs + q) kHStage. W^T for d
+ * h (kcs 2: tiles of 128 token rows), h^T for d W (kcs 1: tiles of 64 nodes). */
+__global__ void pack_t_kernel(const uint16_t *__restrict__ M, int64_t ld, int64_t rows, int kcs, uint4 *out) {
+    const int64_t tiles = (rows + 64 * kcs - 1) / (64 * kcs), units = tiles * 2 * kcs * (2 * kBlock) * 8;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < units; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t st = i / (2 * kBlock * 8);
         const int r = (int)(i / 8 % (2 * kBlock)), u = (int)(i % 8);
-        const int64_t t = st / 4;
-        const int q = (int)(st % 4), kc = q >> 1, jj = q & 1;
+        const int64_t t = st / (2 * kcs);
+        const int q = (int)(st % (2 * kcs)), kc = q >> 1, jj = q & 1;
         const int col = (r < kBlock ? 0 : 2 * kBlock) + jj * kBlock + r % kBlock;
-        const int64_t v0 = t * kRows + kc * 64 + u * 8;
+        const int64_t v0 = t * 64 * kcs + kc * 64 + u * 8;
         uint16_t v[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = v0 + e < V ? W[(v0 + e) * ldw + col] : (uint16_t)0;
+        for (int e = 0; e < 8; ++e) v[e] = v0 + e < rows ? M[(v0 + e) * ld + col] : (uint16_t)0;
         uint4 w;
         w.x = v[0] | (uint32_t)v[1] << 16, w.y = v[2] | (uint32_t)v[3] << 16;
         w.z = v[4] | (uint32_t)v[5] << 16, w.w = v[6] | (uint32_t)v[7] << 16;
-        Wt[st * (2 * kBlock * 8) + r * 8 + (u ^ (r & 7))] = w;
+        out[st * (2 * kBlock * 8) + r * 8 + (u ^ (r & 7))] = w;
     }
 }
 
 /*
  * d h[n] = sum_v g[n] exp(z[n, v] - lse[n]) W[v] for the nodes n < count (h's rows: pitch ldh, H
  * values; d h's: float32, pitch ldo), z = h W^T over W's V token rows, P rounded to bfloat16
- * before its product. Wz: W packed by tdt_gpu_wgmma_pack; Wt: by pack_wt_kernel.
+ * before its product. Wz: W packed by tdt_gpu_wgmma_pack; Wt: by pack_t_kernel (kcs 2).
  *
  * 384 threads: warpgroups 0 and 1 the consumers, warp 8 (warpgroup 2) the producer. A tile of
  * W's rows: z's 10 stages, warpgroup w taking rows w 64 to w 64 + 63 of each (m64n64k16, 32
@@ -287,6 +311,165 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
+/* d W's shared memory: W's 64 rows, h's node-row ring, h^T's ring, P^T, then the barriers */
+const int kNStages = 3;
+const size_t kSmemW = (size_t)KC * kHChunk + (size_t)kNStages * kHChunk + (size_t)kHStages * kHStage + kHChunk +
+                      8 + 2 * (kNStages + kHStages) * 8 + 1024;
+
+/*
+ * d W[v] += sum_n P[n, v] h[n] over the node tiles [nt0, nt1) (64 nodes each; nodes from count
+ * on add nothing), P = g exp(z - lse) in bfloat16 as dh_kernel forms it; block b owns W's rows
+ * b 64 to b 64 + 63 and adds its 64 x H float32 sums into d W (pitch ldo) once, at the end: one
+ * owner a row, so launches over successive chunks of nodes add in a fixed order. Wz: W packed by
+ * tdt_gpu_wgmma_pack (the block's rows: half b % 2 of tile b / 2's stages); hn: h packed the same
+ * way (node tile nt: half nt % 2 of tile nt / 2); ht: h^T by pack_t_kernel (kcs 1).
+ *
+ * 384 threads as dh_kernel's. W's rows stay in shared memory; a node tile: z^T's 10 stages of
+ * h's node rows, warpgroup w taking nodes w 32 to w 32 + 31 of each (m64n32k16: z^T = W h^T,
+ * 16 float32 values a thread), P^T's 64 x 32 values of warpgroup w into units 4 w to 4 w + 3 of
+ * P^T's rows (K-major: token rows of 64 node values), then h^T's 2 stages jj: warpgroup w adds
+ * P^T times its 160 columns of the stage to its block jj of d W (m64n160k16, 2 x 80 values a
+ * thread: d W's columns w 320 + jj 160 on). Barriers of the two warpgroups around P^T's write.
+ */
+__global__ void __launch_bounds__(kThreads, 1)
+    dw_kernel(const unsigned char *__restrict__ Wz, const unsigned char *__restrict__ hn,
+              const unsigned char *__restrict__ ht, const float *__restrict__ lse, const float *__restrict__ g,
+              int64_t V, int64_t count, int64_t nt0, int64_t nt1, float *dW, int64_t ldo) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
+    unsigned char *ws = smem, *ns = ws + KC * kHChunk, *ts = ns + kNStages * kHChunk, *pt = ts + kHStages * kHStage;
+    const uint32_t wfull = saddr(pt + kHChunk), nfull = wfull + 8, nempty = nfull + 8 * kNStages,
+                   tfull = nempty + 8 * kNStages, tempty = tfull + 8 * kHStages;
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t vrow0 = (int64_t)blockIdx.x * 64;
+    if (tid == 0) {
+        mbar_init(wfull, 1);
+        for (int s = 0; s < kNStages; ++s) {
+            mbar_init(nfull + 8 * s, 1);
+            mbar_init(nempty + 8 * s, 8);
+        }
+        for (int s = 0; s < kHStages; ++s) {
+            mbar_init(tfull + 8 * s, 1);
+            mbar_init(tempty + 8 * s, 8);
+        }
+    }
+    __syncthreads();
+    if (wgi == 2) { /* the producer: W's rows once, then a node tile's h stages and h^T stages */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == 256) {
+            const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, tile = blockIdx.x >> 1;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
+                         : "memory");
+            for (int kc = 0; kc < KC; ++kc)
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                        saddr(ws + kc * kHChunk)),
+                    "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
+                    : "memory");
+            int ni = 0, ti = 0;
+            for (int64_t nt = nt0; nt < nt1; ++nt) {
+                const size_t nhalf = (size_t)(nt & 1) * kHChunk, ntile = (size_t)(nt >> 1);
+                for (int kc = 0; kc < KC; ++kc, ++ni) {
+                    const int s = ni % kNStages;
+                    if (ni >= kNStages) mbar_wait(nempty + 8 * s, (uint32_t)((ni / kNStages - 1) & 1));
+                    bulk_load(saddr(ns + s * kHChunk), hn + (ntile * KC + kc) * (size_t)kZStage + nhalf, kHChunk,
+                              nfull + 8 * s);
+                }
+                for (int jj = 0; jj < 2; ++jj, ++ti) {
+                    const int s = ti % kHStages;
+                    if (ti >= kHStages) mbar_wait(tempty + 8 * s, (uint32_t)((ti / kHStages - 1) & 1));
+                    bulk_load(saddr(ts + s * kHStage), ht + ((size_t)nt * 2 + jj) * kHStage, kHStage, tfull + 8 * s);
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    float z[16], d0[80], d1[80];
+#pragma unroll
+    for (int i = 0; i < 80; ++i) d0[i] = d1[i] = 0.f;
+    const uint32_t w0 = saddr(ws), nb = saddr(ns), tb = saddr(ts), p0 = saddr(pt);
+    auto dw_step = [&](float(&d)[80], int s) {
+        pin_acc(d);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            mma_n160(d, desc_of(p0 + kk * 32), desc_of(tb + s * kHStage + wgi * kBlock * 128 + kk * 32), 1);
+        wgmma_commit();
+    };
+    mbar_wait(wfull, 0);
+    int ni = 0, ti = 0;
+    for (int64_t nt = nt0; nt < nt1; ++nt) {
+        for (int kc = 0; kc < KC; ++kc, ++ni) {
+            const int s = ni % kNStages;
+            mbar_wait(nfull + 8 * s, (uint32_t)((ni / kNStages) & 1));
+            pin_acc(z);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                mma_n32(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(nb + s * kHChunk + wgi * 32 * 128 + kk * 32),
+                        kc > 0 || kk > 0);
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (kc > 0 && lane == 0) mbar_arrive(nempty + 8 * ((ni - 1) % kNStages));
+        }
+        wgmma_wait<0>();
+        pin_acc(z);
+        if (lane == 0) mbar_arrive(nempty + 8 * ((ni - 1) % kNStages));
+        /* P^T: this thread's token rows warp 16 + lane / 4 and 8 more, nodes wgi 32 + 8 j + 2 (lane % 4) + c */
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float gn[2], ln[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int64_t n = nt * 64 + wgi * 32 + 8 * j + 2 * (lane & 3) + c;
+                gn[c] = n < count ? __ldg(g + n) : 0.f;
+                ln[c] = n < count ? __ldg(lse + n) * kLog2e : 0.f;
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = warp * 16 + hf * 8 + (lane >> 2);
+                const bool in = vrow0 + r < V;
+                float v[2];
+#pragma unroll
+                for (int c = 0; c < 2; ++c) v[c] = in ? gn[c] * exp2f(fmaf(z[4 * j + 2 * hf + c], kLog2e, -ln[c])) : 0.f;
+                *reinterpret_cast<__nv_bfloat162 *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) =
+                    __floats2bfloat162_rn(v[0], v[1]);
+            }
+        }
+        fence_proxy_async();
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj, ++ti) {
+            const int s = ti % kHStages;
+            mbar_wait(tfull + 8 * s, (uint32_t)((ti / kHStages) & 1));
+            if (jj) dw_step(d1, s);
+            else dw_step(d0, s);
+            wgmma_wait<1>();
+            if (jj && lane == 0) mbar_arrive(tempty + 8 * ((ti - 1) % kHStages));
+        }
+        wgmma_wait<0>();
+        pin_acc(d0);
+        pin_acc(d1);
+        if (lane == 0) mbar_arrive(tempty + 8 * ((ti - 1) % kHStages));
+    }
+    /* d W's rows: this thread's, columns wgi 320 + jj 160 + 8 j + 2 (lane % 4) + c, added */
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int64_t v = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
+        if (v >= V) continue;
+        float *row = dW + v * ldo + wgi * 2 * kBlock + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < 20; ++j) {
+            float2 *a = reinterpret_cast<float2 *>(row + 8 * j), *b = reinterpret_cast<float2 *>(row + kBlock + 8 * j);
+            const float2 x = *a, y = *b;
+            *a = make_float2(x.x + d0[4 * j + 2 * hf], x.y + d0[4 * j + 2 * hf + 1]);
+            *b = make_float2(y.x + d1[4 * j + 2 * hf], y.y + d1[4 * j + 2 * hf + 1]);
+        }
+    }
+}
+
 __global__ void fill_unit_kernel(float *p, int64_t n, uint32_t seed) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         p[i] = proto::unit_hash(i, seed);
@@ -319,6 +502,28 @@ __global__ void p_kernel(const Z *z, int64_t ldz, const float *lse, const float 
 
 } // namespace
 
+/* normwise relative difference of a against b (n values on the device), printed; whether it is
+ * within tol */
+static bool compare(const char *what, const float *a_dev, const float *b_dev, size_t n, int64_t cols, double tol) {
+    std::vector<float> a(n), b(n);
+    CK(cudaMemcpy(a.data(), a_dev, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), b_dev, n * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0, worst = -1;
+    size_t wi = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+        if (!(fabs(d) <= worst)) worst = fabs(d), wi = i;
+    }
+    const double rel = sqrt(num) / std::max(sqrt(den), 1e-300);
+    printf("check: %s normwise rel. difference %.3g, largest |difference| %.3g (row %zu, column %zu: %.7g, want "
+           "%.7g)\n",
+           what, rel, worst, wi / (size_t)cols, wi % (size_t)cols, a[wi], b[wi]);
+    if (!(rel <= tol)) printf("FAILED: the fused kernel's %s differs\n", what);
+    return rel <= tol;
+}
+
 int main(int argc, char **argv) {
     int64_t nodes = 303000, V = 8193;
     int iters = 5;
@@ -341,14 +546,16 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("joint_bwd_proto: %s, nodes %lld, V %lld, H %d, iters %d\n", prop.name, (long long)nodes, (long long)V, H,
            iters);
-    if (!tdt_gpu_wgmma_fits(0, H) || kSmem > (size_t)prop.sharedMemPerBlockOptin) {
-        printf("not run: the kernel needs compute capability 9.0 and %zu bytes of shared memory a block\n", kSmem);
+    if (!tdt_gpu_wgmma_fits(0, H) || std::max(kSmem, kSmemW) > (size_t)prop.sharedMemPerBlockOptin) {
+        printf("not run: the kernels need compute capability 9.0 and %zu bytes of shared memory a block\n",
+               std::max(kSmem, kSmemW));
         return 0;
     }
-    const int64_t ldz = (V + 7) / 8 * 8, tiles = (V + kRows - 1) / kRows;
+    const int64_t ldz = (V + 7) / 8 * 8, tiles = (V + kRows - 1) / kRows, ntiles = (nodes + kNodes - 1) / kNodes;
+    const int sms = prop.multiProcessorCount;
     __nv_bfloat16 *h, *W, *P, *zb;
-    float *g, *lse, *z, *dh, *dh_ref;
-    void *Wz, *Wt;
+    float *g, *lse, *z, *dh, *dh_ref, *dW, *dW_ref;
+    void *Wz, *Wt, *hn, *ht;
     const int64_t chunk = std::min<int64_t>(nodes, 32768);
     CK(cudaMalloc(&h, (size_t)nodes * H * 2));
     CK(cudaMalloc(&W, (size_t)ldz * H * 2));
@@ -356,11 +563,15 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&lse, nodes * 4));
     CK(cudaMalloc(&dh, (size_t)nodes * H * 4));
     CK(cudaMalloc(&dh_ref, (size_t)nodes * H * 4));
+    CK(cudaMalloc(&dW, (size_t)ldz * H * 4));
+    CK(cudaMalloc(&dW_ref, (size_t)ldz * H * 4));
     CK(cudaMalloc(&z, (size_t)chunk * ldz * 4));
     CK(cudaMalloc(&zb, (size_t)chunk * ldz * 2));
     CK(cudaMalloc(&P, (size_t)chunk * ldz * 2));
     CK(cudaMalloc(&Wz, tdt_gpu_wgmma_pack_bytes(V, H)));
     CK(cudaMalloc(&Wt, (size_t)tiles * 4 * kHStage));
+    CK(cudaMalloc(&hn, tdt_gpu_wgmma_pack_bytes(nodes, H)));
+    CK(cudaMalloc(&ht, (size_t)ntiles * 2 * kHStage));
     proto::fill_bf16_kernel<<<1024, 256>>>(h, nodes, H, nodes, H, 1.0f, 1);
     proto::fill_bf16_kernel<<<1024, 256>>>(W, ldz, H, V, H, 3.0f / sqrtf((float)H), 2);
     fill_unit_kernel<<<256, 256>>>(g, nodes, 3);
@@ -382,7 +593,13 @@ int main(int argc, char **argv) {
                             CUDA_R_16BF, (int)ldz, &zero, out + n0 * H, CUDA_R_32F, H, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT);
     };
-    /* lse from float32 z, then the reference: P from it, d h = P W */
+    /* d W (H x ldz, column-major: token rows) (+)= h^T P */
+    auto dwgemm = [&](int64_t n0, int64_t n, float *out) {
+        const float *beta = n0 == 0 ? &zero : &one;
+        return cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_T, H, (int)ldz, (int)n, &one, h + n0 * H, CUDA_R_16BF, H, P,
+                            CUDA_R_16BF, (int)ldz, beta, out, CUDA_R_32F, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    /* lse from float32 z, then the references: P from it, d h = P W, d W = P^T h */
     for (int64_t n0 = 0; n0 < nodes; n0 += chunk) {
         const int64_t n = std::min(chunk, nodes - n0);
         if (zgemm(n0, n, z, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
@@ -391,63 +608,72 @@ int main(int argc, char **argv) {
         }
         lse_kernel<<<(unsigned)((n + 7) / 8), 256>>>(z, ldz, lse + n0, n, V);
         p_kernel<float><<<2048, 256>>>(z, ldz, lse + n0, g + n0, n, V, P);
-        if (dhgemm(n0, n, dh_ref) != CUBLAS_STATUS_SUCCESS) {
-            fprintf(stderr, "cublasGemmEx (d h) failed\n");
+        if (dhgemm(n0, n, dh_ref) != CUBLAS_STATUS_SUCCESS || dwgemm(n0, n, dW_ref) != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx (d h or d W) failed\n");
             return 1;
         }
     }
-    CK(tdt_gpu_wgmma_pack(W, H, V, H, Wz, prop.multiProcessorCount, 0));
-    pack_wt_kernel<<<(unsigned)prop.multiProcessorCount * 4, 256>>>(reinterpret_cast<const uint16_t *>(W), H, V,
-                                                                   static_cast<uint4 *>(Wt));
+    auto packs_w = [&]() {
+        CK(tdt_gpu_wgmma_pack(W, H, V, H, Wz, sms, 0));
+        pack_t_kernel<<<(unsigned)sms * 4, 256>>>(reinterpret_cast<const uint16_t *>(W), H, V, 2,
+                                                  static_cast<uint4 *>(Wt));
+    };
+    auto packs_h = [&]() {
+        CK(tdt_gpu_wgmma_pack(h, H, nodes, H, hn, sms, 0));
+        pack_t_kernel<<<(unsigned)sms * 4, 256>>>(reinterpret_cast<const uint16_t *>(h), H, nodes, 1,
+                                                  static_cast<uint4 *>(ht));
+    };
+    packs_w();
+    packs_h();
     CK(cudaGetLastError());
     CK(cudaFuncSetAttribute(dh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
-    const unsigned blocks = (unsigned)((nodes + kNodes - 1) / kNodes);
-    auto fused = [&]() {
-        dh_kernel<<<blocks, kThreads, kSmem>>>(reinterpret_cast<const uint16_t *>(h), H,
-                                               static_cast<const unsigned char *>(Wz),
-                                               static_cast<const unsigned char *>(Wt), lse, g, V, nodes, dh, H);
+    CK(cudaFuncSetAttribute(dw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemW));
+    auto fused_dh = [&]() {
+        dh_kernel<<<(unsigned)ntiles, kThreads, kSmem>>>(reinterpret_cast<const uint16_t *>(h), H,
+                                                         static_cast<const unsigned char *>(Wz),
+                                                         static_cast<const unsigned char *>(Wt), lse, g, V, nodes, dh, H);
+    };
+    /* d W a chunk of 128 node tiles at a time (8192 nodes: the chunk's h in L2), added in order */
+    const int64_t tiles_a_chunk = 128;
+    auto fused_dw = [&]() {
+        CK(cudaMemsetAsync(dW, 0, (size_t)ldz * H * 4));
+        for (int64_t t0 = 0; t0 < ntiles; t0 += tiles_a_chunk)
+            dw_kernel<<<(unsigned)((V + 63) / 64), kThreads, kSmemW>>>(
+                static_cast<const unsigned char *>(Wz), static_cast<const unsigned char *>(hn),
+                static_cast<const unsigned char *>(ht), lse, g, V, nodes, t0, std::min(ntiles, t0 + tiles_a_chunk), dW,
+                H);
     };
     CK(cudaMemset(dh, 0xff, (size_t)nodes * H * 4)); /* NaN: every value must be written */
-    fused();
+    fused_dh();
+    CK(cudaGetLastError());
+    fused_dw();
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    std::vector<float> a((size_t)nodes * H), b((size_t)nodes * H);
-    CK(cudaMemcpy(a.data(), dh, a.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(b.data(), dh_ref, b.size() * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0, worst = 0;
-    size_t wi = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        const double d = (double)a[i] - (double)b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-        if (!(fabs(d) <= worst)) worst = fabs(d), wi = i;
-    }
-    const double rel = sqrt(num) / std::max(sqrt(den), 1e-300);
-    printf("check: d h normwise rel. difference %.3g, largest |difference| %.3g (node %zu, column %zu: %.7g, want "
-           "%.7g)\n",
-           rel, worst, wi / H, wi % H, a[wi], b[wi]);
-    if (!(rel <= 2e-3)) {
-        printf("FAILED: the fused kernel's d h differs\n");
-        return 1;
-    }
+    const bool ok_dh = compare("d h", dh, dh_ref, (size_t)nodes * H, H, 2e-3);
+    const bool ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3);
+    if (!ok_dh || !ok_dw) return 1;
     auto time = [&](auto fn) { return proto::time_ms(iters, fn); };
-    auto unfused = [&]() { /* the GEMM schedule's way: z in bfloat16, P from it, d h = P W */
+    /* the GEMM schedule's way: z in bfloat16, P from it, then the product */
+    auto unfused = [&](bool want_dh) {
         for (int64_t n0 = 0; n0 < nodes; n0 += chunk) {
             const int64_t n = std::min(chunk, nodes - n0);
             zgemm(n0, n, zb, CUDA_R_16BF);
             p_kernel<__nv_bfloat16><<<2048, 256>>>(zb, ldz, lse + n0, g + n0, n, V, P);
-            dhgemm(n0, n, dh_ref);
+            if (want_dh) dhgemm(n0, n, dh_ref);
+            else dwgemm(n0, n, dW_ref);
         }
     };
-    auto packs = [&]() {
-        tdt_gpu_wgmma_pack(W, H, V, H, Wz, prop.multiProcessorCount, 0);
-        pack_wt_kernel<<<(unsigned)prop.multiProcessorCount * 4, 256>>>(reinterpret_cast<const uint16_t *>(W), H, V,
-                                                                       static_cast<uint4 *>(Wt));
-    };
-    const double flop = 4.0 * (double)nodes * V * H; /* z and d h */
-    const float tf = time(fused), tu = time(unfused), tp = time(packs);
-    printf("fused z + P + d h            %8.3f ms  %6.1f TFLOP/s\n", tf, flop / tf / 1e9);
-    printf("W's two packings             %8.3f ms\n", tp);
-    printf("cuBLAS z, P kernel, cuBLAS d h %6.3f ms  %6.1f TFLOP/s  (fused / this %.2f)\n", tu, flop / tu / 1e9, tf / tu);
+    const double flop = 4.0 * (double)nodes * V * H; /* z and one product */
+    const float ta = time(fused_dh), tua = time([&] { unfused(true); });
+    const float tb = time(fused_dw), tub = time([&] { unfused(false); });
+    const float tpw = time(packs_w), tph = time(packs_h);
+    printf("d h: fused z + P + d h        %8.3f ms  %6.1f TFLOP/s\n", ta, flop / ta / 1e9);
+    printf("     cuBLAS z, P, cuBLAS d h  %8.3f ms  %6.1f TFLOP/s  (fused / this %.2f)\n", tua, flop / tua / 1e9,
+           ta / tua);
+    printf("d W: fused z + P + d W        %8.3f ms  %6.1f TFLOP/s  (%lld launches of %lld node tiles)\n", tb,
+           flop / tb / 1e9, (long long)((ntiles + tiles_a_chunk - 1) / tiles_a_chunk), (long long)tiles_a_chunk);
+    printf("     cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s  (fused / this %.2f)\n", tub, flop / tub / 1e9,
+           tb / tub);
+    printf("packing W twice %.3f ms, h twice %.3f ms\n", tpw, tph);
     return 0;
 }
