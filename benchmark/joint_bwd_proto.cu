@@ -62,7 +62,7 @@ const size_t kSmem = (size_t)KC * kHChunk + 2 * kHChunk + (size_t)kZStages * kZS
 
 /* d (+)= A B^T, A 64 x 16 and B 64 x 16 bfloat16 from their descriptors, float32 sums; d
  * overwritten where !acc */
-__device__ __forceinline__ void mma_n64(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+__device__ __forceinline__ void mma_bf16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
@@ -83,7 +83,7 @@ __device__ __forceinline__ void mma_n64(float (&d)[32], uint64_t da, uint64_t db
 
 /* d (+)= A B^T, A 64 x 16 and B 32 x 16 bfloat16 from their descriptors, float32 sums; d
  * overwritten where !acc */
-__device__ __forceinline__ void mma_n32(float (&d)[16], uint64_t da, uint64_t db, int acc) {
+__device__ __forceinline__ void mma_bf16(float (&d)[16], uint64_t da, uint64_t db, int acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
@@ -101,7 +101,7 @@ __device__ __forceinline__ void mma_n32(float (&d)[16], uint64_t da, uint64_t db
 
 /* d (+)= A B^T, A 64 x 16 and B 160 x 16 bfloat16 from their descriptors, float32 sums; d
  * overwritten where !acc */
-__device__ __forceinline__ void mma_n160(float (&d)[80], uint64_t da, uint64_t db, int acc) {
+__device__ __forceinline__ void mma_bf16(float (&d)[80], uint64_t da, uint64_t db, int acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {"
@@ -133,6 +133,60 @@ __device__ __forceinline__ void mma_n160(float (&d)[80], uint64_t da, uint64_t d
 template <int N> __device__ __forceinline__ void pin_acc(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* A warpgroup's product over H: KC stages of a ring (stage bytes `bytes`, `stages` of them from
+ * ring, full and empty mbarriers from full0 and empty0, i the ring's running count), each 64
+ * values of the inner dimension: acc = A B^T with A's chunk kc at a + kc kHChunk and B's rows at
+ * offset b of the stage (m64nNk16, N from acc's size); each stage given back once its products
+ * are retired. */
+template <int R>
+__device__ __forceinline__ void ring_product(float (&acc)[R], uint32_t a, uint32_t ring, int bytes, int stages,
+                                             uint32_t b, uint32_t full0, uint32_t empty0, int &i, int lane) {
+    for (int kc = 0; kc < KC; ++kc, ++i) {
+        const int s = i % stages;
+        mbar_wait(full0 + 8 * s, (uint32_t)((i / stages) & 1));
+        pin_acc(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            mma_bf16(acc, desc_of(a + kc * kHChunk + kk * 32), desc_of(ring + s * bytes + b + kk * 32), kc > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % stages));
+    }
+    wgmma_wait<0>();
+    pin_acc(acc);
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % stages));
+}
+
+/* A warpgroup's Q stages of the 40 KB ring (kHStages of them from ring, mbarriers from full0 and
+ * empty0, i its running count): stage q adds A's chunk q / 2 (at a + (q / 2) kHChunk) times the
+ * warpgroup's 160 rows of the stage (offset b) to block q % 2 of the sums, d0 or d1 (m64n160k16). */
+template <int Q>
+__device__ __forceinline__ void ring_blocks(float (&d0)[80], float (&d1)[80], uint32_t a, uint32_t ring, uint32_t b,
+                                            uint32_t full0, uint32_t empty0, int &i, int lane) {
+    auto step = [&](float(&d)[80], int kc, int s) {
+        pin_acc(d);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            mma_bf16(d, desc_of(a + kc * kHChunk + kk * 32), desc_of(ring + s * kHStage + b + kk * 32), 1);
+        wgmma_commit();
+    };
+#pragma unroll
+    for (int q = 0; q < Q; ++q, ++i) {
+        const int s = i % kHStages;
+        mbar_wait(full0 + 8 * s, (uint32_t)((i / kHStages) & 1));
+        if (q & 1) step(d1, q >> 1, s);
+        else step(d0, q >> 1, s);
+        wgmma_wait<1>();
+        if (q > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
+    }
+    wgmma_wait<0>();
+    pin_acc(d0);
+    pin_acc(d1);
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
 }
 
 /* A matrix's rows (16-bit values, pitch ld, H columns, `rows` of them) transposed into the
@@ -239,32 +293,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 80; ++i) d0[i] = d1[i] = 0.f;
     const uint32_t a0 = saddr(hs), p0 = saddr(ps), zb = saddr(zs), tb = saddr(ts);
-    auto dh_step = [&](float(&d)[80], int kc, int s) {
-        pin_acc(d);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            mma_n160(d, desc_of(p0 + kc * kHChunk + kk * 32), desc_of(tb + s * kHStage + wgi * kBlock * 128 + kk * 32),
-                     1);
-        wgmma_commit();
-    };
     for (int t = 0, zi = 0, ti = 0; t < tiles; ++t) {
-        for (int kc = 0; kc < KC; ++kc, ++zi) {
-            const int s = zi % kZStages;
-            mbar_wait(zfull + 8 * s, (uint32_t)((zi / kZStages) & 1));
-            pin_acc(z);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                mma_n64(z, desc_of(a0 + kc * kHChunk + kk * 32), desc_of(zb + s * kZStage + wgi * 64 * 128 + kk * 32),
-                        kc > 0 || kk > 0);
-            wgmma_commit();
-            wgmma_wait<1>();
-            if (kc > 0 && lane == 0) mbar_arrive(zempty + 8 * ((zi - 1) % kZStages));
-        }
-        wgmma_wait<0>();
-        pin_acc(z);
-        if (lane == 0) mbar_arrive(zempty + 8 * ((zi - 1) % kZStages));
+        ring_product(z, a0, zb, kZStage, kZStages, wgi * 64 * 128, zfull, zempty, zi, lane);
         /* P into chunk wgi, once both warpgroups are past their products on the last P */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         const int64_t c0 = (int64_t)t * kRows + wgi * 64 + 2 * (lane & 3);
@@ -283,19 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* d h's four stages: (kc, jj) = (0, 0), (0, 1), (1, 0), (1, 1) */
-#pragma unroll
-        for (int q = 0; q < 4; ++q, ++ti) {
-            const int s = ti % kHStages;
-            mbar_wait(tfull + 8 * s, (uint32_t)((ti / kHStages) & 1));
-            if (q & 1) dh_step(d1, q >> 1, s);
-            else dh_step(d0, q >> 1, s);
-            wgmma_wait<1>();
-            if (q > 0 && lane == 0) mbar_arrive(tempty + 8 * ((ti - 1) % kHStages));
-        }
-        wgmma_wait<0>();
-        pin_acc(d0);
-        pin_acc(d1);
-        if (lane == 0) mbar_arrive(tempty + 8 * ((ti - 1) % kHStages));
+        ring_blocks<4>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
     }
     /* d h: this thread's rows, columns wgi 320 + jj 160 + 8 j + 2 (lane % 4) + c */
 #pragma unroll
@@ -389,33 +407,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 80; ++i) d0[i] = d1[i] = 0.f;
     const uint32_t w0 = saddr(ws), nb = saddr(ns), tb = saddr(ts), p0 = saddr(pt);
-    auto dw_step = [&](float(&d)[80], int s) {
-        pin_acc(d);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            mma_n160(d, desc_of(p0 + kk * 32), desc_of(tb + s * kHStage + wgi * kBlock * 128 + kk * 32), 1);
-        wgmma_commit();
-    };
     mbar_wait(wfull, 0);
     int ni = 0, ti = 0;
     for (int64_t nt = nt0; nt < nt1; ++nt) {
-        for (int kc = 0; kc < KC; ++kc, ++ni) {
-            const int s = ni % kNStages;
-            mbar_wait(nfull + 8 * s, (uint32_t)((ni / kNStages) & 1));
-            pin_acc(z);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                mma_n32(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(nb + s * kHChunk + wgi * 32 * 128 + kk * 32),
-                        kc > 0 || kk > 0);
-            wgmma_commit();
-            wgmma_wait<1>();
-            if (kc > 0 && lane == 0) mbar_arrive(nempty + 8 * ((ni - 1) % kNStages));
-        }
-        wgmma_wait<0>();
-        pin_acc(z);
-        if (lane == 0) mbar_arrive(nempty + 8 * ((ni - 1) % kNStages));
+        ring_product(z, w0, nb, kHChunk, kNStages, wgi * 32 * 128, nfull, nempty, ni, lane);
         /* P^T: this thread's token rows warp 16 + lane / 4 and 8 more, nodes wgi 32 + 8 j + 2 (lane % 4) + c */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #pragma unroll
@@ -440,19 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj, ++ti) {
-            const int s = ti % kHStages;
-            mbar_wait(tfull + 8 * s, (uint32_t)((ti / kHStages) & 1));
-            if (jj) dw_step(d1, s);
-            else dw_step(d0, s);
-            wgmma_wait<1>();
-            if (jj && lane == 0) mbar_arrive(tempty + 8 * ((ti - 1) % kHStages));
-        }
-        wgmma_wait<0>();
-        pin_acc(d0);
-        pin_acc(d1);
-        if (lane == 0) mbar_arrive(tempty + 8 * ((ti - 1) % kHStages));
+        ring_blocks<2>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
     }
     /* d W's rows: this thread's, columns wgi 320 + jj 160 + 8 j + 2 (lane % 4) + c, added */
 #pragma unroll
