@@ -837,7 +837,8 @@ TEST(GpuJoint, CublasLtChoiceVariable) {
 // 1e-4 (relative) of the default forward's; a bad value is refused and named.
 // The forward's log-normalisers on wgmma (TDT_GPU_JOINT_FWD, the default "wgmma" against
 // "gemm", the cuBLASLt product) under chunk budgets that give one chunk of rows, several, or no
-// room for W packed. One instance a case, dtype and budget, so that the sanitizers can take one.
+// room for W packed, and the default captured in a CUDA graph. One instance a case, dtype and
+// budget, so that the sanitizers can take one.
 struct WgmmaParam {
     int c;           // the case: wgmma_cases()[c]
     tdt_dtype_t dt;  // float16 or bfloat16
@@ -893,6 +894,11 @@ TEST_P(WgmmaForward, AgainstCpuAndCublasLt) {
     ASSERT_EQ(u.st, TDT_STATUS_SUCCESS) << u.err;
     expect_close(w.costs, g.costs, Tol{1e-4, 1e-6}, "costs, wgmma against the cuBLASLt forward");
     EXPECT_TRUE(u.raw == w.raw) << "the default forward is not wgmma's, bit for bit";
+    RunOpts ro;
+    ro.graph = true;
+    const Out graphed = run(c, d, dt, TDT_LOCATION_GPU, ro);
+    ASSERT_EQ(graphed.st, TDT_STATUS_SUCCESS) << graphed.err;
+    EXPECT_TRUE(graphed.raw == u.raw) << "captured in a graph, the default forward differs from the direct call";
     /* The two forwards round differently: costs equal to the last bit mean wgmma did not run,
      * which on compute capability 9.0 it must where z's bytes hold W packed. The default budget
      * holds it for every case; 300 KB (z 97 KB) only at H 128, V 256 (W packed 64 KB, then 14 of
