@@ -18,9 +18,13 @@
  * the dominant work runs on the chip near the GEMMs' rate, against cuBLAS's way (the GEMM
  * schedule's: z into a buffer in bfloat16, P from it, then the product).
  *
+ * Also timed: dz alone written to memory by the library's wgmma kernel (tdt_gpu_wgmma_dz, the
+ * GEMM schedule's backward z product and dz kernel in one), in chunks of 32768 and 6464 nodes.
+ *
  * Check before timing: d h and d W against cuBLAS's products of the same P (computed from cuBLAS's
- * float32 z, rounded to bfloat16 as here), normwise relative difference printed, the run failing
- * beyond 2e-3 (P's roundings differ where the two z differ in their last bits).
+ * float32 z, rounded to bfloat16 as here), and tdt_gpu_wgmma_dz's dz against that P on the first
+ * chunk, normwise relative difference printed, the run failing beyond 2e-3 (P's roundings differ
+ * where the two z differ in their last bits).
  *
  *   joint_bwd_proto [--nodes N] [--vocab V] [--iters I]
  * defaults: huge-joint's 303000 nodes, V 8193, H 640 (fixed: the warpgroups' 2 x 2 blocks of
@@ -483,6 +487,19 @@ __global__ void p_kernel(const Z *z, int64_t ldz, const float *lse, const float 
     }
 }
 
+/* dz's row coefficients for tdt_gpu_wgmma_dz giving P's formula: reference lse (base 2), weight
+ * g, no clip, scale 1 */
+__global__ void dz_rows_kernel(const float *lse, const float *g, int64_t nodes, tdt_wgmma_dz_row *rows) {
+    for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < nodes; n += (int64_t)gridDim.x * blockDim.x)
+        rows[n] = tdt_wgmma_dz_row{lse[n] * kLog2e, g[n], INFINITY, 1.f, 1, {0, 0, 0}};
+}
+
+/* bfloat16 values as float32 */
+__global__ void widen_kernel(const __nv_bfloat16 *x, int64_t n, float *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+
 } // namespace
 
 /* normwise relative difference of a against b (n values on the device), printed; whether it is
@@ -634,7 +651,23 @@ int main(int argc, char **argv) {
     CK(cudaDeviceSynchronize());
     const bool ok_dh = compare("d h", dh, dh_ref, (size_t)nodes * H, H, 2e-3);
     const bool ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3);
-    if (!ok_dh || !ok_dw) return 1;
+    /* the library's dz kernel (tdt_gpu_wgmma_dz) against the reference P on the first chunk */
+    tdt_wgmma_dz_row *rows;
+    __nv_bfloat16 *dzb;
+    CK(cudaMalloc(&rows, nodes * sizeof(tdt_wgmma_dz_row)));
+    CK(cudaMalloc(&dzb, (size_t)chunk * ldz * 2));
+    dz_rows_kernel<<<256, 256>>>(lse, g, nodes, rows);
+    CK(cudaMemset(dzb, 0, (size_t)chunk * ldz * 2));
+    CK(tdt_gpu_wgmma_dz(0, h, H, Wz, NULL, V, H, chunk, rows, dzb, ldz, sms, 0));
+    zgemm(0, chunk, z, CUDA_R_32F);
+    p_kernel<float><<<2048, 256>>>(z, ldz, lse, g, chunk, V, P);
+    widen_kernel<<<2048, 256>>>(dzb, chunk * ldz, z); /* z's buffer reused: dz as float32 */
+    float *pw; /* P as float32 */
+    CK(cudaMalloc(&pw, (size_t)chunk * ldz * 4));
+    widen_kernel<<<2048, 256>>>(P, chunk * ldz, pw);
+    CK(cudaGetLastError());
+    const bool ok_dz = compare("dz (tdt_gpu_wgmma_dz, first chunk)", z, pw, (size_t)chunk * ldz, ldz, 2e-3);
+    if (!ok_dh || !ok_dw || !ok_dz) return 1;
     auto time = [&](auto fn) { return proto::time_ms(iters, fn); };
     /* the GEMM schedule's way: z in bfloat16, P from it, then the product */
     auto unfused = [&](bool want_dh) {
@@ -658,5 +691,22 @@ int main(int argc, char **argv) {
     printf("     cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s  (fused / this %.2f)\n", tub, flop / tub / 1e9,
            tb / tub);
     printf("packing W twice %.3f ms, h twice %.3f ms\n", tpw, tph);
+    /* dz alone, written (the GEMM schedule's backward keeps it for cuBLASLt's d h and d W), in
+     * chunks of `c` nodes: the library's wgmma kernel against cuBLAS's z and the P kernel */
+    for (const int64_t c : {chunk, std::min<int64_t>(nodes, 6464)}) {
+        const float tz = time([&] {
+            for (int64_t n0 = 0; n0 < nodes; n0 += c)
+                tdt_gpu_wgmma_dz(0, h + n0 * H, H, Wz, NULL, V, H, std::min(c, nodes - n0), rows + n0, dzb, ldz, sms, 0);
+        });
+        const float tuz = time([&] {
+            for (int64_t n0 = 0; n0 < nodes; n0 += c) {
+                const int64_t n = std::min(c, nodes - n0);
+                zgemm(n0, n, zb, CUDA_R_16BF);
+                p_kernel<__nv_bfloat16><<<2048, 256>>>(zb, ldz, lse + n0, g + n0, n, V, P);
+            }
+        });
+        printf("dz, chunks of %6lld nodes: wgmma %8.3f ms  %6.1f TFLOP/s; cuBLAS z + P %8.3f ms (wgmma / this %.2f)\n",
+               (long long)c, tz, flop / 2 / tz / 1e9, tuz, tz / tuz);
+    }
     return 0;
 }

@@ -27,4 +27,18 @@ cudaError_t tdt_gpu_wgmma_pack(const void *W, int64_t ldw, int64_t V, int64_t H,
 cudaError_t tdt_gpu_wgmma_lse(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
                               int64_t H, int64_t count, float *lse, cudaStream_t stream);
 
+/* A row of dz's coefficients for tdt_gpu_wgmma_dz (base 2): dz_v = scale min(2^(x_v K - ref) occ,
+ * cl) for x_v = z_v + bias_v, K = log2(e); valid = 0: a row of zeros. */
+struct tdt_wgmma_dz_row {
+    float ref, occ, cl, scale;
+    int valid, pad[3];
+};
+/* dz (16-bit values, float16 where f16 else bfloat16, pitch ldz) for the count rows of h (as
+ * tdt_gpu_wgmma_lse's) and their coefficients rows: its first V columns, on stream; the columns
+ * from V on are left as they are. W's rows are split over blocks where the rows alone would
+ * leave some of the num_sms multiprocessors idle. */
+cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
+                             int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, void *dz, int64_t ldz, int num_sms,
+                             cudaStream_t stream);
+
 #endif

@@ -1,10 +1,13 @@
 /*
- * joint_wgmma.cu - the GEMM schedule's forward log-normalisers on Hopper's tensor cores (wgmma,
- * compiled for sm_90a alone; joint_wgmma.h is the interface, joint_gemm.cu the caller): for each
- * node of a chunk, lse = log sum_v exp(z_v + bias_v) over the V token outputs, z = h W^T, the
- * logits never written. The producer-warp kernel first measured in benchmark/joint_lse_proto.cu
- * (which now times this one), with h's columns from H on (the bias's and the shift's in the GEMM
- * schedule's rows) left out and the bias added to each value as it is folded in.
+ * joint_wgmma.cu - the GEMM schedule's products that end on the chip, on Hopper's tensor cores
+ * (wgmma, compiled for sm_90a alone; joint_wgmma.h is the interface, joint_gemm.cu the caller),
+ * z = h W^T over W's V token rows for a chunk's nodes, the logits never written:
+ *   - the forward's log-normalisers, lse = log sum_v exp(z_v + bias_v) (wgmma_lse_kernel: the
+ *     producer-warp kernel first measured in benchmark/joint_lse_proto.cu, which now times this
+ *     one, with h's columns from H on, the bias's and the shift's in the GEMM schedule's rows,
+ *     left out and the bias added to each value as it is folded in);
+ *   - the backward's dz from row coefficients, written in the dtype (wgmma_dz_kernel), for the
+ *     products that follow.
  *
  * A block: 128 nodes, two warpgroups of 64 (warps 0-7) and a producer warp (warp 8). h's rows
  * stay in shared memory as KC = ceil(H / 64) chunks of 64 values, 128 bytes a row in the
@@ -13,8 +16,11 @@
  * values, one bulk copy a stage completing on the stage's "full" mbarrier; each warp gives a
  * stage back on its "empty" mbarrier once its products on it are retired. A stage: each
  * warpgroup's four m64n128k16 products (float32 sums); after a tile's last chunk its 64 x 128
- * values are folded into a running log-sum-exp a row (base 2, float32).
+ * values are folded into a running log-sum-exp a row (base 2, float32), or turned into dz and
+ * stored (z_tiles runs the loop, the kernels their tile's epilogue).
  */
+#include <algorithm>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -36,6 +42,9 @@ __host__ __device__ inline int chunks_of(int64_t H) { return (int)((H + kChunk -
 inline size_t smem_of(int64_t H) {
     return (size_t)chunks_of(H) * kHBytes + (size_t)kStages * kStage + 2 * kStages * 8 + 1024;
 }
+
+__device__ __forceinline__ uint32_t bits_of(__half2 x) { return *reinterpret_cast<uint32_t *>(&x); }
+__device__ __forceinline__ uint32_t bits_of(__nv_bfloat162 x) { return *reinterpret_cast<uint32_t *>(&x); }
 
 template <int F16> __device__ __forceinline__ float to_f(uint16_t x) {
     if (F16) return __half2float(__ushort_as_half(x));
@@ -61,19 +70,24 @@ __global__ void wgmma_pack_kernel(const uint16_t *__restrict__ W, int64_t ldw, i
     }
 }
 
-template <int F16>
-__global__ void __launch_bounds__(kThreads, 1)
-    wgmma_lse_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
-                     const uint16_t *__restrict__ bias, int64_t V, int64_t H, int64_t count, float *lse) {
+/* A block's z = h W^T for its 128 nodes (node0 = block 128 on) and W's tiles [tile0, tile1) of 128
+ * token rows: the barriers, the producer warp (which returns false at once), h's rows into shared
+ * memory, then for each tile this warpgroup's 64 x 128 float32 products in acc, handed to
+ * fold(tile, acc) once they are retired (thread (warp, lane) of the warpgroup holds rows warp 16 + lane / 4 and 8
+ * more at the tile's columns 8 j + 2 (lane % 4) + c: acc[4 j + 2 hf + c] for row hf 8 on).
+ * True in the warpgroups' threads, after the last tile. */
+template <int F16, typename Fold>
+__device__ __forceinline__ bool z_tiles(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
+                                        int64_t H, int64_t count, int tile0, int tile1, const Fold &fold) {
     extern __shared__ unsigned char smem_raw[];
     /* the swizzle's pattern repeats every 1024 bytes: the base aligned to that */
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
     const int KC = chunks_of(H);
     unsigned char *hs = smem, *ws = smem + (size_t)KC * kHBytes;
     const uint32_t full0 = saddr(ws + kStages * kStage), empty0 = full0 + kStages * 8;
-    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7;
     const int64_t node0 = (int64_t)blockIdx.x * kNodes;
-    const int tiles = (int)((V + kRows - 1) / kRows), steps = tiles * KC;
+    const int steps = (tile1 - tile0) * KC;
     if (tid == 0)
         for (int s = 0; s < kStages; ++s) {
             mbar_init<1>(full0 + 8 * s);
@@ -85,9 +99,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int step = 0; step < steps; ++step) {
                 const int s = step % kStages;
                 if (step >= kStages) mbar_wait(empty0 + 8 * s, (uint32_t)((step / kStages - 1) & 1));
-                bulk_load(saddr(ws + s * kStage), Wp + (size_t)step * kStage, kStage, full0 + 8 * s);
+                bulk_load(saddr(ws + s * kStage), Wp + ((size_t)tile0 * KC + step) * kStage, kStage, full0 + 8 * s);
             }
-        return;
+        return false;
     }
     /* h's rows: chunk c, row r, unit u at hs + c kHBytes + r 128 + (u ^ r % 8) 16; columns from H
      * on and rows from count on zero */
@@ -104,12 +118,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async(); /* for the tensor cores */
     asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* both warpgroups' rows */
 
-    lse2 run[2] = {{-INFINITY, 0.f}, {-INFINITY, 0.f}};
     const uint32_t a0 = saddr(hs) + wgi * 64 * 128, b0 = saddr(ws);
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    for (int tile = 0, step = 0; tile < tiles; ++tile) {
+    for (int tile = tile0, step = 0; tile < tile1; ++tile) {
         for (int kc = 0; kc < KC; ++kc, ++step) {
             const int s = step % kStages;
             mbar_wait(full0 + 8 * s, (uint32_t)((step / kStages) & 1));
@@ -125,16 +138,33 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         wgmma_wait<0>();
         pin(acc);
-        /* thread (warp, lane) holds rows warp 16 + lane / 4 and 8 more at columns 8 j + 2 (lane % 4) + c */
-        const int64_t col0 = (int64_t)tile * kRows + 2 * (lane & 3);
+        fold(tile, acc);
+    }
+    return true;
+}
+
+/* The bias of the tile's columns col0 + 8 j + c (col0 = tile 128 + 2 (lane % 4)): -inf from V on */
+template <int F16>
+__device__ __forceinline__ void tile_bias(float (&b)[16][2], int64_t col0, int64_t V, const uint16_t *bias) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int64_t col = col0 + 8 * j + c;
+            b[j][c] = col >= V ? -INFINITY : bias ? to_f<F16>(__ldg(bias + col)) : 0.f;
+        }
+}
+
+template <int F16>
+__global__ void __launch_bounds__(kThreads, 1)
+    wgmma_lse_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
+                     const uint16_t *__restrict__ bias, int64_t V, int64_t H, int64_t count, float *lse) {
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t node0 = (int64_t)blockIdx.x * kNodes;
+    lse2 run[2] = {{-INFINITY, 0.f}, {-INFINITY, 0.f}};
+    const auto fold = [&](int tile, float(&acc)[64]) {
         float b[16][2];
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int64_t col = col0 + 8 * j + c;
-                b[j][c] = col >= V ? -INFINITY : bias ? to_f<F16>(__ldg(bias + col)) : 0.f;
-            }
+        tile_bias<F16>(b, (int64_t)tile * kRows + 2 * (lane & 3), V, bias);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             float mx = -INFINITY;
@@ -154,8 +184,57 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int c = 0; c < 2; ++c) sum += exp2f(fmaf(acc[4 * j + 2 * hf + c] + b[j][c], kLog2e, -r.m));
             r.s += sum;
         }
-    }
+    };
+    if (!z_tiles<F16>(h, ldh, Wp, H, count, 0, (int)((V + kRows - 1) / kRows), fold)) return;
     lse2_store(run, lse, node0 + wgi * 64, count, warp, lane);
+}
+
+/* dz[n, v] = scale min(2^(x K - ref) occ, cl) for v < V, x = z[n, v] + bias[v] (rows[n]'s
+ * coefficients; 0 where !valid), in the 16-bit type, for the nodes n < count: a tile's values
+ * stored as soon as its products are retired. No sum runs across W's rows, so blocks (x, y) split
+ * them: block y of gridDim.y takes W's tiles [tiles y / gridDim.y, tiles (y + 1) / gridDim.y). */
+template <int F16>
+__global__ void __launch_bounds__(kThreads, 1)
+    wgmma_dz_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
+                    const uint16_t *__restrict__ bias, int64_t V, int64_t H, int64_t count,
+                    const tdt_wgmma_dz_row *__restrict__ rows, uint16_t *dz, int64_t ldz) {
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t node0 = (int64_t)blockIdx.x * kNodes;
+    tdt_wgmma_dz_row rc[2];
+    uint16_t *dr[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int64_t n = node0 + wgi * 64 + warp * 16 + hf * 8 + (lane >> 2);
+        rc[hf] = n < count ? rows[n] : tdt_wgmma_dz_row{0.f, 0.f, 0.f, 0.f, 0, {0, 0, 0}};
+        dr[hf] = n < count ? dz + n * ldz : NULL;
+    }
+    const auto store = [&](int tile, float(&acc)[64]) {
+        const int64_t col0 = (int64_t)tile * kRows + 2 * (lane & 3);
+        float b[16][2];
+        tile_bias<F16>(b, col0, V, bias);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            if (!dr[hf]) continue;
+            const tdt_wgmma_dz_row &c = rc[hf];
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int64_t col = col0 + 8 * j;
+                if (col >= V) break;
+                float g[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float t = exp2f(fmaf(acc[4 * j + 2 * hf + e] + b[j][e], kLog2e, -c.ref)) * c.occ;
+                    g[e] = c.valid ? c.scale * (t > c.cl ? c.cl : t) : 0.f;
+                }
+                const uint32_t pair = F16 ? bits_of(__floats2half2_rn(g[0], g[1])) : bits_of(__floats2bfloat162_rn(g[0], g[1]));
+                if (col + 1 < V) *reinterpret_cast<uint32_t *>(dr[hf] + col) = pair;
+                else dr[hf][col] = (uint16_t)(pair & 0xffffu);
+            }
+        }
+    };
+    const int tiles = (int)((V + kRows - 1) / kRows);
+    (void)z_tiles<F16>(h, ldh, Wp, H, count, (int)((int64_t)tiles * blockIdx.y / gridDim.y),
+                       (int)((int64_t)tiles * (blockIdx.y + 1) / gridDim.y), store);
 }
 
 } /* namespace */
@@ -186,5 +265,23 @@ cudaError_t tdt_gpu_wgmma_lse(int f16, const void *h, int64_t ldh, const void *W
     k<<<(unsigned)((count + kNodes - 1) / kNodes), kThreads, smem, stream>>>(
         static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
         static_cast<const uint16_t *>(bias), V, H, count, lse);
+    return cudaGetLastError();
+}
+
+cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
+                             int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, void *dz, int64_t ldz, int num_sms,
+                             cudaStream_t stream) {
+    if (count < 1) return cudaSuccess;
+    const size_t smem = smem_of(H);
+    void (*k)(const uint16_t *, int64_t, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t,
+              const tdt_wgmma_dz_row *, uint16_t *, int64_t) = f16 ? wgmma_dz_kernel<1> : wgmma_dz_kernel<0>;
+    cudaError_t e = tdt_allow_smem(k, smem);
+    if (e != cudaSuccess) return e;
+    /* W's tiles split over blocks until the device has a block an SM */
+    const int64_t blocks = (count + kNodes - 1) / kNodes, tiles = (V + kRows - 1) / kRows;
+    const int64_t split = std::min<int64_t>(tiles, std::max<int64_t>(1, (num_sms + blocks - 1) / blocks));
+    k<<<dim3((unsigned)blocks, (unsigned)split), kThreads, smem, stream>>>(
+        static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
+        static_cast<const uint16_t *>(bias), V, H, count, rows, static_cast<uint16_t *>(dz), ldz);
     return cudaGetLastError();
 }
