@@ -154,7 +154,8 @@ __device__ __forceinline__ void ring_product(float (&acc)[R], uint32_t a, uint32
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            mma_bf16(acc, desc_of(a + kc * kHChunk + kk * 32), desc_of(ring + s * bytes + b + kk * 32), kc > 0 || kk > 0);
+            mma_bf16(acc, desc_of(a + kc * kHChunk + kk * 32), desc_of(ring + s * bytes + b + kk * 32),
+                     kc > 0 || kk > 0);
         wgmma_commit();
         wgmma_wait<1>();
         if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % stages));
@@ -277,8 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = tid; i < KC * kNodes * 8; i += 256) {
         const int c = i / (kNodes * 8), r = (i / 8) % kNodes, u = i % 8;
         const bool in = node0 + r < count;
-        cp16(saddr(hs + c * kHChunk + r * 128 + ((u ^ (r & 7)) << 4)), h + (in ? (node0 + r) * ldh + c * 64 + u * 8 : 0),
-             in ? 16 : 0);
+        cp16(saddr(hs + c * kHChunk + r * 128 + ((u ^ (r & 7)) << 4)),
+             h + (in ? (node0 + r) * ldh + c * 64 + u * 8 : 0), in ? 16 : 0);
     }
     cp_commit();
     cp_wait<0>();
@@ -432,7 +433,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const bool in = vrow0 + r < V;
                 float v[2];
 #pragma unroll
-                for (int c = 0; c < 2; ++c) v[c] = in ? gn[c] * exp2f(fmaf(z[4 * j + 2 * hf + c], kLog2e, -ln[c])) : 0.f;
+                for (int c = 0; c < 2; ++c)
+                    v[c] = in ? gn[c] * exp2f(fmaf(z[4 * j + 2 * hf + c], kLog2e, -ln[c])) : 0.f;
                 *reinterpret_cast<__nv_bfloat162 *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) =
                     __floats2bfloat162_rn(v[0], v[1]);
             }
@@ -480,7 +482,8 @@ __global__ void lse_kernel(const float *z, int64_t ldz, float *lse, int64_t node
 template <typename Z>
 __global__ void p_kernel(const Z *z, int64_t ldz, const float *lse, const float *g, int64_t nodes, int64_t V,
                          __nv_bfloat16 *P) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nodes * ldz; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t all = nodes * ldz;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < all; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t n = i / ldz, v = i % ldz;
         const float x = (float)z[i];
         P[i] = __float2bfloat16(v < V ? g[n] * exp2f(fmaf(x, kLog2e, -lse[n] * kLog2e)) : 0.f);
@@ -631,7 +634,8 @@ int main(int argc, char **argv) {
     auto fused_dh = [&]() {
         dh_kernel<<<(unsigned)ntiles, kThreads, kSmem>>>(reinterpret_cast<const uint16_t *>(h), H,
                                                          static_cast<const unsigned char *>(Wz),
-                                                         static_cast<const unsigned char *>(Wt), lse, g, V, nodes, dh, H);
+                                                         static_cast<const unsigned char *>(Wt), lse, g, V, nodes,
+                                                         dh, H);
     };
     /* d W a chunk of 128 node tiles at a time (8192 nodes: the chunk's h in L2), added in order */
     const int64_t tiles_a_chunk = 128;
@@ -696,7 +700,8 @@ int main(int argc, char **argv) {
     for (const int64_t c : {chunk, std::min<int64_t>(nodes, 6464)}) {
         const float tz = time([&] {
             for (int64_t n0 = 0; n0 < nodes; n0 += c)
-                tdt_gpu_wgmma_dz(0, h + n0 * H, H, Wz, NULL, V, H, std::min(c, nodes - n0), rows + n0, dzb, ldz, sms, 0);
+                tdt_gpu_wgmma_dz(0, h + n0 * H, H, Wz, NULL, V, H, std::min(c, nodes - n0), rows + n0, dzb, ldz,
+                                 sms, 0);
         });
         const float tuz = time([&] {
             for (int64_t n0 = 0; n0 < nodes; n0 += c) {

@@ -77,8 +77,9 @@ __global__ void wgmma_pack_kernel(const uint16_t *__restrict__ W, int64_t ldw, i
  * more at the tile's columns 8 j + 2 (lane % 4) + c: acc[4 j + 2 hf + c] for row hf 8 on).
  * True in the warpgroups' threads, after the last tile. */
 template <int F16, typename Fold>
-__device__ __forceinline__ bool z_tiles(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
-                                        int64_t H, int64_t count, int tile0, int tile1, const Fold &fold) {
+__device__ __forceinline__ bool z_tiles(const uint16_t *__restrict__ h, int64_t ldh,
+                                        const unsigned char *__restrict__ Wp, int64_t H, int64_t count, int tile0,
+                                        int tile1, const Fold &fold) {
     extern __shared__ unsigned char smem_raw[];
     /* the swizzle's pattern repeats every 1024 bytes: the base aligned to that */
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
@@ -226,7 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     const float t = exp2f(fmaf(acc[4 * j + 2 * hf + e] + b[j][e], kLog2e, -c.ref)) * c.occ;
                     g[e] = c.valid ? c.scale * (t > c.cl ? c.cl : t) : 0.f;
                 }
-                const uint32_t pair = F16 ? bits_of(__floats2half2_rn(g[0], g[1])) : bits_of(__floats2bfloat162_rn(g[0], g[1]));
+                const uint32_t pair =
+                    F16 ? bits_of(__floats2half2_rn(g[0], g[1])) : bits_of(__floats2bfloat162_rn(g[0], g[1]));
                 if (col + 1 < V) *reinterpret_cast<uint32_t *>(dr[hf] + col) = pair;
                 else dr[hf][col] = (uint16_t)(pair & 0xffffu);
             }
