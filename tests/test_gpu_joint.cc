@@ -923,6 +923,77 @@ INSTANTIATE_TEST_SUITE_P(GpuJoint, WgmmaForward, ::testing::ValuesIn(wgmma_param
                                     tdt_test::dtype_name(i.param.dt) + "_chunk" + (*kb ? kb : "default");
                          });
 
+// The backward's dz on wgmma (TDT_GPU_JOINT_BWD=wgmma against the default "gemm": the z product
+// on cuBLASLt, then the dz kernel), on the forward's cases and chunk budgets (z's bytes hold W
+// packed and dz for chunks of fewer rows: one chunk, several, or no room), also captured in a
+// CUDA graph.
+class WgmmaBackward : public ::testing::TestWithParam<WgmmaParam> {};
+
+TEST_P(WgmmaBackward, AgainstCpuAndCublasLt) {
+    REQUIRE_GPU();
+    const WgmmaParam prm = GetParam();
+    const Case c = wgmma_cases()[(size_t)prm.c];
+    const tdt_dtype_t dt = prm.dt;
+    EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD"), chunk("TDT_GPU_JOINT_CHUNK_KB");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    setenv("TDT_GPU_JOINT_CHUNK_KB", prm.kb, 1);
+    int dev = 0, major = 0, minor = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+    setenv("TDT_GPU_JOINT_BWD", "wgmma", 1);
+    check_case(c, dt);
+    const Data d = make_data(c, dt);
+    const Out w = run(c, d, dt, TDT_LOCATION_GPU);
+    RunOpts ro;
+    ro.graph = true;
+    const Out graphed = run(c, d, dt, TDT_LOCATION_GPU, ro);
+    unsetenv("TDT_GPU_JOINT_BWD");
+    const Out g = run(c, d, dt, TDT_LOCATION_GPU);
+    ASSERT_EQ(w.st, TDT_STATUS_SUCCESS) << w.err;
+    ASSERT_EQ(graphed.st, TDT_STATUS_SUCCESS) << graphed.err;
+    ASSERT_EQ(g.st, TDT_STATUS_SUCCESS) << g.err;
+    EXPECT_TRUE(graphed.raw == w.raw) << "captured in a graph, the wgmma backward differs from the direct call";
+    /* the two backwards round dz differently (wgmma: from float32 z; cuBLASLt: from z - lse in the
+     * dtype): within the dtype's tolerance of each other, and different in their last bits exactly
+     * where the wgmma backward runs (the budgets' rule of the forward's test) */
+    const Tol t = tol_of(dt);
+    expect_close(w.enc_g, g.enc_g, t, "enc_grad, wgmma against the cuBLASLt backward");
+    expect_close(w.W_g, g.W_g, t, "weight_grad, wgmma against the cuBLASLt backward");
+    const bool ran = w.enc_g != g.enc_g || w.W_g != g.W_g;
+    const bool room = std::strcmp(prm.kb, "") == 0 || (std::strcmp(prm.kb, "300") == 0 && prm.c == 0);
+    EXPECT_EQ(ran, major == 9 && minor == 0 && room) << "the wgmma backward " << (ran ? "ran" : "did not run");
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuJoint, WgmmaBackward, ::testing::ValuesIn(wgmma_params()),
+                         [](const ::testing::TestParamInfo<WgmmaParam> &i) {
+                             const char *kb = i.param.kb;
+                             return std::string("case") + std::to_string(i.param.c) + "_" +
+                                    tdt_test::dtype_name(i.param.dt) + "_chunk" + (*kb ? kb : "default");
+                         });
+
+TEST(GpuJoint, WgmmaBackwardVariableRefusedAndSkipBelowOnCublasLt) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    const Case c = wgmma_cases()[0];
+    const Data d = make_data(c, TDT_DTYPE_BFLOAT16);
+    setenv("TDT_GPU_JOINT_BWD", "tensor", 1);
+    const Out bad = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
+    EXPECT_EQ(bad.st, TDT_STATUS_INVALID_OPTION) << bad.err;
+    EXPECT_NE(bad.err.find("TDT_GPU_JOINT_BWD"), std::string::npos) << bad.err;
+    /* with skip_below the backward stays on cuBLASLt: the same bits as without the variable */
+    RunOpts ro;
+    ro.skip_below = 1e-3;
+    setenv("TDT_GPU_JOINT_BWD", "wgmma", 1);
+    const Out w = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU, ro);
+    unsetenv("TDT_GPU_JOINT_BWD");
+    const Out g = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU, ro);
+    ASSERT_EQ(w.st, TDT_STATUS_SUCCESS) << w.err;
+    ASSERT_EQ(g.st, TDT_STATUS_SUCCESS) << g.err;
+    EXPECT_TRUE(w.raw == g.raw) << "skip_below: the wgmma backward ran";
+}
+
 TEST(GpuJoint, WgmmaForwardVariableRefused) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), fwd("TDT_GPU_JOINT_FWD");

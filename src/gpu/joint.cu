@@ -719,6 +719,16 @@ int joint_fwd_wgmma() {
     return strcmp(v, "gemm") == 0 ? 0 : -1;
 }
 
+/* The GEMM schedule's backward, TDT_GPU_JOINT_BWD: unset, empty or "gemm" (0, the default: the
+ * backward's z product on cuBLASLt, then the dz kernel) or "wgmma" (1: float16 and bfloat16 on
+ * compute capability 9.0 with H up to 640 and no skip_below, dz from Hopper's wgmma, z never
+ * written; the rest as "gemm"); -1 where set to anything else. */
+int joint_bwd_wgmma() {
+    const char *v = getenv("TDT_GPU_JOINT_BWD");
+    if (!v || !*v || strcmp(v, "gemm") == 0) return 0;
+    return strcmp(v, "wgmma") == 0 ? 1 : -1;
+}
+
 /* An environment variable's value refused: the call's error names it, its value and what it
  * takes (what); TDT_STATUS_INVALID_OPTION. */
 tdt_status_t env_refused(const char *name, const char *what) {
@@ -769,7 +779,12 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
         return env_refused("TDT_GPU_JOINT_FWD", "the GEMM schedule's forward is \"wgmma\" (the default: float16 "
                                                 "and bfloat16 on compute capability 9.0, the rest on cuBLASLt) or "
                                                 "\"gemm\" (on cuBLASLt)");
-    const joint_gemm_opts gopts{lt_pick, fwd_wgmma};
+    const int bwd_wgmma = joint_bwd_wgmma();
+    if (bwd_wgmma < 0)
+        return env_refused("TDT_GPU_JOINT_BWD", "the GEMM schedule's backward is \"gemm\" (the default, on "
+                                                "cuBLASLt) or \"wgmma\" (dz on Hopper's tensor cores: float16 and "
+                                                "bfloat16 on compute capability 9.0)");
+    const joint_gemm_opts gopts{lt_pick, fwd_wgmma, bwd_wgmma};
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
                             tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), split, (size_t)chunk,

@@ -541,10 +541,11 @@ joint_args args_of(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &pla
 enum { TDT_LT_FIRST = 0, TDT_LT_FEWEST_WAVES = 1, TDT_LT_BY_PRODUCT = 2 };
 
 /* The GEMM schedule's choices that the environment makes (joint.cu): lt_pick, which of
- * cuBLASLt's kernels its products take (TDT_LT_*); wgmma_forward, the forward's log-normalisers
- * on wgmma where the device and the shapes allow (joint_wgmma.h). */
+ * cuBLASLt's kernels its products take (TDT_LT_*); wgmma_forward and wgmma_backward, the
+ * forward's log-normalisers and the backward's dz on wgmma where the device and the shapes allow
+ * (joint_wgmma.h). */
 struct joint_gemm_opts {
-    int lt_pick, wgmma_forward;
+    int lt_pick, wgmma_forward, wgmma_backward;
 };
 
 /* joint_gemm.cu: the GEMM schedule's forward (the node blocks, for the sweeps the caller runs

@@ -77,9 +77,7 @@
 #include <cublasLt.h>
 
 #include "joint_common.cuh"
-#if TDT_HAVE_WGMMA
-#include "joint_wgmma.h"
-#endif
+#include "joint_wgmma.h" /* declarations; their definitions are built where TDT_HAVE_WGMMA */
 
 namespace {
 
@@ -769,9 +767,13 @@ struct dz_coef {
 };
 static_assert(sizeof(dz_coef) <= TDT_JOINT_COEF_BYTES, "joint_plan.h sizes g_coef by TDT_JOINT_COEF_BYTES");
 
-/* Thread j (j < count): the chunk's node j (chunk_node)'s dz_coef into coef[j]. */
+/* Thread j (j < count): the chunk's node j (chunk_node)'s dz_coef into coef[j]; where wrow is
+ * not NULL (the backward's dz on wgmma), also the bulk's coefficients in base 2 into wrow[j] as
+ * dz_stream would take them (valid only where lse may be a base-2 reference: the other rows are
+ * gemm_dz_fix_kernel's). */
 __global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                       int64_t limit, int64_t count, dz_coef *coef) {
+                                                       int64_t limit, int64_t count, dz_coef *coef,
+                                                       tdt_wgmma_dz_row *wrow) {
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= count) return;
     int64_t lim;
@@ -782,6 +784,18 @@ __global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ j
     dz_coef &c = coef[j];
     c.valid = ni.valid;
     c.y = ni.y;
+    if (wrow) {
+        tdt_wgmma_dz_row w = {0.f, 0.f, 0.f, 0.f, 0, {0, 0, 0}};
+        if (ni.valid && tdt_rexp2::fits(nc.lse)) {
+            double fix;
+            w.ref = tdt_rexp2::ref_fix(nc.lse, &fix);
+            w.occ = (float)(nc.g.tok_occ * fix);
+            w.cl = a.clamp > 0.0 ? (float)a.clamp : INFINITY;
+            w.scale = (float)nc.gb;
+            w.valid = 1;
+        }
+        wrow[j] = w;
+    }
     if (!ni.valid) return;
     c.lse = nc.lse;
     c.tok_occ = nc.g.tok_occ;
@@ -789,6 +803,20 @@ __global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ j
     c.known[0] = node_dz_known(a, ni, nc, a.blank);
     c.known[1] = ni.y >= 0 ? node_dz_known(a, ni, nc, ni.y) : 0.0;
     for (int k = 0; k < a.D; ++k) c.known[2 + k] = node_dz_known(a, ni, nc, a.V + k);
+}
+
+/* The values of a node's row of dz that its coefficients c hold (float64): the blank, the label,
+ * the D durations, then zeros from O to ldz, through put1, the warp's lanes in turn. */
+template <int DT, typename Put1>
+__device__ __forceinline__ void dz_known(const joint_args &a, const dz_coef &c, int64_t ldz, int lane,
+                                         const Put1 &put1) {
+    typedef acc_t<DT> A;
+    /* entry i: the blank, the label (none: -1), the D durations, then O .. ldz - 1 */
+    const int64_t fix_n = 2 + a.D + (ldz - a.O);
+    for (int64_t i = lane; i < fix_n; i += 32) {
+        const int64_t o = i == 0 ? a.blank : i == 1 ? c.y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
+        if (o >= 0) put1(o, i < 2 + a.D ? (A)c.known[i] : (A)0);
+    }
 }
 
 /* A node's row of dz from dr, its row of the backward's z product, and its coefficients c: the
@@ -803,19 +831,13 @@ __device__ __forceinline__ void dz_row(const joint_args &a, const dz_coef &c, co
     typedef tdt_rexp_nat<DT> XN;
     const int64_t nv = ldz / zvec<typename tdt_elem<DT>::T>::N; /* ldz: a multiple of 8 */
     const double lse = c.lse, ref = lp_shift<DT>(lse) ? 0.0 : lse, occ = c.tok_occ, gb = c.gb;
-    const int y = c.y;
     const A cl = a.clamp > 0.0 ? (A)a.clamp : (A)INFINITY;
     if (XF::fits(ref)) /* false for NaN */
         dz_stream<DT>(dr, nv, tdt_row_coef<XF>(ref, occ, cl, gb), lane, put);
     else
         dz_stream<DT>(dr, nv, tdt_row_coef<XN>(ref, occ, cl, gb), lane, put);
     __syncwarp();
-    /* entry i: the blank, the label (none: -1), the D durations, then O .. ldz - 1 */
-    const int64_t fix_n = 2 + a.D + (ldz - a.O);
-    for (int64_t i = lane; i < fix_n; i += 32) {
-        const int64_t o = i == 0 ? a.blank : i == 1 ? y : i < 2 + a.D ? a.V + (i - 2) : a.O + (i - 2 - a.D);
-        if (o >= 0) put1(o, i < 2 + a.D ? (A)c.known[i] : (A)0);
-    }
+    dz_known<DT>(a, c, ldz, lane, put1);
 }
 
 /* Warp w of block j (j < count): the chunk's node 8 j + w's dz from its row of the backward's z
@@ -889,6 +911,43 @@ __global__ void __launch_bounds__(256) gemm_dz_kernel(const __grid_constant__ jo
     if (!row_bad) return; /* warp-uniform */
     __syncwarp(); /* the parts' writes above, then the zeros over them */
     for (int64_t q = lane; q < nv; q += 32) parts(q, zeros());
+    dz_row<DT>(a, c, dr, ldz, lane, in_place, in_place1);
+}
+
+/* The backward's dz on wgmma (tdt_gpu_wgmma_dz has written the first V values of each row from
+ * wrow's coefficients): warp w of block j (j < count) completes node 8 j + w's row (pitch ldz)
+ * as gemm_dz_kernel would have it: zeros from V on where the node is not taken; where its lse
+ * may be a base-2 reference, the blank, the label, the durations and the zero padding
+ * (dz_known); elsewhere (|lse| > 1e7: the rows wrow left as zeros) the whole row from its
+ * products one output at a time (fwd_dot against W padded, as the z product has them: h's row,
+ * pitch ldh, carries -lse where lp_shift), then dz_row over them. Rare: a warp's ldz dot products. */
+template <int DT>
+__global__ void __launch_bounds__(256) gemm_dz_fix_kernel(const __grid_constant__ joint_args a, const dz_coef *coef,
+                                                          int64_t count, const typename tdt_elem<DT>::T *hs,
+                                                          int64_t ldh, const typename tdt_elem<DT>::T *wp,
+                                                          typename tdt_elem<DT>::T *d, int64_t ldz) {
+    typedef acc_t<DT> A;
+    typedef typename tdt_elem<DT>::T E;
+    const int lane = threadIdx.x & 31;
+    const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (j >= count) return; /* warp-uniform */
+    const dz_coef &c = coef[j];
+    E *const dr = d + j * ldz;
+    const auto in_place1 = [&](int64_t o, A v) { dr[o] = tdt_elem<DT>::from_acc(v); };
+    if (!c.valid) { /* warp-uniform */
+        for (int64_t o = a.V + lane; o < ldz; o += 32) in_place1(o, (A)0);
+        return;
+    }
+    if (tdt_rexp2::fits(c.lse)) {
+        dz_known<DT>(a, c, ldz, lane, in_place1);
+        return;
+    }
+    for (int64_t o = 0; o < ldz; ++o) {
+        const float v = fwd_dot<DT>(hs + j * ldh, wp, ldh, o, lane);
+        if (lane == 0) in_place1(o, (A)v);
+    }
+    __syncwarp();
+    const auto in_place = [&](int64_t q, const zvec<E> &x) { x.store(dr + q * zvec<E>::N); };
     dz_row<DT>(a, c, dr, ldz, lane, in_place, in_place1);
 }
 
@@ -1108,8 +1167,9 @@ template <int DT> struct gemm_run {
     cublasLtHandle_t h;
     char *s;  /* the scratch */
     int pick;  /* the products' kernels: TDT_LT_FIRST, TDT_LT_FEWEST_WAVES or TDT_LT_BY_PRODUCT */
-    int wgmma; /* TDT_GPU_JOINT_FWD=wgmma */
+    int wgmma; /* TDT_GPU_JOINT_FWD=wgmma (the default) */
     int device;
+    int wgmma_b; /* TDT_GPU_JOINT_BWD=wgmma */
     int z_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FIRST : pick; }
     int dw_dh_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FEWEST_WAVES : pick; }
 
@@ -1142,7 +1202,7 @@ template <int DT> struct gemm_run {
     void launch_dz(const joint_args &ka, int64_t first, int64_t limit, E *dzw) const {
         const int64_t n = nodes(true);
         dz_coef *const coef = reinterpret_cast<dz_coef *>(s + plan.g_coef);
-        gemm_coef_kernel<<<(unsigned)((n + 63) / 64), 64, 0, stream>>>(ka, first, limit, n, coef);
+        gemm_coef_kernel<<<(unsigned)((n + 63) / 64), 64, 0, stream>>>(ka, first, limit, n, coef, NULL);
         const unsigned blocks = (unsigned)((n + 7) / 8);
         if constexpr (DT == TDT_DTYPE_FLOAT32) {
             if (split()) {
@@ -1237,6 +1297,41 @@ template <int DT> struct gemm_run {
         }
         return st;
     }
+
+    /* The backward's dz on wgmma (TDT_GPU_JOINT_BWD=wgmma; float16 and bfloat16 where the device
+     * and H suit it, without skip_below, whose compacted chunks keep the cuBLASLt path): z's
+     * bytes hold W packed, then dz for chunks of the (b, t) rows returned (at most the plan's
+     * backward chunk; none: the cuBLASLt path). */
+    int64_t wgmma_bwd_rows() const {
+        if constexpr (!fwd_shifted<DT>()) return 0;
+        if (!wgmma_b || a.skip_below > 0.0 || !tdt_gpu_wgmma_fits(device, a.H)) return 0;
+        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
+                     pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H), per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
+        const int64_t fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
+        return fit < plan.g_rows_b ? fit : plan.g_rows_b;
+    }
+    /* A backward chunk's dz on wgmma, `count` nodes from first: h's rows (the h kernel), the
+     * nodes' coefficients (gemm_coef_kernel, the bulk's into d h's buffer, free until the d h
+     * product), tdt_gpu_wgmma_dz from W packed at z's start into dz (pitch ldz), then
+     * gemm_dz_fix_kernel. */
+    tdt_status_t dz_wgmma(const joint_args &ka, int64_t first, int64_t limit, int64_t count, E *dz) const {
+        const unsigned blocks = (unsigned)((count + 7) / 8);
+        gemm_h_kernel<DT><<<blocks, 256, 0, stream>>>(ka, first, limit, count, hs(), plan.g_ldh, 1, NULL, NULL, 0,
+                                                      wp());
+        tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
+        if (st != TDT_STATUS_SUCCESS) return st;
+        dz_coef *const coef = reinterpret_cast<dz_coef *>(s + plan.g_coef);
+        tdt_wgmma_dz_row *const wrow = reinterpret_cast<tdt_wgmma_dz_row *>(s + plan.g_dx);
+        gemm_coef_kernel<<<(unsigned)((count + 63) / 64), 64, 0, stream>>>(ka, first, limit, count, coef, wrow);
+        st = cuda(cudaGetLastError(), "launching the joint's coefficient kernel");
+        if (st == TDT_STATUS_SUCCESS)
+            st = cuda(tdt_gpu_wgmma_dz(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, z(), a.bias, a.V, a.H, count, wrow,
+                                       dz, plan.g_ldz, num_sms, stream),
+                      "launching the joint's wgmma dz");
+        if (st != TDT_STATUS_SUCCESS) return st;
+        gemm_dz_fix_kernel<DT><<<blocks, 256, 0, stream>>>(ka, coef, count, hs(), plan.g_ldh, wp(), dz, plan.g_ldz);
+        return cuda(cudaGetLastError(), "launching the joint's dz fix-up");
+    }
 #endif
 
     tdt_status_t forward() const {
@@ -1304,11 +1399,19 @@ template <int DT> struct gemm_run {
         const bool want_w = a.W_g || a.bias_g, want_x = a.enc_g || a.pred_g;
         A *const wacc = reinterpret_cast<A *>(s + plan.g_w);
         A *const dx = reinterpret_cast<A *>(s + plan.g_dx);
-        E *const dzw = reinterpret_cast<E *>(z());
+        /* dz in z's bytes; with dz on wgmma after W packed, in chunks of wg_rows (b, t) rows */
+        size_t dz_off = 0;
+#if TDT_HAVE_WGMMA
+        const int64_t wg_rows = wgmma_bwd_rows();
+        if (wg_rows) dz_off = tdt_gpu_wgmma_pack_bytes(a.V, a.H);
+#else
+        const int64_t wg_rows = 0;
+#endif
+        E *const dzw = reinterpret_cast<E *>(reinterpret_cast<char *>(z()) + dz_off);
         const E *const dz = dzw;
         lt_gemm zg, wg, hg, wg3[3];
         tdt_status_t st = call->c.do_forward ? TDT_STATUS_SUCCESS : pad_w();
-        if (st == TDT_STATUS_SUCCESS) st = zgemm(&zg, true);
+        if (st == TDT_STATUS_SUCCESS && !wg_rows) st = zgemm(&zg, true);
         if (st != TDT_STATUS_SUCCESS) return st;
         cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
         /* d W and d bias (ldh x O, column-major, pitch ldw) += h, its row of ones and its zero rows
@@ -1323,7 +1426,7 @@ template <int DT> struct gemm_run {
          * [dz0; dz1; dz2] (consecutive matrices) against h's stacked [h2; h1; h0] from its first,
          * second and third matrix on */
         const char *ops = reinterpret_cast<const char *>(dzsplit());
-        const int64_t nb = nodes(true);
+        const int64_t rows_b = wg_rows ? wg_rows : plan.g_rows_b, nb = rows_b * a.row;
         const size_t pstride = (size_t)(nb * plan.g_ldz) * 2, hblk = (size_t)plan.g_ldh * 2;
         const int pk = dw_dh_pick();
         if (want_w && split()) {
@@ -1339,7 +1442,7 @@ template <int DT> struct gemm_run {
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
         if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
             c = hg.init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
-                        nodes(true), plan.g_ldz,
+                        nb, plan.g_ldz,
                         split() ? (const void *)(reinterpret_cast<const char *>(wp()) + hblk) : (const void *)wp(),
                         plan.g_ldwp, split() ? (const void *)(ops + pstride) : dz, plan.g_ldz, dx, a.H,
                         TDT_JOINT_LT_BYTES);
@@ -1352,10 +1455,15 @@ template <int DT> struct gemm_run {
         if (a.pred_g && (st = cuda(cudaMemsetAsync(a.pred_acc, 0, (size_t)(a.B * a.row * a.H) * sizeof(A), stream),
                                    "clearing d pred")) != TDT_STATUS_SUCCESS)
             return st;
+#if TDT_HAVE_WGMMA
+        if (wg_rows && (st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, a.V, a.H, z(), num_sms, stream),
+                                  "launching the joint's W packing for wgmma")) != TDT_STATUS_SUCCESS)
+            return st;
+#endif
         const A one = 1, zero = 0;
         joint_args ch = a;
         const int64_t all = a.B * a.maxT;
-        int64_t nchunks = (all + plan.g_rows_b - 1) / plan.g_rows_b;
+        int64_t nchunks = (all + rows_b - 1) / rows_b;
         if ((st = compact(&ch, &nchunks)) != TDT_STATUS_SUCCESS) return st;
         for (int64_t k = 0; k < nchunks; ++k) {
             /* dense: rows [r0, r0 + rows), nodes [first, limit); compacted: ch.desc's */
@@ -1366,16 +1474,24 @@ template <int DT> struct gemm_run {
                 if ((st = cuda(cudaGetLastError(), "launching the joint's chunk kernel")) != TDT_STATUS_SUCCESS)
                     return st;
             } else {
-                r0 = k * plan.g_rows_b;
-                rows = all - r0 < plan.g_rows_b ? all - r0 : plan.g_rows_b;
+                r0 = k * rows_b;
+                rows = all - r0 < rows_b ? all - r0 : rows_b;
             }
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
-            if ((st = hz(ch, zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
-            if (split() && (st = cuda(cudaMemsetAsync(nf(), 0, sizeof(int), stream), "clearing the joint's flag count")) !=
-                               TDT_STATUS_SUCCESS)
-                return st;
-            launch_dz(ch, first, limit, dzw);
-            if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS) return st;
+#if TDT_HAVE_WGMMA
+            if (wg_rows) {
+                if ((st = dz_wgmma(ch, first, limit, nb, dzw)) != TDT_STATUS_SUCCESS) return st;
+            } else
+#endif
+            {
+                if ((st = hz(ch, zg, r0, rows, 1)) != TDT_STATUS_SUCCESS) return st;
+                if (split() && (st = cuda(cudaMemsetAsync(nf(), 0, sizeof(int), stream),
+                                          "clearing the joint's flag count")) != TDT_STATUS_SUCCESS)
+                    return st;
+                launch_dz(ch, first, limit, dzw);
+                if ((st = cuda(cudaGetLastError(), "launching the joint's dz kernel")) != TDT_STATUS_SUCCESS)
+                    return st;
+            }
             const int nterms = split() ? kSplitTerms : 1;
             if (want_w) {
                 if (split()) {
@@ -1442,7 +1558,7 @@ tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &p
                      int backward, const joint_gemm_opts &o, int device) {
     char *const s = joint_scratch(call);
     gemm_run<DT> r{call, plan, args_of(call, plan), (cudaStream_t)call->c.o.stream, num_sms, h, s, o.lt_pick,
-                   o.wgmma_forward, device};
+                   o.wgmma_forward, device, o.wgmma_backward};
     /* the reductions of joint_common.cuh read the GEMM schedule's buffers */
     r.a.dx = s + plan.g_dx;
     r.a.pred_acc = s + plan.g_pred;
