@@ -9,7 +9,11 @@
 # joint.png.
 # The exit status is the number of failed steps.
 #   PHASES: which groups of steps to run, in order (default: all but profile, arch80, archall):
-#     build tests bench joint tune profile pytest pybench ddp sanitize arch80 archall
+#     build tests bench joint wgmma tune profile pytest pybench ddp sanitize arch80 archall
+#   wgmma: the Hopper kernels alone (compute capability 9.0): their tests, memcheck, the
+#   backward's dz on wgmma against cuBLASLt's (TDT_GPU_JOINT_BWD) in joint_gpu_bench, and the
+#   prototypes joint_bwd_proto and joint_lse_proto; on request, e.g. PHASES="build wgmma", or
+#   with binaries built elsewhere in build-gpu/ (PHASES=wgmma).
 #   arch80: a second build for CMAKE_CUDA_ARCHITECTURES=80 alone (its PTX-free sm_80 code runs on
 #   any later GPU, without the sm_90 schedules) and the GPU suite on it.
 #   archall: the default build (every architecture of CMakeLists.txt), its GPU suite and
@@ -48,7 +52,7 @@ gtest_flag=""
 
 if want build; then
   step build 240 bash -c "cmake -B build-gpu -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DTDT_CUDA_LINEINFO=ON $gtest_flag \
-    && cmake --build build-gpu -j$(nproc) --target all joint_gpu_bench joint_lse_proto"
+    && cmake --build build-gpu -j$(nproc) --target all joint_gpu_bench joint_lse_proto joint_bwd_proto"
   if want tune; then
     step build_tune 240 bash -c "cmake -B build-tune -DTDT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DTDT_SWEEP_TUNING=ON $gtest_flag && cmake --build build-tune -j$(nproc) --target tdt_bench"
@@ -134,6 +138,25 @@ if want joint; then
     --racecheck-report all $san build-gpu/tests/tdt_gpu_tests \
     --gtest_filter='GpuJoint.BasicTdtEveryDtype:GpuJoint.RaggedDropoutTanhOddHidden'
   step joint_tiles_bench 150 env TDT_GPU_JOINT=tiles build-gpu/benchmark/joint_gpu_bench --iters 3
+fi
+if want wgmma; then
+  wsan="--error-exitcode=1 --print-limit 20"
+  wg='GpuJoint/WgmmaForward.*/case0_bfloat16_chunk300:GpuJoint/WgmmaForward.*/case2_float16_chunkdefault'
+  wg+=':GpuJoint/WgmmaBackward.*/case0_bfloat16_chunk300:GpuJoint/WgmmaBackward.*/case2_float16_chunkdefault'
+  step wgmma_tests 120 build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint/Wgmma*:GpuJoint.Wgmma*'
+  step wgmma_memcheck 150 compute-sanitizer --tool memcheck $wsan build-gpu/tests/tdt_gpu_tests --gtest_filter="$wg"
+  for round in 1 2; do
+    for bwd in gemm wgmma; do
+      step wgmma_bench_bwd_${bwd}_$round 90 env TDT_GPU_JOINT_BWD=$bwd build-gpu/benchmark/joint_gpu_bench --iters 5 \
+        --shapes parakeet-joint,huge-joint,long-joint --dtypes bf16
+    done
+  done
+  step bwd_proto_small 60 build-gpu/benchmark/joint_bwd_proto --nodes 300 --vocab 300 --iters 1
+  step bwd_proto_memcheck 120 compute-sanitizer --tool memcheck $wsan build-gpu/benchmark/joint_bwd_proto \
+    --nodes 300 --vocab 300 --iters 1
+  step bwd_proto_huge 120 build-gpu/benchmark/joint_bwd_proto --iters 5
+  step bwd_proto_long 120 build-gpu/benchmark/joint_bwd_proto --nodes 601500 --vocab 1025 --iters 5
+  step lse_proto 60 build-gpu/benchmark/joint_lse_proto --hidden 640 --iters 10
 fi
 if want tune; then
   # each lanes-a-node choice, and the register-prefetching ring instead of the staged sweep
