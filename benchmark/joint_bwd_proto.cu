@@ -549,7 +549,8 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("joint_bwd_proto: %s, nodes %lld, V %lld, H %d, iters %d\n", prop.name, (long long)nodes, (long long)V, H,
            iters);
-    if (!tdt_gpu_wgmma_fits(0, H) || std::max(kSmem, kSmemW) > (size_t)prop.sharedMemPerBlockOptin) {
+    if (!tdt_gpu_wgmma_fits(prop.major, prop.minor, (int)prop.sharedMemPerBlockOptin, H) ||
+        std::max(kSmem, kSmemW) > (size_t)prop.sharedMemPerBlockOptin) {
         printf("not run: the kernels need compute capability 9.0 and %zu bytes of shared memory a block\n",
                std::max(kSmem, kSmemW));
         return 0;

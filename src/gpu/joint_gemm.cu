@@ -1258,15 +1258,17 @@ template <int DT> struct gemm_run {
      * at a time runs the h kernel, tdt_gpu_wgmma_lse and gemm_node_lse_kernel. Chunks of many
      * rows: the kernel's blocks take 128 nodes each, and z's chunk of rows would give it too few
      * blocks to fill the device. */
+    /* Whether the wgmma kernels run on the device for this H (its attributes, kept by gpu.cu) */
+    bool wgmma_device() const {
+        int major = 0, minor = 0, optin = 0;
+        return tdt_device_attribute(cudaDevAttrComputeCapabilityMajor, device, &major) == cudaSuccess &&
+               tdt_device_attribute(cudaDevAttrComputeCapabilityMinor, device, &minor) == cudaSuccess &&
+               tdt_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &optin) == cudaSuccess &&
+               tdt_gpu_wgmma_fits(major, minor, optin, a.H);
+    }
     int64_t wgmma_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
-        if (!wgmma) return 0;
-        int major = 0, minor = 0, optin = 0; /* the device's attributes, kept by gpu.cu */
-        if (tdt_device_attribute(cudaDevAttrComputeCapabilityMajor, device, &major) != cudaSuccess ||
-            tdt_device_attribute(cudaDevAttrComputeCapabilityMinor, device, &minor) != cudaSuccess ||
-            tdt_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device, &optin) != cudaSuccess ||
-            !tdt_gpu_wgmma_fits(major, minor, optin, a.H))
-            return 0;
+        if (!wgmma || !wgmma_device()) return 0;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
                      pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H),
                      per_row = (size_t)a.row * ((size_t)plan.g_ldh * sizeof(E) + sizeof(float));
@@ -1304,7 +1306,7 @@ template <int DT> struct gemm_run {
      * backward chunk; none: the cuBLASLt path). */
     int64_t wgmma_bwd_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
-        if (!wgmma_b || a.skip_below > 0.0 || !tdt_gpu_wgmma_fits(device, a.H)) return 0;
+        if (!wgmma_b || a.skip_below > 0.0 || !wgmma_device()) return 0;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
                      pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H), per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
         const int64_t fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
