@@ -279,9 +279,19 @@ cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp
               const tdt_wgmma_dz_row *, uint16_t *, int64_t) = f16 ? wgmma_dz_kernel<1> : wgmma_dz_kernel<0>;
     cudaError_t e = tdt_allow_smem(k, smem);
     if (e != cudaSuccess) return e;
-    /* W's tiles split over blocks until the device has a block an SM */
+    /* W's tiles split over gridDim.y where the node blocks are fewer than the SMs: the split with
+     * the least waves x (tiles a block + 1), the 1 for the block's h, loaded again by each block
+     * of a split (at 45 node blocks, 65 tiles and 132 SMs: 5, two full waves, where enough blocks
+     * for the SMs gave 3 and a second wave of 3 blocks) */
     const int64_t blocks = (count + kNodes - 1) / kNodes, tiles = (V + kRows - 1) / kRows;
-    const int64_t split = std::min<int64_t>(tiles, std::max<int64_t>(1, (num_sms + blocks - 1) / blocks));
+    int64_t split = 1;
+    if (blocks < num_sms) {
+        int64_t best = INT64_MAX;
+        for (int64_t s = 1; s <= tiles; ++s) {
+            const int64_t waves = (blocks * s + num_sms - 1) / num_sms, cost = waves * ((tiles + s - 1) / s + 1);
+            if (cost < best) best = cost, split = s;
+        }
+    }
     k<<<dim3((unsigned)blocks, (unsigned)split), kThreads, smem, stream>>>(
         static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
         static_cast<const uint16_t *>(bias), V, H, count, rows, static_cast<uint16_t *>(dz), ldz);
