@@ -12,6 +12,10 @@
  *     (d W), over a chunk of node tiles a launch (the chunk's h in L2), each block adding its rows
  *     of d W once a launch.
  * A producer warp streams each operand with bulk copies on full/empty mbarriers (two rings).
+ * Each pass runs on clusters of 1, 2 and 4 blocks: the blocks of a cluster stream the same
+ * stages, so each copies its slice of a stage into all of them (multicast), and the L2 reads of
+ * the streamed operand fall by the cluster's size (each block of a single-block launch reads
+ * all of W, or all of h, once or twice: about 100 GB a pass at huge-joint).
  *
  * The backward's other terms (the blank's, the label's and the durations', a few values a node),
  * the bias, act' and the reductions into d enc and d pred are left out: this measures whether
