@@ -867,6 +867,15 @@ std::vector<Case> wgmma_cases() {
     return cases;
 }
 
+// whether the current device has compute capability 9.0, the wgmma kernels' (into *yes)
+void compute_capability_90(bool *yes) {
+    int dev = 0, major = 0, minor = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+    *yes = major == 9 && minor == 0;
+}
+
 class WgmmaForward : public ::testing::TestWithParam<WgmmaParam> {};
 
 TEST_P(WgmmaForward, AgainstCpuAndCublasLt) {
@@ -877,10 +886,8 @@ TEST_P(WgmmaForward, AgainstCpuAndCublasLt) {
     EnvGuard sched("TDT_GPU_JOINT"), fwd("TDT_GPU_JOINT_FWD"), chunk("TDT_GPU_JOINT_CHUNK_KB");
     setenv("TDT_GPU_JOINT", "gemm", 1);
     setenv("TDT_GPU_JOINT_CHUNK_KB", prm.kb, 1);
-    int dev = 0, major = 0, minor = 0;
-    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+    bool sm90 = false;
+    ASSERT_NO_FATAL_FAILURE(compute_capability_90(&sm90));
     setenv("TDT_GPU_JOINT_FWD", "wgmma", 1);
     check_case(c, dt);
     const Data d = make_data(c, dt);
@@ -905,7 +912,7 @@ TEST_P(WgmmaForward, AgainstCpuAndCublasLt) {
      * the 60 rows a chunk: 4 chunks and 4 rows); 1 KB nowhere. */
     const bool ran = w.costs != g.costs;
     const bool room = std::strcmp(prm.kb, "") == 0 || (std::strcmp(prm.kb, "300") == 0 && prm.c == 0);
-    EXPECT_EQ(ran, major == 9 && minor == 0 && room) << "the wgmma forward " << (ran ? "ran" : "did not run");
+    EXPECT_EQ(ran, sm90 && room) << "the wgmma forward " << (ran ? "ran" : "did not run");
 }
 
 std::vector<WgmmaParam> wgmma_params() {
@@ -937,10 +944,8 @@ TEST_P(WgmmaBackward, AgainstCpuAndCublasLt) {
     EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD"), chunk("TDT_GPU_JOINT_CHUNK_KB");
     setenv("TDT_GPU_JOINT", "gemm", 1);
     setenv("TDT_GPU_JOINT_CHUNK_KB", prm.kb, 1);
-    int dev = 0, major = 0, minor = 0;
-    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+    bool sm90 = false;
+    ASSERT_NO_FATAL_FAILURE(compute_capability_90(&sm90));
     setenv("TDT_GPU_JOINT_BWD", "wgmma", 1);
     check_case(c, dt);
     const Data d = make_data(c, dt);
@@ -962,7 +967,7 @@ TEST_P(WgmmaBackward, AgainstCpuAndCublasLt) {
     expect_close(w.W_g, g.W_g, t, "weight_grad, wgmma against the cuBLASLt backward");
     const bool ran = w.enc_g != g.enc_g || w.W_g != g.W_g;
     const bool room = std::strcmp(prm.kb, "") == 0 || (std::strcmp(prm.kb, "300") == 0 && prm.c == 0);
-    EXPECT_EQ(ran, major == 9 && minor == 0 && room) << "the wgmma backward " << (ran ? "ran" : "did not run");
+    EXPECT_EQ(ran, sm90 && room) << "the wgmma backward " << (ran ? "ran" : "did not run");
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuJoint, WgmmaBackward, ::testing::ValuesIn(wgmma_params()),
