@@ -30,9 +30,15 @@
  * chunk, normwise relative difference printed, the run failing beyond 2e-3 (P's roundings differ
  * where the two z differ in their last bits).
  *
- *   joint_bwd_proto [--nodes N] [--vocab V] [--iters I]
- * defaults: huge-joint's 303000 nodes, V 8193, H 640 (fixed: the warpgroups' 2 x 2 blocks of
- * 160 columns). Built for sm_90a alone: it runs on the H100 and H200.
+ * A third form of d W (dwh_kernel) builds h on the chip from enc and pred (relu(enc + pred), the
+ * inputs' h), tile by tile of 8 frames x 8 labels, and reads it both ways (K-major for z^T,
+ * MN-major for d W), so that neither h nor its transpose is ever written and one launch covers
+ * every node: the memory of the pass is W packed alone.
+ *
+ *   joint_bwd_proto [--nodes N] [--vocab V] [--labels U1] [--iters I]
+ * defaults: huge-joint's 303000 nodes (one sample of T x U1 = 3000 x 101: the fewest frames of U1
+ * nodes that hold N), V 8193, H 640 (fixed: the warpgroups' 2 x 2 blocks of 160 columns). Built
+ * for sm_90a alone: it runs on the H100 and H200.
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -69,20 +75,22 @@ const size_t kSmem = (size_t)KC * kHChunk + 2 * kHChunk + (size_t)kZStages * kZS
                      2 * (kZStages + kHStages) * 8 + 1024;
 
 /* d (+)= A B^T, A 64 x 16 and B 64 x 16 bfloat16 from their descriptors, float32 sums; d
- * overwritten where !acc */
+ * overwritten where !acc; B K-major (TB 0: 64 rows of 16 values) or MN-major (TB 1: 16 rows of
+ * 64 values, B^T as stored) */
+template <int TB = 0>
 __device__ __forceinline__ void mma_bf16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
                  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
                    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
                    "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
                    "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
                    "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc));
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB));
 #else
     (void)d, (void)da, (void)db, (void)acc;
     __trap();
@@ -515,6 +523,158 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (CL > 1) cluster_sync();
 }
 
+/* d W's third form: a block of 256 threads (the two consumer warpgroups, no producer), W's 64
+ * rows, one node tile's h built in place and P^T; 1024-aligned */
+const int kThreadsH = 256;
+const size_t kSmemH = (size_t)KC * kHChunk + (size_t)KC * kHChunk + kHChunk + 8 + 1024;
+
+/* the shared-memory descriptor of an MN-major operand in the 128-byte swizzle (rows of 64
+ * values along N, 8 of them a 1024-byte atom along K): start, 64-value blocks lbo bytes apart,
+ * 8-row groups 1024 bytes apart */
+__device__ __forceinline__ uint64_t desc_mn(uint32_t a, uint32_t lbo) {
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+/*
+ * d W = sum_n P[n, v] h[n] as dw_kernel, with h never in memory: one launch for all the nodes,
+ * each block's 64 x H sums kept in registers from the first node to the last and stored once.
+ * The lattice is one sample's T x U1 nodes (node n = t U1 + u), h[n] = relu(enc[t] + pred[u])
+ * rounded to bfloat16 (enc T x H, pred U1 x H, bfloat16, pitch H). A tile is 8 frames x 8 labels
+ * (node i of the tile: t = 8 tt + i / 8, u = 8 tu + i % 8; h and g zero outside the lattice), so
+ * that building its h reads 16 rows of H values instead of 64.
+ *
+ * Per tile: the 256 threads build h (the 10 chunks of 64 node rows x 64 values, K-major in the
+ * 128-byte swizzle, as tdt_gpu_wgmma_pack lays out W); z^T = W h^T as dw_kernel's (m64n32k16,
+ * warpgroup w taking nodes w 32 on); P^T into shared memory; then d W += P^T h with h read
+ * MN-major from the same chunks (m64n64k16 with B transposed: N = 64 of h's columns a chunk, K =
+ * 16 nodes a step), warpgroup w adding chunks 5 w to 5 w + 4 (5 x 32 float32 values a thread).
+ * No stage is streamed: the block's loads are W's rows once and, per tile, 16 rows of enc and
+ * pred (from L1 or L2).
+ */
+__global__ void __launch_bounds__(kThreadsH, 1)
+    dwh_kernel(const unsigned char *__restrict__ Wz, const uint16_t *__restrict__ enc,
+               const uint16_t *__restrict__ pred, int64_t T, int64_t U1, const float *__restrict__ lse,
+               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
+    unsigned char *ws = smem, *hs = ws + KC * kHChunk, *pt = hs + KC * kHChunk;
+    const uint32_t wfull = saddr(pt + kHChunk);
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t vrow0 = (int64_t)blockIdx.x * 64;
+    if (tid == 0) {
+        mbar_init(wfull, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) { /* W's 64 rows: half b % 2 of tile b / 2's stages (the last tile past V) */
+        const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
+                     tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
+                     : "memory");
+        for (int kc = 0; kc < KC; ++kc)
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                    saddr(ws + kc * kHChunk)),
+                "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
+                : "memory");
+    }
+    float z[16], d[5][32];
+#pragma unroll
+    for (int j = 0; j < 5; ++j)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) d[j][i] = 0.f;
+    const uint32_t w0 = saddr(ws), h0 = saddr(hs), p0 = saddr(pt);
+    const int64_t tiles_u = (U1 + 7) / 8, tiles = (T + 7) / 8 * tiles_u;
+    mbar_wait(wfull, 0);
+    for (int64_t k = 0; k < tiles; ++k) {
+        const int64_t t0 = k / tiles_u * 8, u0 = k % tiles_u * 8;
+        /* h: 64 nodes x 80 units of 8 values; unit q: node q / 80, columns 8 (q % 80) on */
+        for (int q = tid; q < kNodes * (H / 8); q += kThreadsH) {
+            const int i = q / (H / 8), cu = q % (H / 8);
+            const int64_t t = t0 + i / 8, u = u0 + i % 8;
+            uint4 out = make_uint4(0, 0, 0, 0);
+            if (t < T && u < U1) {
+                const uint4 a = __ldg(reinterpret_cast<const uint4 *>(enc + t * H) + cu),
+                            b = __ldg(reinterpret_cast<const uint4 *>(pred + u * H) + cu);
+                const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+                uint32_t ov[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
+                                 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
+                    const __nv_bfloat162 r = __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
+                    ov[e] = *reinterpret_cast<const uint32_t *>(&r);
+                }
+                out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
+            }
+            *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunk + i * 128 + (((cu & 7) ^ (i & 7)) << 4)) = out;
+        }
+        fence_proxy_async();
+        __syncthreads();
+        /* z^T = W h^T: this warpgroup's 32 nodes */
+        wgmma_fence();
+        for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                mma_bf16(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(h0 + kc * kHChunk + wgi * 32 * 128 + kk * 32),
+                         kc > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_acc(z);
+        /* P^T: token rows warp 16 + lane / 4 and 8 more, nodes wgi 32 + 8 j + 2 (lane % 4) + c */
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float gn[2], ln[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int i = wgi * 32 + 8 * j + 2 * (lane & 3) + c;
+                const int64_t t = t0 + i / 8, u = u0 + i % 8;
+                const bool in = t < T && u < U1;
+                gn[c] = in ? __ldg(g + t * U1 + u) : 0.f;
+                ln[c] = in ? __ldg(lse + t * U1 + u) * kLog2e : 0.f;
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = warp * 16 + hf * 8 + (lane >> 2);
+                const bool in = vrow0 + r < V;
+                float v[2];
+#pragma unroll
+                for (int c = 0; c < 2; ++c) v[c] = in ? gn[c] * exp2f(fmaf(z[4 * j + 2 * hf + c], kLog2e, -ln[c])) : 0.f;
+                *reinterpret_cast<__nv_bfloat162 *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) =
+                    __floats2bfloat162_rn(v[0], v[1]);
+            }
+        }
+        fence_proxy_async();
+        __syncthreads();
+        /* d W += P^T h: chunks 5 wgi + j, K = the tile's 64 nodes in 4 steps of 16 (2 KB of h rows) */
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 5; ++j)
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                mma_bf16<1>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * kHChunk + ks * 2048, kHChunk), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 5; ++j) pin_acc(d[j]);
+        __syncthreads(); /* h and P^T free for the next tile */
+    }
+    /* d W's rows: this thread's, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c, stored */
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int64_t v = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
+        if (v >= V) continue;
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+            float *row = dW + v * ldo + (5 * wgi + j) * 64 + 2 * (lane & 3);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                *reinterpret_cast<float2 *>(row + 8 * e) = make_float2(d[j][4 * e + 2 * hf], d[j][4 * e + 2 * hf + 1]);
+        }
+    }
+}
+
 __global__ void fill_unit_kernel(float *p, int64_t n, uint32_t seed) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         p[i] = proto::unit_hash(i, seed);
@@ -561,6 +721,16 @@ __global__ void widen_kernel(const __nv_bfloat16 *x, int64_t n, float *y) {
 
 } // namespace
 
+/* h[t U1 + u] = relu(enc[t] + pred[u]) rounded to bfloat16, as dwh_kernel forms it */
+__global__ void h_kernel(const __nv_bfloat16 *enc, const __nv_bfloat16 *pred, int64_t T, int64_t U1,
+                         __nv_bfloat16 *h) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * U1 * H; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t n = i / H, c = i % H;
+        h[i] = __float2bfloat16(
+            fmaxf(__bfloat162float(enc[n / U1 * H + c]) + __bfloat162float(pred[n % U1 * H + c]), 0.f));
+    }
+}
+
 /* normwise relative difference of a against b (n values on the device), printed; whether it is
  * within tol */
 static bool compare(const char *what, const float *a_dev, const float *b_dev, size_t n, int64_t cols, double tol) {
@@ -599,31 +769,36 @@ static cudaError_t launch(void (*k)(Args...), int64_t blocks, int cl, size_t sme
 }
 
 int main(int argc, char **argv) {
-    int64_t nodes = 303000, V = 8193;
+    int64_t nodes = 303000, V = 8193, U1 = 101;
     int iters = 5;
     static const option opts[] = {{"nodes", required_argument, 0, 'n'}, {"vocab", required_argument, 0, 'v'},
-                                  {"iters", required_argument, 0, 'i'}, {0, 0, 0, 0}};
+                                  {"labels", required_argument, 0, 'u'}, {"iters", required_argument, 0, 'i'},
+                                  {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         if (c == 'n') nodes = atoll(optarg);
         else if (c == 'v') V = atoll(optarg);
+        else if (c == 'u') U1 = atoll(optarg);
         else if (c == 'i') iters = atoi(optarg);
         else {
-            fprintf(stderr, "usage: %s [--nodes N] [--vocab V] [--iters I]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--nodes N] [--vocab V] [--labels U1] [--iters I]\n", argv[0]);
             return 2;
         }
     }
-    if (nodes < 1 || V < 1 || iters < 1) {
-        fprintf(stderr, "joint_bwd_proto: --nodes, --vocab and --iters must be positive\n");
+    if (nodes < 1 || V < 1 || U1 < 1 || iters < 1) {
+        fprintf(stderr, "joint_bwd_proto: --nodes, --vocab, --labels and --iters must be positive\n");
         return 2;
     }
+    /* one sample's lattice of T x U1 nodes, T the fewest frames that hold --nodes */
+    const int64_t T = (nodes + U1 - 1) / U1;
+    nodes = T * U1;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("joint_bwd_proto: %s, nodes %lld, V %lld, H %d, iters %d\n", prop.name, (long long)nodes, (long long)V, H,
-           iters);
+    printf("joint_bwd_proto: %s, nodes %lld (T %lld x U1 %lld), V %lld, H %d, iters %d\n", prop.name,
+           (long long)nodes, (long long)T, (long long)U1, (long long)V, H, iters);
     if (!tdt_gpu_wgmma_fits(prop.major, prop.minor, (int)prop.sharedMemPerBlockOptin, H) ||
-        std::max(kSmem, kSmemW) > (size_t)prop.sharedMemPerBlockOptin) {
+        std::max({kSmem, kSmemW, kSmemH}) > (size_t)prop.sharedMemPerBlockOptin) {
         printf("not run: the kernels need compute capability 9.0 and %zu bytes of shared memory a block\n",
-               std::max(kSmem, kSmemW));
+               std::max({kSmem, kSmemW, kSmemH}));
         return 0;
     }
     const int64_t ldz = (V + 7) / 8 * 8, tiles = (V + kRows - 1) / kRows, ntiles = (nodes + kNodes - 1) / kNodes;
@@ -647,7 +822,13 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&Wt, (size_t)tiles * 4 * kHStage));
     CK(cudaMalloc(&hn, tdt_gpu_wgmma_pack_bytes(nodes, H)));
     CK(cudaMalloc(&ht, (size_t)ntiles * 2 * kHStage));
-    proto::fill_bf16_kernel<<<1024, 256>>>(h, nodes, H, nodes, H, 1.0f, 1);
+    /* h = relu(enc[t] + pred[u]) in bfloat16, enc and pred uniform in [-1, 1) */
+    __nv_bfloat16 *enc, *pred;
+    CK(cudaMalloc(&enc, (size_t)T * H * 2));
+    CK(cudaMalloc(&pred, (size_t)U1 * H * 2));
+    proto::fill_bf16_kernel<<<1024, 256>>>(enc, T, H, T, H, 1.0f, 4);
+    proto::fill_bf16_kernel<<<1024, 256>>>(pred, U1, H, U1, H, 1.0f, 5);
+    h_kernel<<<1024, 256>>>(enc, pred, T, U1, h);
     proto::fill_bf16_kernel<<<1024, 256>>>(W, ldz, H, V, H, 3.0f / sqrtf((float)H), 2);
     fill_unit_kernel<<<256, 256>>>(g, nodes, 3);
     CK(cudaGetLastError());
@@ -742,6 +923,19 @@ int main(int argc, char **argv) {
         ok_dh = compare("d h", dh, dh_ref, (size_t)nodes * H, H, 2e-3) && ok_dh;
         ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
     }
+    /* d W with h built on the chip, all the nodes in one launch */
+    CK(cudaFuncSetAttribute(dwh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
+    auto fused_dwh = [&]() {
+        dwh_kernel<<<(unsigned)((V + 63) / 64), kThreadsH, kSmemH>>>(
+            static_cast<const unsigned char *>(Wz), reinterpret_cast<const uint16_t *>(enc),
+            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, dW, (int64_t)H);
+    };
+    printf("h built on the chip, 8 x 8 node tiles, one launch:\n");
+    CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
+    fused_dwh();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
     /* the library's dz kernel (tdt_gpu_wgmma_dz) against the reference P on the first chunk */
     tdt_wgmma_dz_row *rows;
     __nv_bfloat16 *dzb;
@@ -781,6 +975,10 @@ int main(int argc, char **argv) {
                cls[v], tb, flop / tb / 1e9, tb / tub, (long long)((ntiles + tiles_a_chunk - 1) / tiles_a_chunk),
                (long long)tiles_a_chunk);
     }
+    const float tc = time(fused_dwh);
+    printf("d W: fused z + P + d W, h built on the chip  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; one "
+           "launch, %lld tiles of 8 x 8 nodes)\n",
+           tc, flop / tc / 1e9, tc / tub, (long long)((T + 7) / 8 * ((U1 + 7) / 8)));
     printf("d h: cuBLAS z, P, cuBLAS d h  %8.3f ms  %6.1f TFLOP/s\n", tua, flop / tua / 1e9);
     printf("d W: cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s\n", tub, flop / tub / 1e9);
     const float tpw = time(packs_w), tph = time(packs_h);

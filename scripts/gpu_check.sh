@@ -155,7 +155,7 @@ if want wgmma; then
   step bwd_proto_memcheck 120 compute-sanitizer --tool memcheck $wsan build-gpu/benchmark/joint_bwd_proto \
     --nodes 300 --vocab 300 --iters 1
   step bwd_proto_huge 120 build-gpu/benchmark/joint_bwd_proto --iters 5
-  step bwd_proto_long 120 build-gpu/benchmark/joint_bwd_proto --nodes 601500 --vocab 1025 --iters 5
+  step bwd_proto_long 120 build-gpu/benchmark/joint_bwd_proto --nodes 601500 --labels 401 --vocab 1025 --iters 5
   step lse_proto 60 build-gpu/benchmark/joint_lse_proto --hidden 640 --iters 10
 fi
 if want tune; then
