@@ -550,12 +550,13 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t a, uint32_t lbo) {
  * MN-major from the same chunks (m64n64k16 with B transposed: N = 64 of h's columns a chunk, K =
  * 16 nodes a step), warpgroup w adding chunks 5 w to 5 w + 4 (5 x 32 float32 values a thread).
  * No stage is streamed: the block's loads are W's rows once and, per tile, 16 rows of enc and
- * pred (from L1 or L2).
+ * pred (from L1 or L2). Where W's blocks of 64 rows are fewer than the SMs (V 1025: 17), the
+ * tiles are split over gridDim.y, block y's sums stored at dW + y part, to be added in order.
  */
 __global__ void __launch_bounds__(kThreadsH, 1)
     dwh_kernel(const unsigned char *__restrict__ Wz, const uint16_t *__restrict__ enc,
                const uint16_t *__restrict__ pred, int64_t T, int64_t U1, const float *__restrict__ lse,
-               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo) {
+               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo, int64_t part) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
     unsigned char *ws = smem, *hs = ws + KC * kHChunk, *pt = hs + KC * kHChunk;
@@ -586,8 +587,11 @@ __global__ void __launch_bounds__(kThreadsH, 1)
         for (int i = 0; i < 32; ++i) d[j][i] = 0.f;
     const uint32_t w0 = saddr(ws), h0 = saddr(hs), p0 = saddr(pt);
     const int64_t tiles_u = (U1 + 7) / 8, tiles = (T + 7) / 8 * tiles_u;
+    /* block y of gridDim.y takes its share of the tiles, its sums into partial sum y */
+    const int64_t k0 = tiles * blockIdx.y / gridDim.y, k1 = tiles * (blockIdx.y + 1) / gridDim.y;
+    dW += blockIdx.y * part;
     mbar_wait(wfull, 0);
-    for (int64_t k = 0; k < tiles; ++k) {
+    for (int64_t k = k0; k < k1; ++k) {
         const int64_t t0 = k / tiles_u * 8, u0 = k % tiles_u * 8;
         /* h: 64 nodes x 80 units of 8 values; unit q: node q / 80, columns 8 (q % 80) on */
         for (int q = tid; q < kNodes * (H / 8); q += kThreadsH) {
@@ -672,6 +676,15 @@ __global__ void __launch_bounds__(kThreadsH, 1)
             for (int e = 0; e < 8; ++e)
                 *reinterpret_cast<float2 *>(row + 8 * e) = make_float2(d[j][4 * e + 2 * hf], d[j][4 * e + 2 * hf + 1]);
         }
+    }
+}
+
+/* out[i] = sum over y < parts of in[y part + i], in order, for the first n values */
+__global__ void sum_parts_kernel(const float *in, int64_t part, int parts, int64_t n, float *out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a = 0.f;
+        for (int y = 0; y < parts; ++y) a += in[y * part + i];
+        out[i] = a;
     }
 }
 
@@ -925,12 +938,18 @@ int main(int argc, char **argv) {
     }
     /* d W with h built on the chip, all the nodes in one launch */
     CK(cudaFuncSetAttribute(dwh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
+    /* W's blocks of 64 rows, the tiles split over gridDim.y until there is a block an SM */
+    const int64_t wblocks = (V + 63) / 64, parts = std::max<int64_t>(1, sms / wblocks), part = ldz * H;
+    float *dWp = NULL;
+    if (parts > 1) CK(cudaMalloc(&dWp, (size_t)(parts * part) * 4));
     auto fused_dwh = [&]() {
-        dwh_kernel<<<(unsigned)((V + 63) / 64), kThreadsH, kSmemH>>>(
+        dwh_kernel<<<dim3((unsigned)wblocks, (unsigned)parts), kThreadsH, kSmemH>>>(
             static_cast<const unsigned char *>(Wz), reinterpret_cast<const uint16_t *>(enc),
-            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, dW, (int64_t)H);
+            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, parts > 1 ? dWp : dW, (int64_t)H, part);
+        if (parts > 1) sum_parts_kernel<<<1024, 256>>>(dWp, part, (int)parts, part, dW);
     };
-    printf("h built on the chip, 8 x 8 node tiles, one launch:\n");
+    printf("h built on the chip, 8 x 8 node tiles, one launch (%lld x %lld blocks):\n", (long long)wblocks,
+           (long long)parts);
     CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
     fused_dwh();
     CK(cudaGetLastError());
@@ -977,8 +996,8 @@ int main(int argc, char **argv) {
     }
     const float tc = time(fused_dwh);
     printf("d W: fused z + P + d W, h built on the chip  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; one "
-           "launch, %lld tiles of 8 x 8 nodes)\n",
-           tc, flop / tc / 1e9, tc / tub, (long long)((T + 7) / 8 * ((U1 + 7) / 8)));
+           "launch, %lld tiles of 8 x 8 nodes, %lld part(s))\n",
+           tc, flop / tc / 1e9, tc / tub, (long long)((T + 7) / 8 * ((U1 + 7) / 8)), (long long)parts);
     printf("d h: cuBLAS z, P, cuBLAS d h  %8.3f ms  %6.1f TFLOP/s\n", tua, flop / tua / 1e9);
     printf("d W: cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s\n", tub, flop / tub / 1e9);
     const float tpw = time(packs_w), tph = time(packs_h);
