@@ -552,7 +552,11 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t a, uint32_t lbo) {
  * No stage is streamed: the block's loads are W's rows once and, per tile, 16 rows of enc and
  * pred (from L1 or L2). Where W's blocks of 64 rows are fewer than the SMs (V 1025: 17), the
  * tiles are split over gridDim.y, block y's sums stored at dW + y part, to be added in order.
+ * OV 1: each warpgroup builds only its own 32 nodes' rows, chunk by chunk, each chunk's z^T
+ * products issued as soon as it is in, so that building the next chunk overlaps them (OV 0:
+ * the whole tile built, then the products).
  */
+template <int OV>
 __global__ void __launch_bounds__(kThreadsH, 1)
     dwh_kernel(const unsigned char *__restrict__ Wz, const uint16_t *__restrict__ enc,
                const uint16_t *__restrict__ pred, int64_t T, int64_t U1, const float *__restrict__ lse,
@@ -593,9 +597,8 @@ __global__ void __launch_bounds__(kThreadsH, 1)
     mbar_wait(wfull, 0);
     for (int64_t k = k0; k < k1; ++k) {
         const int64_t t0 = k / tiles_u * 8, u0 = k % tiles_u * 8;
-        /* h: 64 nodes x 80 units of 8 values; unit q: node q / 80, columns 8 (q % 80) on */
-        for (int q = tid; q < kNodes * (H / 8); q += kThreadsH) {
-            const int i = q / (H / 8), cu = q % (H / 8);
+        /* unit (i, cu) of h: node i's columns 8 cu to 8 cu + 7, into chunk cu / 8 */
+        const auto build = [&](int i, int cu) {
             const int64_t t = t0 + i / 8, u = u0 + i % 8;
             uint4 out = make_uint4(0, 0, 0, 0);
             if (t < T && u < U1) {
@@ -613,19 +616,41 @@ __global__ void __launch_bounds__(kThreadsH, 1)
                 out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
             }
             *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunk + i * 128 + (((cu & 7) ^ (i & 7)) << 4)) = out;
-        }
-        fence_proxy_async();
-        __syncthreads();
-        /* z^T = W h^T: this warpgroup's 32 nodes */
-        wgmma_fence();
-        for (int kc = 0; kc < KC; ++kc)
+        };
+        /* z^T = W h^T over chunk kc: this warpgroup's 32 nodes */
+        const auto zt = [&](int kc) {
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
                 mma_bf16(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(h0 + kc * kHChunk + wgi * 32 * 128 + kk * 32),
                          kc > 0 || kk > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin_acc(z);
+        };
+        if constexpr (OV) {
+            for (int kc = 0; kc < KC; ++kc) {
+                /* this warpgroup's 32 rows of chunk kc: 256 units, 2 a thread */
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int q = (tid & 127) + 128 * r;
+                    build(wgi * 32 + q / 8, kc * 8 + q % 8);
+                }
+                fence_proxy_async();
+                asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory");
+                wgmma_fence();
+                zt(kc);
+                wgmma_commit();
+            }
+            wgmma_wait<0>();
+            pin_acc(z);
+        } else {
+            /* h: 64 nodes x 80 units of 8 values; unit q: node q / 80, columns 8 (q % 80) on */
+            for (int q = tid; q < kNodes * (H / 8); q += kThreadsH) build(q / (H / 8), q % (H / 8));
+            fence_proxy_async();
+            __syncthreads();
+            wgmma_fence();
+            for (int kc = 0; kc < KC; ++kc) zt(kc);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin_acc(z);
+        }
         /* P^T: token rows warp 16 + lane / 4 and 8 more, nodes wgi 32 + 8 j + 2 (lane % 4) + c */
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -937,24 +962,28 @@ int main(int argc, char **argv) {
         ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
     }
     /* d W with h built on the chip, all the nodes in one launch */
-    CK(cudaFuncSetAttribute(dwh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
+    CK(cudaFuncSetAttribute(dwh_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
+    CK(cudaFuncSetAttribute(dwh_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
     /* W's blocks of 64 rows, the tiles split over gridDim.y until there is a block an SM */
     const int64_t wblocks = (V + 63) / 64, parts = std::max<int64_t>(1, sms / wblocks), part = ldz * H;
     float *dWp = NULL;
     if (parts > 1) CK(cudaMalloc(&dWp, (size_t)(parts * part) * 4));
-    auto fused_dwh = [&]() {
-        dwh_kernel<<<dim3((unsigned)wblocks, (unsigned)parts), kThreadsH, kSmemH>>>(
+    auto fused_dwh = [&](int ov) {
+        (ov ? dwh_kernel<1> : dwh_kernel<0>)<<<dim3((unsigned)wblocks, (unsigned)parts), kThreadsH, kSmemH>>>(
             static_cast<const unsigned char *>(Wz), reinterpret_cast<const uint16_t *>(enc),
             reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, parts > 1 ? dWp : dW, (int64_t)H, part);
         if (parts > 1) sum_parts_kernel<<<1024, 256>>>(dWp, part, (int)parts, part, dW);
     };
     printf("h built on the chip, 8 x 8 node tiles, one launch (%lld x %lld blocks):\n", (long long)wblocks,
            (long long)parts);
-    CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
-    fused_dwh();
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
+    for (int ov = 0; ov < 2; ++ov) {
+        CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
+        fused_dwh(ov);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        ok_dw = compare(ov ? "d W (h built chunk by chunk beside z^T)" : "d W (h built, then z^T)", dW, dW_ref,
+                        (size_t)V * H, H, 2e-3) && ok_dw;
+    }
     /* the library's dz kernel (tdt_gpu_wgmma_dz) against the reference P on the first chunk */
     tdt_wgmma_dz_row *rows;
     __nv_bfloat16 *dzb;
@@ -994,10 +1023,13 @@ int main(int argc, char **argv) {
                cls[v], tb, flop / tb / 1e9, tb / tub, (long long)((ntiles + tiles_a_chunk - 1) / tiles_a_chunk),
                (long long)tiles_a_chunk);
     }
-    const float tc = time(fused_dwh);
-    printf("d W: fused z + P + d W, h built on the chip  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; one "
-           "launch, %lld tiles of 8 x 8 nodes, %lld part(s))\n",
-           tc, flop / tc / 1e9, tc / tub, (long long)((T + 7) / 8 * ((U1 + 7) / 8)), (long long)parts);
+    for (int ov = 0; ov < 2; ++ov) {
+        const float tc = time([&] { fused_dwh(ov); });
+        printf("d W: fused z + P + d W, h built on the chip%s  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; one "
+               "launch, %lld tiles of 8 x 8 nodes, %lld part(s))\n",
+               ov ? " beside z^T" : ", then z^T", tc, flop / tc / 1e9, tc / tub,
+               (long long)((T + 7) / 8 * ((U1 + 7) / 8)), (long long)parts);
+    }
     printf("d h: cuBLAS z, P, cuBLAS d h  %8.3f ms  %6.1f TFLOP/s\n", tua, flop / tua / 1e9);
     printf("d W: cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s\n", tub, flop / tub / 1e9);
     const float tpw = time(packs_w), tph = time(packs_h);
