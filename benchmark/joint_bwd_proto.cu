@@ -391,6 +391,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (CL > 1) cluster_sync();
 }
 
+/* P^T = g exp(z^T - lse) rounded to bfloat16, from a warpgroup's z^T (m64n32k16 sums: token rows
+ * warp 16 + lane / 4 and 8 more, nodes wgi 32 + 8 j + 2 (lane % 4) + c of the block's 64), into
+ * the 64 token rows of 64 node values at pt (K-major, the 128-byte swizzle); zero past V.
+ * node(i, &g, &lse2) gives node i's weight and base-2 log-normaliser (zeros where i is none). */
+template <typename Node>
+__device__ __forceinline__ void pt_store(unsigned char *pt, const float (&z)[16], int64_t vrow0, int64_t V, int wgi,
+                                         int warp, int lane, Node node) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float gn[2], ln[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) node(wgi * 32 + 8 * j + 2 * (lane & 3) + c, &gn[c], &ln[c]);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int r = warp * 16 + hf * 8 + (lane >> 2);
+            const bool in = vrow0 + r < V;
+            float v[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) v[c] = in ? gn[c] * exp2f(fmaf(z[4 * j + 2 * hf + c], kLog2e, -ln[c])) : 0.f;
+            *reinterpret_cast<__nv_bfloat162 *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) =
+                __floats2bfloat162_rn(v[0], v[1]);
+        }
+    }
+}
+
 /* d W's shared memory: W's 64 rows, h's node-row ring, h^T's ring, P^T, then the barriers */
 const int kNStages = 7; /* 56 KB of h in flight: with 3 stages (24 KB) d W took 1.6x cuBLAS's time */
 const size_t kSmemW = (size_t)KC * kHChunk + (size_t)kNStages * kHChunk + (size_t)kHStages * kHStage + kHChunk +
@@ -479,29 +504,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     int ni = 0, ti = 0;
     for (int64_t nt = nt0; nt < nt1; ++nt) {
         ring_product<CL>(z, w0, nb, kHChunk, kNStages, wgi * 32 * 128, nfull, nempty, ni, lane);
-        /* P^T: this thread's token rows warp 16 + lane / 4 and 8 more, nodes wgi 32 + 8 j + 2 (lane % 4) + c */
+        /* P^T of the tile (both warpgroups past their products on the last one) */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float gn[2], ln[2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int64_t n = nt * 64 + wgi * 32 + 8 * j + 2 * (lane & 3) + c;
-                gn[c] = n < count ? __ldg(g + n) : 0.f;
-                ln[c] = n < count ? __ldg(lse + n) * kLog2e : 0.f;
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = warp * 16 + hf * 8 + (lane >> 2);
-                const bool in = vrow0 + r < V;
-                float v[2];
-#pragma unroll
-                for (int c = 0; c < 2; ++c)
-                    v[c] = in ? gn[c] * exp2f(fmaf(z[4 * j + 2 * hf + c], kLog2e, -ln[c])) : 0.f;
-                *reinterpret_cast<__nv_bfloat162 *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) =
-                    __floats2bfloat162_rn(v[0], v[1]);
-            }
-        }
+        pt_store(pt, z, vrow0, V, wgi, warp, lane, [&](int i, float *gn, float *ln) {
+            const int64_t n = nt * 64 + i;
+            *gn = n < count ? __ldg(g + n) : 0.f;
+            *ln = n < count ? __ldg(lse + n) * kLog2e : 0.f;
+        });
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         ring_blocks<CL, 2>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
@@ -651,29 +660,13 @@ __global__ void __launch_bounds__(kThreadsH, 1)
             wgmma_wait<0>();
             pin_acc(z);
         }
-        /* P^T: token rows warp 16 + lane / 4 and 8 more, nodes wgi 32 + 8 j + 2 (lane % 4) + c */
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float gn[2], ln[2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int i = wgi * 32 + 8 * j + 2 * (lane & 3) + c;
-                const int64_t t = t0 + i / 8, u = u0 + i % 8;
-                const bool in = t < T && u < U1;
-                gn[c] = in ? __ldg(g + t * U1 + u) : 0.f;
-                ln[c] = in ? __ldg(lse + t * U1 + u) * kLog2e : 0.f;
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = warp * 16 + hf * 8 + (lane >> 2);
-                const bool in = vrow0 + r < V;
-                float v[2];
-#pragma unroll
-                for (int c = 0; c < 2; ++c) v[c] = in ? gn[c] * exp2f(fmaf(z[4 * j + 2 * hf + c], kLog2e, -ln[c])) : 0.f;
-                *reinterpret_cast<__nv_bfloat162 *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) =
-                    __floats2bfloat162_rn(v[0], v[1]);
-            }
-        }
+        /* P^T of the tile */
+        pt_store(pt, z, vrow0, V, wgi, warp, lane, [&](int i, float *gn, float *ln) {
+            const int64_t t = t0 + i / 8, u = u0 + i % 8;
+            const bool in = t < T && u < U1;
+            *gn = in ? __ldg(g + t * U1 + u) : 0.f;
+            *ln = in ? __ldg(lse + t * U1 + u) * kLog2e : 0.f;
+        });
         fence_proxy_async();
         __syncthreads();
         /* d W += P^T h: chunks 5 wgi + j, K = the tile's 64 nodes in 4 steps of 16 (2 KB of h rows) */
