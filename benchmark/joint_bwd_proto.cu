@@ -301,12 +301,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tiles = (int)((V + kRows - 1) / kRows);
     if (tid == 0) {
         for (int s = 0; s < kZStages; ++s) {
-            mbar_init(zfull + 8 * s, 1);
-            mbar_init(zempty + 8 * s, 8 * CL);
+            mbar_init<1>(zfull + 8 * s);
+            mbar_init<8 * CL>(zempty + 8 * s);
         }
         for (int s = 0; s < kHStages; ++s) {
-            mbar_init(tfull + 8 * s, 1);
-            mbar_init(tempty + 8 * s, 8 * CL);
+            mbar_init<1>(tfull + 8 * s);
+            mbar_init<8 * CL>(tempty + 8 * s);
         }
     }
     if constexpr (CL > 1) cluster_sync(); /* every block's barriers set up before any copy or arrival */
@@ -449,14 +449,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
     const int64_t vrow0 = (int64_t)blockIdx.x * 64;
     if (tid == 0) {
-        mbar_init(wfull, 1);
+        mbar_init<1>(wfull);
         for (int s = 0; s < kNStages; ++s) {
-            mbar_init(nfull + 8 * s, 1);
-            mbar_init(nempty + 8 * s, 8 * CL);
+            mbar_init<1>(nfull + 8 * s);
+            mbar_init<8 * CL>(nempty + 8 * s);
         }
         for (int s = 0; s < kHStages; ++s) {
-            mbar_init(tfull + 8 * s, 1);
-            mbar_init(tempty + 8 * s, 8 * CL);
+            mbar_init<1>(tfull + 8 * s);
+            mbar_init<8 * CL>(tempty + 8 * s);
         }
     }
     if constexpr (CL > 1) cluster_sync();
@@ -577,7 +577,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
     const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
     const int64_t vrow0 = (int64_t)blockIdx.x * 64;
     if (tid == 0) {
-        mbar_init(wfull, 1);
+        mbar_init<1>(wfull);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
