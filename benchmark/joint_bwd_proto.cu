@@ -697,6 +697,203 @@ __global__ void __launch_bounds__(kThreadsH, 1)
     }
 }
 
+/* d W's fourth form (dwp_kernel): dwh_kernel's, pipelined. 32-node tiles of 4 frames x 8 labels;
+ * shared memory: W's 64 rows, kHBufs buffers of a tile's h (10 chunks of 32 node rows), two
+ * buffers of 64 token rows of 128 bytes holding four tiles' P^T (slot q: buffer q / 2, the 32
+ * node values 32 (q % 2) on of each row), each h buffer's nodes' (g, lse), then the barriers;
+ * 1024-aligned */
+const int kHBufs = 3, kTileN = 32, kHChunk32 = kTileN * 128, kHBuf = KC * kHChunk32;
+const size_t kSmemP = (size_t)KC * kHChunk + (size_t)kHBufs * kHBuf + 2 * (size_t)kHChunk + kHBufs * kTileN * 8 +
+                      8 * (1 + 2 * kHBufs + 8) + 1024;
+
+/*
+ * d W = sum_n P[n, v] h[n] as dwh_kernel (h built on the chip from enc and pred, one launch, the
+ * sums in registers), with the three kinds of work overlapped:
+ *   - warpgroup 2, the producer (40 registers), builds each tile's h (K-major, the 128-byte
+ *     swizzle) and its nodes' (g, lse) into the next free h buffer (kHBufs of them, "full" on
+ *     its 128 arrivals, "empty" once both consumers' d W products on it are retired);
+ *   - consumer warpgroup w (232 registers) forms z^T = W h^T (m64n32k16: 64 token rows x the
+ *     tile's 32 nodes) and P^T for the tiles k with k % 2 == w, P^T into slot k % 4 (free once
+ *     both consumers' products on tile k - 4 are retired);
+ *   - both consumers add P^T h for every tile in order (m64n64k16, h read MN-major: warpgroup w
+ *     d W's columns 320 w on, 5 x 32 float32 values a thread), each keeping its own z^T and
+ *     P^T a tile ahead (warpgroup 0: z^T 0, d W 0, z^T 2, d W 1, d W 2, z^T 4, ...; warpgroup
+ *     1: z^T 1, d W 0, d W 1, z^T 3, ...), so that one's exponentials overlap the other's
+ *     products, as a flash-attention kernel's two warpgroups alternate.
+ * FLUSH: every `flush` tiles (> 0) each consumer adds its sums into d W (pitch ldo, block
+ * y of gridDim.y at dW + y part; the caller zeroes it) and starts them again from zero: one
+ * owner a row, so the order is fixed, and each float32 register sum runs over at most `flush`
+ * tiles (wgmma's sums over one launch's 303,000 nodes lost 1e-3 of d W's norm in dwh_kernel).
+ */
+template <bool FLUSH>
+__global__ void __launch_bounds__(kThreads, 1)
+    dwp_kernel(const unsigned char *__restrict__ Wz, const uint16_t *__restrict__ enc,
+               const uint16_t *__restrict__ pred, int64_t T, int64_t U1, const float *__restrict__ lse,
+               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo, int64_t part, int flush) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
+    unsigned char *ws = smem, *hb = ws + KC * kHChunk, *pb = hb + kHBufs * kHBuf;
+    float2 *gl = reinterpret_cast<float2 *>(pb + 2 * kHChunk);
+    const uint32_t wfull = saddr(gl + kHBufs * kTileN), hfull = wfull + 8, hempty = hfull + 8 * kHBufs,
+                   pfull = hempty + 8 * kHBufs, pempty = pfull + 32;
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t vrow0 = (int64_t)blockIdx.x * 64;
+    const int64_t tiles_u = (U1 + 7) / 8, tiles = (T + 3) / 4 * tiles_u;
+    const int64_t k0 = tiles * blockIdx.y / gridDim.y, k1 = tiles * (blockIdx.y + 1) / gridDim.y;
+    const int n = (int)(k1 - k0);
+    dW += blockIdx.y * part;
+    if (tid == 0) {
+        mbar_init<1>(wfull);
+        for (int s = 0; s < kHBufs; ++s) {
+            mbar_init<128>(hfull + 8 * s);
+            mbar_init<2>(hempty + 8 * s);
+        }
+        for (int q = 0; q < 4; ++q) {
+            mbar_init<1>(pfull + 8 * q);
+            mbar_init<2>(pempty + 8 * q);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wgi == 2) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        const int pt = tid - 256;
+        if (pt == 0) { /* W's 64 rows: half b % 2 of tile b / 2's stages (the last tile past V) */
+            const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
+                         tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
+                         : "memory");
+            for (int kc = 0; kc < KC; ++kc)
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                        saddr(ws + kc * kHChunk)),
+                    "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
+                    : "memory");
+        }
+        for (int i = 0; i < n; ++i) {
+            const int s = i % kHBufs;
+            if (i >= kHBufs) mbar_wait(hempty + 8 * s, (uint32_t)((i / kHBufs - 1) & 1));
+            const int64_t k = k0 + i, t0 = k / tiles_u * 4, u0 = k % tiles_u * 8;
+            unsigned char *hs = hb + s * kHBuf;
+            /* unit q: node q / 80 (t0 + node / 8, u0 + node % 8), columns 8 (q % 80) on */
+#pragma unroll 1
+            for (int q = pt; q < kTileN * (H / 8); q += 128) {
+                const int i8 = q / (H / 8), cu = q % (H / 8);
+                const int64_t t = t0 + i8 / 8, u = u0 + i8 % 8;
+                uint4 out = make_uint4(0, 0, 0, 0);
+                if (t < T && u < U1) {
+                    const uint4 a = __ldg(reinterpret_cast<const uint4 *>(enc + t * H) + cu),
+                                b = __ldg(reinterpret_cast<const uint4 *>(pred + u * H) + cu);
+                    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+                    uint32_t ov[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
+                                     y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
+                        const __nv_bfloat162 r =
+                            __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
+                        ov[e] = *reinterpret_cast<const uint32_t *>(&r);
+                    }
+                    out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
+                }
+                *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunk32 + i8 * 128 + (((cu & 7) ^ (i8 & 7)) << 4)) = out;
+            }
+            if (pt < kTileN) {
+                const int64_t t = t0 + pt / 8, u = u0 + pt % 8;
+                const bool in = t < T && u < U1;
+                gl[s * kTileN + pt] = in ? make_float2(__ldg(g + t * U1 + u), __ldg(lse + t * U1 + u) * kLog2e)
+                                         : make_float2(0.f, 0.f);
+            }
+            fence_proxy_async();
+            mbar_arrive(hfull + 8 * s);
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    float z[16], d[5][32];
+#pragma unroll
+    for (int j = 0; j < 5; ++j)
+#pragma unroll
+        for (int e = 0; e < 32; ++e) d[j][e] = 0.f;
+    const uint32_t w0 = saddr(ws), h0 = saddr(hb), p0 = saddr(pb);
+    const bool lead = (tid & 127) == 0;
+    /* this thread's sums added into d W's rows (columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c),
+     * then zeroed */
+    const auto add_out = [&]() {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int64_t v = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
+#pragma unroll
+            for (int j = 0; j < 5; ++j) {
+                float *row = dW + v * ldo + (5 * wgi + j) * 64 + 2 * (lane & 3);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    if (v < V) {
+                        float2 *o = reinterpret_cast<float2 *>(row + 8 * e);
+                        const float2 x = *o;
+                        *o = make_float2(x.x + d[j][4 * e + 2 * hf], x.y + d[j][4 * e + 2 * hf + 1]);
+                    }
+                    d[j][4 * e + 2 * hf] = d[j][4 * e + 2 * hf + 1] = 0.f;
+                }
+            }
+        }
+    };
+    mbar_wait(wfull, 0);
+    /* z^T and P^T of tile k (this warpgroup's: k % 2 == wgi) into P slot k % 4 (buffer slot / 2,
+     * node values 32 (slot % 2) on of each token row) */
+    const auto zp = [&](int k) {
+        const int s = k % kHBufs, q = k & 3;
+        const uint32_t hs = h0 + s * kHBuf;
+        mbar_wait(hfull + 8 * s, (uint32_t)((k / kHBufs) & 1));
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                mma_bf16(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(hs + kc * kHChunk32 + kk * 32),
+                         kc > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_acc(z);
+        if (k >= 4) mbar_wait(pempty + 8 * q, (uint32_t)(((k >> 2) - 1) & 1));
+        const float2 *gt = gl + s * kTileN;
+        pt_store(pb + (q >> 1) * kHChunk, z, vrow0, V, q & 1, warp, lane, [&](int c, float *gn, float *ln) {
+            const float2 x = gt[c & 31];
+            *gn = x.x, *ln = x.y;
+        });
+        fence_proxy_async();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory");
+        if (lead) mbar_arrive(pfull + 8 * q);
+    };
+    /* d W += P^T h over every tile in order; this warpgroup's own z^T and P^T kept one tile
+     * ahead of them, so that one warpgroup's exponentials overlap the other's products */
+    int own = wgi;
+    for (int i = 0; i < n; ++i) {
+        for (; own < n && own <= i + 1; own += 2) zp(own);
+        const int s = i % kHBufs, q = i & 3;
+        const uint32_t hs = h0 + s * kHBuf, ps = p0 + (q >> 1) * kHChunk + (q & 1) * 64;
+        mbar_wait(pfull + 8 * q, (uint32_t)((i >> 2) & 1));
+        mbar_wait(hfull + 8 * s, (uint32_t)((i / kHBufs) & 1));
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 5; ++j)
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks)
+                mma_bf16<1>(d[j], desc_of(ps + ks * 32), desc_mn(hs + (5 * wgi + j) * kHChunk32 + ks * 2048, kHChunk32),
+                            1);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 5; ++j) pin_acc(d[j]);
+        if (lead) {
+            mbar_arrive(hempty + 8 * s);
+            mbar_arrive(pempty + 8 * q);
+        }
+        if (FLUSH && (i + 1) % flush == 0 && i + 1 < n) add_out();
+    }
+    add_out();
+}
+
 /* out[i] = sum over y < parts of in[y part + i], in order, for the first n values */
 __global__ void sum_parts_kernel(const float *in, int64_t part, int parts, int64_t n, float *out) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -827,9 +1024,9 @@ int main(int argc, char **argv) {
     printf("joint_bwd_proto: %s, nodes %lld (T %lld x U1 %lld), V %lld, H %d, iters %d\n", prop.name,
            (long long)nodes, (long long)T, (long long)U1, (long long)V, H, iters);
     if (!tdt_gpu_wgmma_fits(prop.major, prop.minor, (int)prop.sharedMemPerBlockOptin, H) ||
-        std::max({kSmem, kSmemW, kSmemH}) > (size_t)prop.sharedMemPerBlockOptin) {
+        std::max({kSmem, kSmemW, kSmemH, kSmemP}) > (size_t)prop.sharedMemPerBlockOptin) {
         printf("not run: the kernels need compute capability 9.0 and %zu bytes of shared memory a block\n",
-               std::max({kSmem, kSmemW, kSmemH}));
+               std::max({kSmem, kSmemW, kSmemH, kSmemP}));
         return 0;
     }
     const int64_t ldz = (V + 7) / 8 * 8, tiles = (V + kRows - 1) / kRows, ntiles = (nodes + kNodes - 1) / kNodes;
@@ -977,6 +1174,30 @@ int main(int argc, char **argv) {
         ok_dw = compare(ov ? "d W (h built chunk by chunk beside z^T)" : "d W (h built, then z^T)", dW, dW_ref,
                         (size_t)V * H, H, 2e-3) && ok_dw;
     }
+    /* d W with h built on the chip, pipelined: its sums added out only at the end, or every 256
+     * tiles (8192 nodes) */
+    CK(cudaFuncSetAttribute(dwp_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemP));
+    CK(cudaFuncSetAttribute(dwp_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemP));
+    const int flushes[2] = {0, 256};
+    auto fused_dwp = [&](int flush) {
+        float *out = parts > 1 ? dWp : dW;
+        CK(cudaMemsetAsync(out, 0, (size_t)(parts * part) * 4));
+        (flush ? dwp_kernel<true> : dwp_kernel<false>)<<<dim3((unsigned)wblocks, (unsigned)parts), kThreads, kSmemP>>>(
+            static_cast<const unsigned char *>(Wz), reinterpret_cast<const uint16_t *>(enc),
+            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, out, (int64_t)H, part, flush);
+        if (parts > 1) sum_parts_kernel<<<1024, 256>>>(dWp, part, (int)parts, part, dW);
+    };
+    printf("h built on the chip, pipelined, 4 x 8 node tiles, one launch (%lld x %lld blocks):\n", (long long)wblocks,
+           (long long)parts);
+    for (const int fl : flushes) {
+        CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
+        fused_dwp(fl);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        char what[96];
+        snprintf(what, sizeof what, "d W (h built, pipelined, sums added out every %d tiles)", fl);
+        ok_dw = compare(what, dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
+    }
     /* the library's dz kernel (tdt_gpu_wgmma_dz) against the reference P on the first chunk */
     tdt_wgmma_dz_row *rows;
     __nv_bfloat16 *dzb;
@@ -1022,6 +1243,12 @@ int main(int argc, char **argv) {
                "launch, %lld tiles of 8 x 8 nodes, %lld part(s))\n",
                ov ? " beside z^T" : ", then z^T", tc, flop / tc / 1e9, tc / tub,
                (long long)((T + 7) / 8 * ((U1 + 7) / 8)), (long long)parts);
+    }
+    for (const int fl : flushes) {
+        const float tc = time([&] { fused_dwp(fl); });
+        printf("d W: fused z + P + d W, h built on the chip, pipelined, added out every %d tiles  %8.3f ms  %6.1f "
+               "TFLOP/s  (fused / cuBLAS's %.2f; one launch, %lld tiles of 4 x 8 nodes, %lld part(s))\n",
+               fl, tc, flop / tc / 1e9, tc / tub, (long long)((T + 3) / 4 * ((U1 + 7) / 8)), (long long)parts);
     }
     printf("d h: cuBLAS z, P, cuBLAS d h  %8.3f ms  %6.1f TFLOP/s\n", tua, flop / tua / 1e9);
     printf("d W: cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s\n", tub, flop / tub / 1e9);
