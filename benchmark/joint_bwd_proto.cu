@@ -533,9 +533,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 /* d W's third form: a block of 256 threads (the two consumer warpgroups, no producer), W's 64
- * rows, one node tile's h built in place and P^T; 1024-aligned */
+ * rows, one node tile's h built in place, P^T, and two stages of a tile's raw rows (8 of enc, 8
+ * of pred, 20 KB); 1024-aligned */
 const int kThreadsH = 256;
-const size_t kSmemH = (size_t)KC * kHChunk + (size_t)KC * kHChunk + kHChunk + 8 + 1024;
+const int kRaw = 16 * H * 2;
+const size_t kSmemH = (size_t)KC * kHChunk + (size_t)KC * kHChunk + kHChunk + 2 * (size_t)kRaw + 8 + 1024;
 
 /* the shared-memory descriptor of an MN-major operand in the 128-byte swizzle (rows of 64
  * values along N, 8 of them a 1024-byte atom along K): start, 64-value blocks lbo bytes apart,
@@ -547,11 +549,11 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t a, uint32_t lbo) {
 
 /*
  * d W = sum_n P[n, v] h[n] as dw_kernel, with h never in memory: one launch for all the nodes,
- * each block's 64 x H sums kept in registers from the first node to the last and stored once.
- * The lattice is one sample's T x U1 nodes (node n = t U1 + u), h[n] = relu(enc[t] + pred[u])
- * rounded to bfloat16 (enc T x H, pred U1 x H, bfloat16, pitch H). A tile is 8 frames x 8 labels
- * (node i of the tile: t = 8 tt + i / 8, u = 8 tu + i % 8; h and g zero outside the lattice), so
- * that building its h reads 16 rows of H values instead of 64.
+ * each block's 64 x H sums kept in registers. The lattice is one sample's T x U1 nodes (node n
+ * = t U1 + u), h[n] = relu(enc[t] + pred[u]) rounded to bfloat16 (enc T x H, pred U1 x H,
+ * bfloat16, pitch H). A tile is 8 frames x 8 labels (node i of the tile: t = 8 tt + i / 8, u =
+ * 8 tu + i % 8; h and g zero outside the lattice), so that building its h reads 16 rows of H
+ * values instead of 64.
  *
  * Per tile: the 256 threads build h (the 10 chunks of 64 node rows x 64 values, K-major in the
  * 128-byte swizzle, as tdt_gpu_wgmma_pack lays out W); z^T = W h^T as dw_kernel's (m64n32k16,
@@ -559,21 +561,24 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t a, uint32_t lbo) {
  * MN-major from the same chunks (m64n64k16 with B transposed: N = 64 of h's columns a chunk, K =
  * 16 nodes a step), warpgroup w adding chunks 5 w to 5 w + 4 (5 x 32 float32 values a thread).
  * No stage is streamed: the block's loads are W's rows once and, per tile, 16 rows of enc and
- * pred (from L1 or L2). Where W's blocks of 64 rows are fewer than the SMs (V 1025: 17), the
- * tiles are split over gridDim.y, block y's sums stored at dW + y part, to be added in order.
- * OV 1: each warpgroup builds only its own 32 nodes' rows, chunk by chunk, each chunk's z^T
- * products issued as soon as it is in, so that building the next chunk overlaps them (OV 0:
- * the whole tile built, then the products).
+ * pred. PF 0: h built from those rows in L1 or L2 (each tile waits for its loads); PF 1: the
+ * rows copied (cp.async) into shared memory a tile ahead, h built from there. Where W's blocks of
+ * 64 rows are fewer than the SMs (V 1025: 17), the tiles are split over gridDim.y, block y's sums
+ * at dW + y part, to be added in order.
+ * Each thread adds its sums into d W (pitch ldo; the caller zeroes it) at the end and, with
+ * FLUSH, every `flush` tiles, starting them again from zero: one owner a row, so the order is
+ * fixed. wgmma's float32 sums over a whole launch (4875 tiles at huge-joint) lost 1e-3 of d W's
+ * norm against 7e-5 for sums of 128 tiles.
  */
-template <int OV>
+template <int PF, bool FLUSH>
 __global__ void __launch_bounds__(kThreadsH, 1)
     dwh_kernel(const unsigned char *__restrict__ Wz, const uint16_t *__restrict__ enc,
                const uint16_t *__restrict__ pred, int64_t T, int64_t U1, const float *__restrict__ lse,
-               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo, int64_t part) {
+               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo, int64_t part, int flush) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
-    unsigned char *ws = smem, *hs = ws + KC * kHChunk, *pt = hs + KC * kHChunk;
-    const uint32_t wfull = saddr(pt + kHChunk);
+    unsigned char *ws = smem, *hs = ws + KC * kHChunk, *pt = hs + KC * kHChunk, *raw = pt + kHChunk;
+    const uint32_t wfull = saddr(raw + 2 * kRaw);
     const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
     const int64_t vrow0 = (int64_t)blockIdx.x * 64;
     if (tid == 0) {
@@ -603,220 +608,6 @@ __global__ void __launch_bounds__(kThreadsH, 1)
     /* block y of gridDim.y takes its share of the tiles, its sums into partial sum y */
     const int64_t k0 = tiles * blockIdx.y / gridDim.y, k1 = tiles * (blockIdx.y + 1) / gridDim.y;
     dW += blockIdx.y * part;
-    mbar_wait(wfull, 0);
-    for (int64_t k = k0; k < k1; ++k) {
-        const int64_t t0 = k / tiles_u * 8, u0 = k % tiles_u * 8;
-        /* unit (i, cu) of h: node i's columns 8 cu to 8 cu + 7, into chunk cu / 8 */
-        const auto build = [&](int i, int cu) {
-            const int64_t t = t0 + i / 8, u = u0 + i % 8;
-            uint4 out = make_uint4(0, 0, 0, 0);
-            if (t < T && u < U1) {
-                const uint4 a = __ldg(reinterpret_cast<const uint4 *>(enc + t * H) + cu),
-                            b = __ldg(reinterpret_cast<const uint4 *>(pred + u * H) + cu);
-                const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-                uint32_t ov[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
-                                 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
-                    const __nv_bfloat162 r = __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
-                    ov[e] = *reinterpret_cast<const uint32_t *>(&r);
-                }
-                out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
-            }
-            *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunk + i * 128 + (((cu & 7) ^ (i & 7)) << 4)) = out;
-        };
-        /* z^T = W h^T over chunk kc: this warpgroup's 32 nodes */
-        const auto zt = [&](int kc) {
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                mma_bf16(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(h0 + kc * kHChunk + wgi * 32 * 128 + kk * 32),
-                         kc > 0 || kk > 0);
-        };
-        if constexpr (OV) {
-            for (int kc = 0; kc < KC; ++kc) {
-                /* this warpgroup's 32 rows of chunk kc: 256 units, 2 a thread */
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int q = (tid & 127) + 128 * r;
-                    build(wgi * 32 + q / 8, kc * 8 + q % 8);
-                }
-                fence_proxy_async();
-                asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory");
-                wgmma_fence();
-                zt(kc);
-                wgmma_commit();
-            }
-            wgmma_wait<0>();
-            pin_acc(z);
-        } else {
-            /* h: 64 nodes x 80 units of 8 values; unit q: node q / 80, columns 8 (q % 80) on */
-            for (int q = tid; q < kNodes * (H / 8); q += kThreadsH) build(q / (H / 8), q % (H / 8));
-            fence_proxy_async();
-            __syncthreads();
-            wgmma_fence();
-            for (int kc = 0; kc < KC; ++kc) zt(kc);
-            wgmma_commit();
-            wgmma_wait<0>();
-            pin_acc(z);
-        }
-        /* P^T of the tile */
-        pt_store(pt, z, vrow0, V, wgi, warp, lane, [&](int i, float *gn, float *ln) {
-            const int64_t t = t0 + i / 8, u = u0 + i % 8;
-            const bool in = t < T && u < U1;
-            *gn = in ? __ldg(g + t * U1 + u) : 0.f;
-            *ln = in ? __ldg(lse + t * U1 + u) * kLog2e : 0.f;
-        });
-        fence_proxy_async();
-        __syncthreads();
-        /* d W += P^T h: chunks 5 wgi + j, K = the tile's 64 nodes in 4 steps of 16 (2 KB of h rows) */
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < 5; ++j)
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-                mma_bf16<1>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * kHChunk + ks * 2048, kHChunk), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < 5; ++j) pin_acc(d[j]);
-        __syncthreads(); /* h and P^T free for the next tile */
-    }
-    /* d W's rows: this thread's, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c, stored */
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int64_t v = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
-        if (v >= V) continue;
-#pragma unroll
-        for (int j = 0; j < 5; ++j) {
-            float *row = dW + v * ldo + (5 * wgi + j) * 64 + 2 * (lane & 3);
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-                *reinterpret_cast<float2 *>(row + 8 * e) = make_float2(d[j][4 * e + 2 * hf], d[j][4 * e + 2 * hf + 1]);
-        }
-    }
-}
-
-/* d W's fourth form (dwp_kernel): dwh_kernel's, pipelined. 32-node tiles of 4 frames x 8 labels;
- * shared memory: W's 64 rows, kHBufs buffers of a tile's h (10 chunks of 32 node rows), two
- * buffers of 64 token rows of 128 bytes holding four tiles' P^T (slot q: buffer q / 2, the 32
- * node values 32 (q % 2) on of each row), each h buffer's nodes' (g, lse), then the barriers;
- * 1024-aligned */
-const int kHBufs = 3, kTileN = 32, kHChunk32 = kTileN * 128, kHBuf = KC * kHChunk32;
-const size_t kSmemP = (size_t)KC * kHChunk + (size_t)kHBufs * kHBuf + 2 * (size_t)kHChunk + kHBufs * kTileN * 8 +
-                      8 * (1 + 2 * kHBufs + 8) + 1024;
-
-/*
- * d W = sum_n P[n, v] h[n] as dwh_kernel (h built on the chip from enc and pred, one launch, the
- * sums in registers), with the three kinds of work overlapped:
- *   - warpgroup 2, the producer (40 registers), builds each tile's h (K-major, the 128-byte
- *     swizzle) and its nodes' (g, lse) into the next free h buffer (kHBufs of them, "full" on
- *     its 128 arrivals, "empty" once both consumers' d W products on it are retired);
- *   - consumer warpgroup w (232 registers) forms z^T = W h^T (m64n32k16: 64 token rows x the
- *     tile's 32 nodes) and P^T for the tiles k with k % 2 == w, P^T into slot k % 4 (free once
- *     both consumers' products on tile k - 4 are retired);
- *   - both consumers add P^T h for every tile in order (m64n64k16, h read MN-major: warpgroup w
- *     d W's columns 320 w on, 5 x 32 float32 values a thread), each keeping its own z^T and
- *     P^T a tile ahead (warpgroup 0: z^T 0, d W 0, z^T 2, d W 1, d W 2, z^T 4, ...; warpgroup
- *     1: z^T 1, d W 0, d W 1, z^T 3, ...), so that one's exponentials overlap the other's
- *     products, as a flash-attention kernel's two warpgroups alternate.
- * FLUSH: every `flush` tiles (> 0) each consumer adds its sums into d W (pitch ldo, block
- * y of gridDim.y at dW + y part; the caller zeroes it) and starts them again from zero: one
- * owner a row, so the order is fixed, and each float32 register sum runs over at most `flush`
- * tiles (wgmma's sums over one launch's 303,000 nodes lost 1e-3 of d W's norm in dwh_kernel).
- */
-template <bool FLUSH>
-__global__ void __launch_bounds__(kThreads, 1)
-    dwp_kernel(const unsigned char *__restrict__ Wz, const uint16_t *__restrict__ enc,
-               const uint16_t *__restrict__ pred, int64_t T, int64_t U1, const float *__restrict__ lse,
-               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo, int64_t part, int flush) {
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
-    unsigned char *ws = smem, *hb = ws + KC * kHChunk, *pb = hb + kHBufs * kHBuf;
-    float2 *gl = reinterpret_cast<float2 *>(pb + 2 * kHChunk);
-    const uint32_t wfull = saddr(gl + kHBufs * kTileN), hfull = wfull + 8, hempty = hfull + 8 * kHBufs,
-                   pfull = hempty + 8 * kHBufs, pempty = pfull + 32;
-    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
-    const int64_t vrow0 = (int64_t)blockIdx.x * 64;
-    const int64_t tiles_u = (U1 + 7) / 8, tiles = (T + 3) / 4 * tiles_u;
-    const int64_t k0 = tiles * blockIdx.y / gridDim.y, k1 = tiles * (blockIdx.y + 1) / gridDim.y;
-    const int n = (int)(k1 - k0);
-    dW += blockIdx.y * part;
-    if (tid == 0) {
-        mbar_init<1>(wfull);
-        for (int s = 0; s < kHBufs; ++s) {
-            mbar_init<128>(hfull + 8 * s);
-            mbar_init<2>(hempty + 8 * s);
-        }
-        for (int q = 0; q < 4; ++q) {
-            mbar_init<1>(pfull + 8 * q);
-            mbar_init<2>(pempty + 8 * q);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (wgi == 2) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        const int pt = tid - 256;
-        if (pt == 0) { /* W's 64 rows: half b % 2 of tile b / 2's stages (the last tile past V) */
-            const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
-                         tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
-                         : "memory");
-            for (int kc = 0; kc < KC; ++kc)
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                        saddr(ws + kc * kHChunk)),
-                    "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
-                    : "memory");
-        }
-        for (int i = 0; i < n; ++i) {
-            const int s = i % kHBufs;
-            if (i >= kHBufs) mbar_wait(hempty + 8 * s, (uint32_t)((i / kHBufs - 1) & 1));
-            const int64_t k = k0 + i, t0 = k / tiles_u * 4, u0 = k % tiles_u * 8;
-            unsigned char *hs = hb + s * kHBuf;
-            /* unit q: node q / 80 (t0 + node / 8, u0 + node % 8), columns 8 (q % 80) on */
-#pragma unroll 1
-            for (int q = pt; q < kTileN * (H / 8); q += 128) {
-                const int i8 = q / (H / 8), cu = q % (H / 8);
-                const int64_t t = t0 + i8 / 8, u = u0 + i8 % 8;
-                uint4 out = make_uint4(0, 0, 0, 0);
-                if (t < T && u < U1) {
-                    const uint4 a = __ldg(reinterpret_cast<const uint4 *>(enc + t * H) + cu),
-                                b = __ldg(reinterpret_cast<const uint4 *>(pred + u * H) + cu);
-                    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-                    uint32_t ov[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
-                                     y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
-                        const __nv_bfloat162 r =
-                            __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
-                        ov[e] = *reinterpret_cast<const uint32_t *>(&r);
-                    }
-                    out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
-                }
-                *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunk32 + i8 * 128 + (((cu & 7) ^ (i8 & 7)) << 4)) = out;
-            }
-            if (pt < kTileN) {
-                const int64_t t = t0 + pt / 8, u = u0 + pt % 8;
-                const bool in = t < T && u < U1;
-                gl[s * kTileN + pt] = in ? make_float2(__ldg(g + t * U1 + u), __ldg(lse + t * U1 + u) * kLog2e)
-                                         : make_float2(0.f, 0.f);
-            }
-            fence_proxy_async();
-            mbar_arrive(hfull + 8 * s);
-        }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    float z[16], d[5][32];
-#pragma unroll
-    for (int j = 0; j < 5; ++j)
-#pragma unroll
-        for (int e = 0; e < 32; ++e) d[j][e] = 0.f;
-    const uint32_t w0 = saddr(ws), h0 = saddr(hb), p0 = saddr(pb);
-    const bool lead = (tid & 127) == 0;
     /* this thread's sums added into d W's rows (columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c),
      * then zeroed */
     const auto add_out = [&]() {
@@ -838,58 +629,93 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
     };
+    /* PF: tile k's raw rows (enc's 8 frames, then pred's 8 labels; zeros outside the lattice) into
+     * raw stage k % 2 */
+    const auto fetch = [&](int64_t k) {
+        const int64_t t0 = k / tiles_u * 8, u0 = k % tiles_u * 8;
+        unsigned char *st = raw + (k & 1) * kRaw;
+        for (int q = tid; q < 16 * (H / 8); q += kThreadsH) {
+            const int r = q / (H / 8), cu = q % (H / 8);
+            const int64_t row = r < 8 ? t0 + r : u0 + r - 8;
+            const bool in = r < 8 ? row < T : row < U1;
+            const uint16_t *src = r < 8 ? enc : pred;
+            cp16(saddr(st + r * (H * 2) + cu * 16), src + (in ? row * H + cu * 8 : 0), in ? 16 : 0);
+        }
+        cp_commit();
+    };
     mbar_wait(wfull, 0);
-    /* z^T and P^T of tile k (this warpgroup's: k % 2 == wgi) into P slot k % 4 (buffer slot / 2,
-     * node values 32 (slot % 2) on of each token row) */
-    const auto zp = [&](int k) {
-        const int s = k % kHBufs, q = k & 3;
-        const uint32_t hs = h0 + s * kHBuf;
-        mbar_wait(hfull + 8 * s, (uint32_t)((k / kHBufs) & 1));
+    if (PF && k0 < k1) fetch(k0);
+    for (int64_t k = k0; k < k1; ++k) {
+        const int64_t t0 = k / tiles_u * 8, u0 = k % tiles_u * 8;
+        if constexpr (PF) {
+            if (k + 1 < k1) fetch(k + 1); /* its stage's last reader, tile k - 1's build, is past a barrier */
+            else cp_commit();
+            cp_wait<1>();
+            __syncthreads(); /* every thread's copies of tile k's rows */
+        }
+        const unsigned char *st = raw + (k & 1) * kRaw;
+        /* h: 64 nodes x 80 units of 8 values; unit q: node q / 80, columns 8 (q % 80) on */
+        for (int q = tid; q < kNodes * (H / 8); q += kThreadsH) {
+            const int i = q / (H / 8), cu = q % (H / 8);
+            const int64_t t = t0 + i / 8, u = u0 + i % 8;
+            uint4 out = make_uint4(0, 0, 0, 0);
+            if (t < T && u < U1) {
+                uint4 a, b;
+                if constexpr (PF) {
+                    a = *reinterpret_cast<const uint4 *>(st + (i / 8) * (H * 2) + cu * 16);
+                    b = *reinterpret_cast<const uint4 *>(st + (8 + i % 8) * (H * 2) + cu * 16);
+                } else {
+                    a = __ldg(reinterpret_cast<const uint4 *>(enc + t * H) + cu);
+                    b = __ldg(reinterpret_cast<const uint4 *>(pred + u * H) + cu);
+                }
+                const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+                uint32_t ov[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
+                                 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
+                    const __nv_bfloat162 r = __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
+                    ov[e] = *reinterpret_cast<const uint32_t *>(&r);
+                }
+                out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
+            }
+            *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunk + i * 128 + (((cu & 7) ^ (i & 7)) << 4)) = out;
+        }
+        fence_proxy_async();
+        __syncthreads();
+        /* z^T = W h^T: this warpgroup's 32 nodes */
         wgmma_fence();
 #pragma unroll
         for (int kc = 0; kc < KC; ++kc)
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                mma_bf16(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(hs + kc * kHChunk32 + kk * 32),
+                mma_bf16(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(h0 + kc * kHChunk + wgi * 32 * 128 + kk * 32),
                          kc > 0 || kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
         pin_acc(z);
-        if (k >= 4) mbar_wait(pempty + 8 * q, (uint32_t)(((k >> 2) - 1) & 1));
-        const float2 *gt = gl + s * kTileN;
-        pt_store(pb + (q >> 1) * kHChunk, z, vrow0, V, q & 1, warp, lane, [&](int c, float *gn, float *ln) {
-            const float2 x = gt[c & 31];
-            *gn = x.x, *ln = x.y;
+        /* P^T of the tile */
+        pt_store(pt, z, vrow0, V, wgi, warp, lane, [&](int i, float *gn, float *ln) {
+            const int64_t t = t0 + i / 8, u = u0 + i % 8;
+            const bool in = t < T && u < U1;
+            *gn = in ? __ldg(g + t * U1 + u) : 0.f;
+            *ln = in ? __ldg(lse + t * U1 + u) * kLog2e : 0.f;
         });
         fence_proxy_async();
-        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory");
-        if (lead) mbar_arrive(pfull + 8 * q);
-    };
-    /* d W += P^T h over every tile in order; this warpgroup's own z^T and P^T kept one tile
-     * ahead of them, so that one warpgroup's exponentials overlap the other's products */
-    int own = wgi;
-    for (int i = 0; i < n; ++i) {
-        for (; own < n && own <= i + 1; own += 2) zp(own);
-        const int s = i % kHBufs, q = i & 3;
-        const uint32_t hs = h0 + s * kHBuf, ps = p0 + (q >> 1) * kHChunk + (q & 1) * 64;
-        mbar_wait(pfull + 8 * q, (uint32_t)((i >> 2) & 1));
-        mbar_wait(hfull + 8 * s, (uint32_t)((i / kHBufs) & 1));
+        __syncthreads();
+        /* d W += P^T h: chunks 5 wgi + j, K = the tile's 64 nodes in 4 steps of 16 (2 KB of h rows) */
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 5; ++j)
 #pragma unroll
-            for (int ks = 0; ks < 2; ++ks)
-                mma_bf16<1>(d[j], desc_of(ps + ks * 32), desc_mn(hs + (5 * wgi + j) * kHChunk32 + ks * 2048, kHChunk32),
-                            1);
+            for (int ks = 0; ks < 4; ++ks)
+                mma_bf16<1>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * kHChunk + ks * 2048, kHChunk), 1);
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
         for (int j = 0; j < 5; ++j) pin_acc(d[j]);
-        if (lead) {
-            mbar_arrive(hempty + 8 * s);
-            mbar_arrive(pempty + 8 * q);
-        }
-        if (FLUSH && (i + 1) % flush == 0 && i + 1 < n) add_out();
+        __syncthreads(); /* h, P^T and the raw stage free for the next tile */
+        if (FLUSH && (k - k0 + 1) % flush == 0 && k + 1 < k1) add_out();
     }
     add_out();
 }
@@ -1024,9 +850,9 @@ int main(int argc, char **argv) {
     printf("joint_bwd_proto: %s, nodes %lld (T %lld x U1 %lld), V %lld, H %d, iters %d\n", prop.name,
            (long long)nodes, (long long)T, (long long)U1, (long long)V, H, iters);
     if (!tdt_gpu_wgmma_fits(prop.major, prop.minor, (int)prop.sharedMemPerBlockOptin, H) ||
-        std::max({kSmem, kSmemW, kSmemH, kSmemP}) > (size_t)prop.sharedMemPerBlockOptin) {
+        std::max({kSmem, kSmemW, kSmemH}) > (size_t)prop.sharedMemPerBlockOptin) {
         printf("not run: the kernels need compute capability 9.0 and %zu bytes of shared memory a block\n",
-               std::max({kSmem, kSmemW, kSmemH, kSmemP}));
+               std::max({kSmem, kSmemW, kSmemH}));
         return 0;
     }
     const int64_t ldz = (V + 7) / 8 * 8, tiles = (V + kRows - 1) / kRows, ntiles = (nodes + kNodes - 1) / kNodes;
@@ -1151,51 +977,36 @@ int main(int argc, char **argv) {
         ok_dh = compare("d h", dh, dh_ref, (size_t)nodes * H, H, 2e-3) && ok_dh;
         ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
     }
-    /* d W with h built on the chip, all the nodes in one launch */
-    CK(cudaFuncSetAttribute(dwh_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
-    CK(cudaFuncSetAttribute(dwh_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
+    /* d W with h built on the chip, all the nodes in one launch: its rows built from L1/L2 or
+     * from rows prefetched into shared memory, its sums added out at the end or every 128 tiles
+     * (8192 nodes) */
+    void (*dwhk[4])(const unsigned char *, const uint16_t *, const uint16_t *, int64_t, int64_t, const float *,
+                    const float *, int64_t, float *, int64_t, int64_t, int) = {
+        dwh_kernel<0, false>, dwh_kernel<0, true>, dwh_kernel<1, false>, dwh_kernel<1, true>};
+    const char *dwh_name[4] = {"rows from L1/L2, added out at the end", "rows from L1/L2, added out every 128 tiles",
+                               "rows prefetched, added out at the end", "rows prefetched, added out every 128 tiles"};
+    for (auto k : dwhk) CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemH));
     /* W's blocks of 64 rows, the tiles split over gridDim.y until there is a block an SM */
     const int64_t wblocks = (V + 63) / 64, parts = std::max<int64_t>(1, sms / wblocks), part = ldz * H;
     float *dWp = NULL;
     if (parts > 1) CK(cudaMalloc(&dWp, (size_t)(parts * part) * 4));
-    auto fused_dwh = [&](int ov) {
-        (ov ? dwh_kernel<1> : dwh_kernel<0>)<<<dim3((unsigned)wblocks, (unsigned)parts), kThreadsH, kSmemH>>>(
+    auto fused_dwh = [&](int v) {
+        float *out = parts > 1 ? dWp : dW;
+        CK(cudaMemsetAsync(out, 0, (size_t)(parts * part) * 4));
+        dwhk[v]<<<dim3((unsigned)wblocks, (unsigned)parts), kThreadsH, kSmemH>>>(
             static_cast<const unsigned char *>(Wz), reinterpret_cast<const uint16_t *>(enc),
-            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, parts > 1 ? dWp : dW, (int64_t)H, part);
+            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, out, (int64_t)H, part, 128);
         if (parts > 1) sum_parts_kernel<<<1024, 256>>>(dWp, part, (int)parts, part, dW);
     };
     printf("h built on the chip, 8 x 8 node tiles, one launch (%lld x %lld blocks):\n", (long long)wblocks,
            (long long)parts);
-    for (int ov = 0; ov < 2; ++ov) {
+    for (int v = 0; v < 4; ++v) {
         CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
-        fused_dwh(ov);
-        CK(cudaGetLastError());
-        CK(cudaDeviceSynchronize());
-        ok_dw = compare(ov ? "d W (h built chunk by chunk beside z^T)" : "d W (h built, then z^T)", dW, dW_ref,
-                        (size_t)V * H, H, 2e-3) && ok_dw;
-    }
-    /* d W with h built on the chip, pipelined: its sums added out only at the end, or every 256
-     * tiles (8192 nodes) */
-    CK(cudaFuncSetAttribute(dwp_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemP));
-    CK(cudaFuncSetAttribute(dwp_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemP));
-    const int flushes[2] = {0, 256};
-    auto fused_dwp = [&](int flush) {
-        float *out = parts > 1 ? dWp : dW;
-        CK(cudaMemsetAsync(out, 0, (size_t)(parts * part) * 4));
-        (flush ? dwp_kernel<true> : dwp_kernel<false>)<<<dim3((unsigned)wblocks, (unsigned)parts), kThreads, kSmemP>>>(
-            static_cast<const unsigned char *>(Wz), reinterpret_cast<const uint16_t *>(enc),
-            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, out, (int64_t)H, part, flush);
-        if (parts > 1) sum_parts_kernel<<<1024, 256>>>(dWp, part, (int)parts, part, dW);
-    };
-    printf("h built on the chip, pipelined, 4 x 8 node tiles, one launch (%lld x %lld blocks):\n", (long long)wblocks,
-           (long long)parts);
-    for (const int fl : flushes) {
-        CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
-        fused_dwp(fl);
+        fused_dwh(v);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         char what[96];
-        snprintf(what, sizeof what, "d W (h built, pipelined, sums added out every %d tiles)", fl);
+        snprintf(what, sizeof what, "d W (h built, %s)", dwh_name[v]);
         ok_dw = compare(what, dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
     }
     /* the library's dz kernel (tdt_gpu_wgmma_dz) against the reference P on the first chunk */
@@ -1237,18 +1048,11 @@ int main(int argc, char **argv) {
                cls[v], tb, flop / tb / 1e9, tb / tub, (long long)((ntiles + tiles_a_chunk - 1) / tiles_a_chunk),
                (long long)tiles_a_chunk);
     }
-    for (int ov = 0; ov < 2; ++ov) {
-        const float tc = time([&] { fused_dwh(ov); });
-        printf("d W: fused z + P + d W, h built on the chip%s  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; one "
-               "launch, %lld tiles of 8 x 8 nodes, %lld part(s))\n",
-               ov ? " beside z^T" : ", then z^T", tc, flop / tc / 1e9, tc / tub,
-               (long long)((T + 7) / 8 * ((U1 + 7) / 8)), (long long)parts);
-    }
-    for (const int fl : flushes) {
-        const float tc = time([&] { fused_dwp(fl); });
-        printf("d W: fused z + P + d W, h built on the chip, pipelined, added out every %d tiles  %8.3f ms  %6.1f "
-               "TFLOP/s  (fused / cuBLAS's %.2f; one launch, %lld tiles of 4 x 8 nodes, %lld part(s))\n",
-               fl, tc, flop / tc / 1e9, tc / tub, (long long)((T + 3) / 4 * ((U1 + 7) / 8)), (long long)parts);
+    for (int v = 0; v < 4; ++v) {
+        const float tc = time([&] { fused_dwh(v); });
+        printf("d W: fused z + P + d W, h built on the chip, %s  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; "
+               "one launch, %lld tiles of 8 x 8 nodes, %lld part(s))\n",
+               dwh_name[v], tc, flop / tc / 1e9, tc / tub, (long long)((T + 7) / 8 * ((U1 + 7) / 8)), (long long)parts);
     }
     printf("d h: cuBLAS z, P, cuBLAS d h  %8.3f ms  %6.1f TFLOP/s\n", tua, flop / tua / 1e9);
     printf("d W: cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s\n", tub, flop / tub / 1e9);
