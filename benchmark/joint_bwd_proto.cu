@@ -12,11 +12,6 @@
  *     (d W), over a chunk of node tiles a launch (the chunk's h in L2), each block adding its rows
  *     of d W once a launch.
  * A producer warp streams each operand with bulk copies on full/empty mbarriers (two rings).
- * Each pass runs on clusters of 1, 2 and 4 blocks: the blocks of a cluster stream the same
- * stages, so each copies its slice of a stage into all of them (multicast), and the L2 reads of
- * the streamed operand fall by the cluster's size (each block of a single-block launch reads
- * all of W, or all of h, once or twice: about 100 GB a pass at huge-joint).
- *
  * The backward's other terms (the blank's, the label's and the durations', a few values a node),
  * the bias, act' and the reductions into d enc and d pred are left out: this measures whether
  * the dominant work runs on the chip near the GEMMs' rate, against cuBLAS's way (the GEMM
@@ -33,7 +28,8 @@
  * A third form of d W (dwh_kernel) builds h on the chip from enc and pred (relu(enc + pred), the
  * inputs' h), tile by tile of 8 frames x 8 labels, and reads it both ways (K-major for z^T,
  * MN-major for d W), so that neither h nor its transpose is ever written and one launch covers
- * every node: the memory of the pass is W packed alone.
+ * every node: the pass needs W packed and d W's float32 sums, which each block adds its own to
+ * every 128 tiles (or once, at the end).
  *
  *   joint_bwd_proto [--nodes N] [--vocab V] [--labels U1] [--iters I]
  * defaults: huge-joint's 303000 nodes (one sample of T x U1 = 3000 x 101: the fewest frames of U1
@@ -151,53 +147,12 @@ template <int N> __device__ __forceinline__ void pin_acc(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* Clusters of CL blocks share the streamed operand: block r of a cluster copies slice r of each
- * stage into the same offset of every block's shared memory (multicast) and counts the whole
- * stage on its own full barrier; a stage is given back on the empty barrier of every block of the
- * cluster (CL 8 arrivals each), so that no block's copy overwrites a stage another still reads. */
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-}
-/* a stage given back: the empty barrier bar of each of the cluster's CL blocks */
-template <int CL> __device__ __forceinline__ void release(uint32_t bar) {
-    if constexpr (CL == 1) {
-        mbar_arrive(bar);
-    } else {
-#pragma unroll
-        for (int c = 0; c < CL; ++c)
-            asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                         "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                         "r"(c)
-                         : "memory");
-    }
-}
-/* a stage of `bytes` from src into dst of each block of the cluster, counted on the full barrier
- * bar of each: this block's slice */
-template <int CL> __device__ __forceinline__ void stage_load(uint32_t dst, const unsigned char *src, uint32_t bytes,
-                                                              uint32_t bar) {
-    if constexpr (CL == 1) {
-        bulk_load(dst, src, bytes, bar);
-    } else {
-        const uint32_t part = bytes / CL, off = cluster_rank() * part;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                     "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst + off),
-                     "l"(src + off), "r"(part), "r"(bar), "h"((uint16_t)((1u << CL) - 1))
-                     : "memory");
-    }
-}
-
 /* A warpgroup's product over H: KC stages of a ring (stage bytes `bytes`, `stages` of them from
  * ring, full and empty mbarriers from full0 and empty0, i the ring's running count), each 64
  * values of the inner dimension: acc = A B^T with A's chunk kc at a + kc kHChunk and B's rows at
  * offset b of the stage (m64nNk16, N from acc's size); each stage given back once its products
  * are retired. */
-template <int CL, int R>
+template <int R>
 __device__ __forceinline__ void ring_product(float (&acc)[R], uint32_t a, uint32_t ring, int bytes, int stages,
                                              uint32_t b, uint32_t full0, uint32_t empty0, int &i, int lane) {
     for (int kc = 0; kc < KC; ++kc, ++i) {
@@ -211,17 +166,17 @@ __device__ __forceinline__ void ring_product(float (&acc)[R], uint32_t a, uint32
                      kc > 0 || kk > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        if (kc > 0 && lane == 0) release<CL>(empty0 + 8 * ((i - 1) % stages));
+        if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % stages));
     }
     wgmma_wait<0>();
     pin_acc(acc);
-    if (lane == 0) release<CL>(empty0 + 8 * ((i - 1) % stages));
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % stages));
 }
 
 /* A warpgroup's Q stages of the 40 KB ring (kHStages of them from ring, mbarriers from full0 and
  * empty0, i its running count): stage q adds A's chunk q / 2 (at a + (q / 2) kHChunk) times the
  * warpgroup's 160 rows of the stage (offset b) to block q % 2 of the sums, d0 or d1 (m64n160k16). */
-template <int CL, int Q>
+template <int Q>
 __device__ __forceinline__ void ring_blocks(float (&d0)[80], float (&d1)[80], uint32_t a, uint32_t ring, uint32_t b,
                                             uint32_t full0, uint32_t empty0, int &i, int lane) {
     auto step = [&](float(&d)[80], int kc, int s) {
@@ -239,12 +194,12 @@ __device__ __forceinline__ void ring_blocks(float (&d0)[80], float (&d1)[80], ui
         if (q & 1) step(d1, q >> 1, s);
         else step(d0, q >> 1, s);
         wgmma_wait<1>();
-        if (q > 0 && lane == 0) release<CL>(empty0 + 8 * ((i - 1) % kHStages));
+        if (q > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
     }
     wgmma_wait<0>();
     pin_acc(d0);
     pin_acc(d1);
-    if (lane == 0) release<CL>(empty0 + 8 * ((i - 1) % kHStages));
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
 }
 
 /* A matrix's rows (16-bit values, pitch ld, H columns, `rows` of them) transposed into the
@@ -286,7 +241,6 @@ __global__ void pack_t_kernel(const uint16_t *__restrict__ M, int64_t ld, int64_
  * values a thread: d h's columns w 320 + jj 160 on). A barrier of the two warpgroups before P
  * is written (the other's products on the last P done) and after (both chunks in).
  */
-template <int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     dh_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wz,
               const unsigned char *__restrict__ Wt, const float *__restrict__ lse, const float *__restrict__ g,
@@ -302,15 +256,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
         for (int s = 0; s < kZStages; ++s) {
             mbar_init<1>(zfull + 8 * s);
-            mbar_init<8 * CL>(zempty + 8 * s);
+            mbar_init<8>(zempty + 8 * s);
         }
         for (int s = 0; s < kHStages; ++s) {
             mbar_init<1>(tfull + 8 * s);
-            mbar_init<8 * CL>(tempty + 8 * s);
+            mbar_init<8>(tempty + 8 * s);
         }
     }
-    if constexpr (CL > 1) cluster_sync(); /* every block's barriers set up before any copy or arrival */
-    else __syncthreads();
+    __syncthreads();
     if (wgi == 2) { /* the producer: z's stages of a tile, then d h's */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 256)
@@ -318,15 +271,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int kc = 0; kc < KC; ++kc, ++zi) {
                     const int s = zi % kZStages;
                     if (zi >= kZStages) mbar_wait(zempty + 8 * s, (uint32_t)((zi / kZStages - 1) & 1));
-                    stage_load<CL>(saddr(zs + s * kZStage), Wz + (size_t)zi * kZStage, kZStage, zfull + 8 * s);
+                    bulk_load(saddr(zs + s * kZStage), Wz + (size_t)zi * kZStage, kZStage, zfull + 8 * s);
                 }
                 for (int q = 0; q < 4; ++q, ++ti) {
                     const int s = ti % kHStages;
                     if (ti >= kHStages) mbar_wait(tempty + 8 * s, (uint32_t)((ti / kHStages - 1) & 1));
-                    stage_load<CL>(saddr(ts + s * kHStage), Wt + (size_t)ti * kHStage, kHStage, tfull + 8 * s);
+                    bulk_load(saddr(ts + s * kHStage), Wt + (size_t)ti * kHStage, kHStage, tfull + 8 * s);
                 }
             }
-        if constexpr (CL > 1) cluster_sync(); /* no block leaves while others copy or arrive into it */
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -355,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 80; ++i) d0[i] = d1[i] = 0.f;
     const uint32_t a0 = saddr(hs), p0 = saddr(ps), zb = saddr(zs), tb = saddr(ts);
     for (int t = 0, zi = 0, ti = 0; t < tiles; ++t) {
-        ring_product<CL>(z, a0, zb, kZStage, kZStages, wgi * 64 * 128, zfull, zempty, zi, lane);
+        ring_product(z, a0, zb, kZStage, kZStages, wgi * 64 * 128, zfull, zempty, zi, lane);
         /* P into chunk wgi, once both warpgroups are past their products on the last P */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         const int64_t c0 = (int64_t)t * kRows + wgi * 64 + 2 * (lane & 3);
@@ -374,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* d h's four stages: (kc, jj) = (0, 0), (0, 1), (1, 0), (1, 1) */
-        ring_blocks<CL, 4>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
+        ring_blocks<4>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
     }
     /* d h: this thread's rows, columns wgi 320 + jj 160 + 8 j + 2 (lane % 4) + c */
 #pragma unroll
@@ -388,7 +340,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<float2 *>(row + kBlock + 8 * j) = make_float2(d1[4 * j + 2 * hf], d1[4 * j + 2 * hf + 1]);
         }
     }
-    if constexpr (CL > 1) cluster_sync();
 }
 
 /* P^T = g exp(z^T - lse) rounded to bfloat16, from a warpgroup's z^T (m64n32k16 sums: token rows
@@ -436,7 +387,6 @@ const size_t kSmemW = (size_t)KC * kHChunk + (size_t)kNStages * kHChunk + (size_
  * P^T times its 160 columns of the stage to its block jj of d W (m64n160k16, 2 x 80 values a
  * thread: d W's columns w 320 + jj 160 on). Barriers of the two warpgroups around P^T's write.
  */
-template <int CL>
 __global__ void __launch_bounds__(kThreads, 1)
     dw_kernel(const unsigned char *__restrict__ Wz, const unsigned char *__restrict__ hn,
               const unsigned char *__restrict__ ht, const float *__restrict__ lse, const float *__restrict__ g,
@@ -452,19 +402,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_init<1>(wfull);
         for (int s = 0; s < kNStages; ++s) {
             mbar_init<1>(nfull + 8 * s);
-            mbar_init<8 * CL>(nempty + 8 * s);
+            mbar_init<8>(nempty + 8 * s);
         }
         for (int s = 0; s < kHStages; ++s) {
             mbar_init<1>(tfull + 8 * s);
-            mbar_init<8 * CL>(tempty + 8 * s);
+            mbar_init<8>(tempty + 8 * s);
         }
     }
-    if constexpr (CL > 1) cluster_sync();
-    else __syncthreads();
+    __syncthreads();
     if (wgi == 2) { /* the producer: W's rows once, then a node tile's h stages and h^T stages */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 256) {
-            /* blocks past W's rows (a cluster's padding) read the last tile and add nothing */
             const size_t half = (size_t)(blockIdx.x & 1) * kHChunk,
                          last = (size_t)((V - 1) / kRows), tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
@@ -481,18 +429,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int kc = 0; kc < KC; ++kc, ++ni) {
                     const int s = ni % kNStages;
                     if (ni >= kNStages) mbar_wait(nempty + 8 * s, (uint32_t)((ni / kNStages - 1) & 1));
-                    stage_load<CL>(saddr(ns + s * kHChunk), hn + (ntile * KC + kc) * (size_t)kZStage + nhalf,
+                    bulk_load(saddr(ns + s * kHChunk), hn + (ntile * KC + kc) * (size_t)kZStage + nhalf,
                                    kHChunk, nfull + 8 * s);
                 }
                 for (int jj = 0; jj < 2; ++jj, ++ti) {
                     const int s = ti % kHStages;
                     if (ti >= kHStages) mbar_wait(tempty + 8 * s, (uint32_t)((ti / kHStages - 1) & 1));
-                    stage_load<CL>(saddr(ts + s * kHStage), ht + ((size_t)nt * 2 + jj) * kHStage, kHStage,
+                    bulk_load(saddr(ts + s * kHStage), ht + ((size_t)nt * 2 + jj) * kHStage, kHStage,
                                    tfull + 8 * s);
                 }
             }
         }
-        if constexpr (CL > 1) cluster_sync();
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -503,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(wfull, 0);
     int ni = 0, ti = 0;
     for (int64_t nt = nt0; nt < nt1; ++nt) {
-        ring_product<CL>(z, w0, nb, kHChunk, kNStages, wgi * 32 * 128, nfull, nempty, ni, lane);
+        ring_product(z, w0, nb, kHChunk, kNStages, wgi * 32 * 128, nfull, nempty, ni, lane);
         /* P^T of the tile (both warpgroups past their products on the last one) */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         pt_store(pt, z, vrow0, V, wgi, warp, lane, [&](int i, float *gn, float *ln) {
@@ -513,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         });
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        ring_blocks<CL, 2>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
+        ring_blocks<2>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
     }
     /* d W's rows: this thread's, columns wgi 320 + jj 160 + 8 j + 2 (lane % 4) + c, added */
 #pragma unroll
@@ -529,7 +476,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             *b = make_float2(y.x + d1[4 * j + 2 * hf], y.y + d1[4 * j + 2 * hf + 1]);
         }
     }
-    if constexpr (CL > 1) cluster_sync();
 }
 
 /* d W's third form: a block of 256 threads (the two consumer warpgroups, no producer), W's 64
@@ -807,21 +753,6 @@ static bool compare(const char *what, const float *a_dev, const float *b_dev, si
     return rel <= tol;
 }
 
-/* kernel k on a grid of `blocks` rounded up to clusters of cl blocks (1: no cluster) */
-template <typename... Args>
-static cudaError_t launch(void (*k)(Args...), int64_t blocks, int cl, size_t smem, Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3((unsigned)((blocks + cl - 1) / cl * cl));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)cl, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = cl > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, args...);
-}
-
 int main(int argc, char **argv) {
     int64_t nodes = 303000, V = 8193, U1 = 101;
     int iters = 5;
@@ -936,47 +867,32 @@ int main(int argc, char **argv) {
     packs_w();
     packs_h();
     CK(cudaGetLastError());
-    /* the products on clusters of 1, 2 and 4 blocks (the streamed operand multicast) */
-    void (*dhk[3])(const uint16_t *, int64_t, const unsigned char *, const unsigned char *, const float *,
-                   const float *, int64_t, int64_t, float *, int64_t) = {dh_kernel<1>, dh_kernel<2>, dh_kernel<4>};
-    void (*dwk[3])(const unsigned char *, const unsigned char *, const unsigned char *, const float *, const float *,
-                   int64_t, int64_t, int64_t, int64_t, float *, int64_t) = {dw_kernel<1>, dw_kernel<2>, dw_kernel<4>};
-    const int cls[3] = {1, 2, 4};
-    for (int v = 0; v < 3; ++v) {
-        CK(cudaFuncSetAttribute(dhk[v], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
-        CK(cudaFuncSetAttribute(dwk[v], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemW));
-        if (cls[v] > 1) {
-            CK(cudaFuncSetAttribute(dhk[v], cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            CK(cudaFuncSetAttribute(dwk[v], cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        }
-    }
-    auto fused_dh = [&](int v) {
-        CK(launch(dhk[v], ntiles, cls[v], kSmem, reinterpret_cast<const uint16_t *>(h), (int64_t)H,
-                  static_cast<const unsigned char *>(Wz), static_cast<const unsigned char *>(Wt), (const float *)lse,
-                  (const float *)g, V, nodes, dh, (int64_t)H));
+    CK(cudaFuncSetAttribute(dh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+    CK(cudaFuncSetAttribute(dw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemW));
+    auto fused_dh = [&]() {
+        dh_kernel<<<(unsigned)ntiles, kThreads, kSmem>>>(reinterpret_cast<const uint16_t *>(h), (int64_t)H,
+                                                         static_cast<const unsigned char *>(Wz),
+                                                         static_cast<const unsigned char *>(Wt), lse, g, V, nodes, dh,
+                                                         (int64_t)H);
     };
     /* d W a chunk of 128 node tiles at a time (8192 nodes: the chunk's h in L2), added in order */
     const int64_t tiles_a_chunk = 128;
-    auto fused_dw = [&](int v) {
+    auto fused_dw = [&]() {
         CK(cudaMemsetAsync(dW, 0, (size_t)ldz * H * 4));
         for (int64_t t0 = 0; t0 < ntiles; t0 += tiles_a_chunk)
-            CK(launch(dwk[v], (V + 63) / 64, cls[v], kSmemW, static_cast<const unsigned char *>(Wz),
-                      static_cast<const unsigned char *>(hn), static_cast<const unsigned char *>(ht),
-                      (const float *)lse, (const float *)g, V, nodes, t0, std::min(ntiles, t0 + tiles_a_chunk), dW,
-                      (int64_t)H));
+            dw_kernel<<<(unsigned)((V + 63) / 64), kThreads, kSmemW>>>(
+                static_cast<const unsigned char *>(Wz), static_cast<const unsigned char *>(hn),
+                static_cast<const unsigned char *>(ht), lse, g, V, nodes, t0, std::min(ntiles, t0 + tiles_a_chunk), dW,
+                (int64_t)H);
     };
-    bool ok_dh = true, ok_dw = true;
-    for (int v = 0; v < 3; ++v) {
-        printf("clusters of %d block(s):\n", cls[v]);
-        CK(cudaMemset(dh, 0xff, (size_t)nodes * H * 4)); /* NaN: every value must be written */
-        fused_dh(v);
-        CK(cudaGetLastError());
-        fused_dw(v);
-        CK(cudaGetLastError());
-        CK(cudaDeviceSynchronize());
-        ok_dh = compare("d h", dh, dh_ref, (size_t)nodes * H, H, 2e-3) && ok_dh;
-        ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
-    }
+    CK(cudaMemset(dh, 0xff, (size_t)nodes * H * 4)); /* NaN: every value must be written */
+    fused_dh();
+    CK(cudaGetLastError());
+    fused_dw();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    bool ok_dh = compare("d h", dh, dh_ref, (size_t)nodes * H, H, 2e-3);
+    bool ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3);
     /* d W with h built on the chip, all the nodes in one launch: its rows built from L1/L2 or
      * from rows prefetched into shared memory, its sums added out at the end or every 128 tiles
      * (8192 nodes) */
@@ -1039,15 +955,12 @@ int main(int argc, char **argv) {
     };
     const double flop = 4.0 * (double)nodes * V * H; /* z and one product */
     const float tua = time([&] { unfused(true); }), tub = time([&] { unfused(false); });
-    for (int v = 0; v < 3; ++v) {
-        const float ta = time([&] { fused_dh(v); }), tb = time([&] { fused_dw(v); });
-        printf("d h: fused z + P + d h, clusters of %d  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f)\n", cls[v],
-               ta, flop / ta / 1e9, ta / tua);
-        printf("d W: fused z + P + d W, clusters of %d  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; %lld "
-               "launches of %lld node tiles)\n",
-               cls[v], tb, flop / tb / 1e9, tb / tub, (long long)((ntiles + tiles_a_chunk - 1) / tiles_a_chunk),
-               (long long)tiles_a_chunk);
-    }
+    const float ta = time(fused_dh), tb = time(fused_dw);
+    printf("d h: fused z + P + d h  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f)\n", ta, flop / ta / 1e9, ta / tua);
+    printf("d W: fused z + P + d W  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; %lld launches of %lld node "
+           "tiles)\n",
+           tb, flop / tb / 1e9, tb / tub, (long long)((ntiles + tiles_a_chunk - 1) / tiles_a_chunk),
+           (long long)tiles_a_chunk);
     for (int v = 0; v < 4; ++v) {
         const float tc = time([&] { fused_dwh(v); });
         printf("d W: fused z + P + d W, h built on the chip, %s  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; "
