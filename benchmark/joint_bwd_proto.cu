@@ -367,6 +367,58 @@ __device__ __forceinline__ void pt_store(unsigned char *pt, const float (&z)[16]
     }
 }
 
+/* W's 64 rows of block b (half b % 2 of tile b / 2's stages as tdt_gpu_wgmma_pack lays them out,
+ * the last tile where b / 2 is past it) into ws, KC chunks of 8 KB counted on the mbarrier wfull:
+ * one thread */
+__device__ __forceinline__ void w_rows_load(unsigned char *ws, const unsigned char *Wz, int64_t V, uint32_t wfull) {
+    const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
+                 tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk) : "memory");
+    for (int kc = 0; kc < KC; ++kc)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                         saddr(ws + kc * kHChunk)),
+                     "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
+                     : "memory");
+}
+
+/* 8 values of h = relu(a + b), a and b 8 bfloat16 values each, rounded to bfloat16 */
+__device__ __forceinline__ uint4 relu_sum8(const uint4 a, const uint4 b) {
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+    uint32_t ov[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
+                     y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
+        const __nv_bfloat162 r = __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
+        ov[e] = *reinterpret_cast<const uint32_t *>(&r);
+    }
+    return make_uint4(ov[0], ov[1], ov[2], ov[3]);
+}
+
+/* A thread's d W sums of dwh_kernel and dwr_kernel (token rows vrow0 + warp 16 + lane / 4 and 8
+ * more, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c) added into d W (pitch ldo, rows < V),
+ * then zeroed */
+__device__ __forceinline__ void add_sums(float (&d)[5][32], float *dW, int64_t ldo, int64_t vrow0, int64_t V, int wgi,
+                                         int warp, int lane) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int64_t v = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+            float *row = dW + v * ldo + (5 * wgi + j) * 64 + 2 * (lane & 3);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                if (v < V) {
+                    float2 *o = reinterpret_cast<float2 *>(row + 8 * e);
+                    const float2 x = *o;
+                    *o = make_float2(x.x + d[j][4 * e + 2 * hf], x.y + d[j][4 * e + 2 * hf + 1]);
+                }
+                d[j][4 * e + 2 * hf] = d[j][4 * e + 2 * hf + 1] = 0.f;
+            }
+        }
+    }
+}
+
 /* d W's shared memory: W's 64 rows, h's node-row ring, h^T's ring, P^T, then the barriers */
 const int kNStages = 7; /* 56 KB of h in flight: with 3 stages (24 KB) d W took 1.6x cuBLAS's time */
 const size_t kSmemW = (size_t)KC * kHChunk + (size_t)kNStages * kHChunk + (size_t)kHStages * kHStage + kHChunk +
@@ -413,16 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wgi == 2) { /* the producer: W's rows once, then a node tile's h stages and h^T stages */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 256) {
-            const size_t half = (size_t)(blockIdx.x & 1) * kHChunk,
-                         last = (size_t)((V - 1) / kRows), tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
-                         : "memory");
-            for (int kc = 0; kc < KC; ++kc)
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                        saddr(ws + kc * kHChunk)),
-                    "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
-                    : "memory");
+            w_rows_load(ws, Wz, V, wfull);
             int ni = 0, ti = 0;
             for (int64_t nt = nt0; nt < nt1; ++nt) {
                 const size_t nhalf = (size_t)(nt & 1) * kHChunk, ntile = (size_t)(nt >> 1);
@@ -532,18 +575,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (tid == 0) { /* W's 64 rows: half b % 2 of tile b / 2's stages (the last tile past V) */
-        const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
-                     tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
-                     : "memory");
-        for (int kc = 0; kc < KC; ++kc)
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                    saddr(ws + kc * kHChunk)),
-                "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
-                : "memory");
-    }
+    if (tid == 0) w_rows_load(ws, Wz, V, wfull);
     float z[16], d[5][32];
 #pragma unroll
     for (int j = 0; j < 5; ++j)
@@ -554,27 +586,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
     /* block y of gridDim.y takes its share of the tiles, its sums into partial sum y */
     const int64_t k0 = tiles * blockIdx.y / gridDim.y, k1 = tiles * (blockIdx.y + 1) / gridDim.y;
     dW += blockIdx.y * part;
-    /* this thread's sums added into d W's rows (columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c),
-     * then zeroed */
-    const auto add_out = [&]() {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int64_t v = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
-#pragma unroll
-            for (int j = 0; j < 5; ++j) {
-                float *row = dW + v * ldo + (5 * wgi + j) * 64 + 2 * (lane & 3);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    if (v < V) {
-                        float2 *o = reinterpret_cast<float2 *>(row + 8 * e);
-                        const float2 x = *o;
-                        *o = make_float2(x.x + d[j][4 * e + 2 * hf], x.y + d[j][4 * e + 2 * hf + 1]);
-                    }
-                    d[j][4 * e + 2 * hf] = d[j][4 * e + 2 * hf + 1] = 0.f;
-                }
-            }
-        }
-    };
+    const auto add_out = [&]() { add_sums(d, dW, ldo, vrow0, V, wgi, warp, lane); };
     /* PF: tile k's raw rows (enc's 8 frames, then pred's 8 labels; zeros outside the lattice) into
      * raw stage k % 2 */
     const auto fetch = [&](int64_t k) {
@@ -614,16 +626,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
                     a = __ldg(reinterpret_cast<const uint4 *>(enc + t * H) + cu);
                     b = __ldg(reinterpret_cast<const uint4 *>(pred + u * H) + cu);
                 }
-                const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-                uint32_t ov[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
-                                 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
-                    const __nv_bfloat162 r = __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
-                    ov[e] = *reinterpret_cast<const uint32_t *>(&r);
-                }
-                out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
+                out = relu_sum8(a, b);
             }
             *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunk + i * 128 + (((cu & 7) ^ (i & 7)) << 4)) = out;
         }
@@ -700,18 +703,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (tid == 0) { /* W's 64 rows: half b % 2 of tile b / 2's stages (the last tile past V) */
-        const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
-                     tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk)
-                     : "memory");
-        for (int kc = 0; kc < KC; ++kc)
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                    saddr(ws + kc * kHChunk)),
-                "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
-                : "memory");
-    }
+    if (tid == 0) w_rows_load(ws, Wz, V, wfull);
     float z[16], d[5][32];
 #pragma unroll
     for (int j = 0; j < 5; ++j)
@@ -721,25 +713,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
     const int64_t tiles_u = (U1 + 7) / 8, tiles = (T + 3) / 4 * tiles_u;
     const int64_t k0 = tiles * blockIdx.y / gridDim.y, k1 = tiles * (blockIdx.y + 1) / gridDim.y;
     dW += blockIdx.y * part;
-    const auto add_out = [&]() {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int64_t v = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
-#pragma unroll
-            for (int j = 0; j < 5; ++j) {
-                float *row = dW + v * ldo + (5 * wgi + j) * 64 + 2 * (lane & 3);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    if (v < V) {
-                        float2 *o = reinterpret_cast<float2 *>(row + 8 * e);
-                        const float2 x = *o;
-                        *o = make_float2(x.x + d[j][4 * e + 2 * hf], x.y + d[j][4 * e + 2 * hf + 1]);
-                    }
-                    d[j][4 * e + 2 * hf] = d[j][4 * e + 2 * hf + 1] = 0.f;
-                }
-            }
-        }
-    };
+    const auto add_out = [&]() { add_sums(d, dW, ldo, vrow0, V, wgi, warp, lane); };
     /* tile k's raw rows (enc's 4 frames, then pred's 8 labels; zeros outside) into stage k % 3 by
      * the n threads from thread i0 on, then a commit (made also where k is past the last tile,
      * so that each thread's groups keep their count) */
@@ -771,16 +745,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
             if (t < T && u < U1) {
                 const uint4 a = *reinterpret_cast<const uint4 *>(st + (i / 8) * (H * 2) + cu * 16),
                             b = *reinterpret_cast<const uint4 *>(st + (4 + i % 8) * (H * 2) + cu * 16);
-                const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-                uint32_t ov[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&av[e])),
-                                 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bv[e]));
-                    const __nv_bfloat162 r = __floats2bfloat162_rn(fmaxf(x.x + y.x, 0.f), fmaxf(x.y + y.y, 0.f));
-                    ov[e] = *reinterpret_cast<const uint32_t *>(&r);
-                }
-                out = make_uint4(ov[0], ov[1], ov[2], ov[3]);
+                out = relu_sum8(a, b);
             }
             *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunkR + i * 128 + (((cu & 7) ^ (i & 7)) << 4)) = out;
         }
