@@ -528,14 +528,6 @@ const int kThreadsH = 256;
 const int kRaw = 16 * H * 2;
 const size_t kSmemH = (size_t)KC * kHChunk + (size_t)KC * kHChunk + kHChunk + 2 * (size_t)kRaw + 8 + 1024;
 
-/* the shared-memory descriptor of an MN-major operand in the 128-byte swizzle (rows of 64
- * values along N, 8 of them a 1024-byte atom along K): start, 64-value blocks lbo bytes apart,
- * 8-row groups 1024 bytes apart */
-__device__ __forceinline__ uint64_t desc_mn(uint32_t a, uint32_t lbo) {
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 |
-           (uint64_t)1 << 62;
-}
-
 /*
  * d W = sum_n P[n, v] h[n] as dw_kernel, with h never in memory: one launch for all the nodes,
  * each block's 64 x H sums kept in registers. The lattice is one sample's T x U1 nodes (node n
@@ -856,7 +848,7 @@ __global__ void p_kernel(const Z *z, int64_t ldz, const float *lse, const float 
  * g, no clip, scale 1 */
 __global__ void dz_rows_kernel(const float *lse, const float *g, int64_t nodes, tdt_wgmma_dz_row *rows) {
     for (int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; n < nodes; n += (int64_t)gridDim.x * blockDim.x)
-        rows[n] = tdt_wgmma_dz_row{lse[n] * kLog2e, g[n], INFINITY, 1.f, 1, {0, 0, 0}};
+        rows[n] = tdt_wgmma_dz_row{lse[n] * kLog2e, g[n], INFINITY, 1.f, 1, -1, 0, 0};
 }
 
 /* bfloat16 values as float32 */

@@ -936,9 +936,8 @@ INSTANTIATE_TEST_SUITE_P(GpuJoint, WgmmaForward, ::testing::ValuesIn(wgmma_param
 // CUDA graph.
 class WgmmaBackward : public ::testing::TestWithParam<WgmmaParam> {};
 
-TEST_P(WgmmaBackward, AgainstCpuAndCublasLt) {
-    REQUIRE_GPU();
-    const WgmmaParam prm = GetParam();
+/* TDT_GPU_JOINT_BWD=mode ("wgmma" or "chip") on the parameter's case and budget */
+static void wgmma_backward_case(const WgmmaParam &prm, const char *mode) {
     const Case c = wgmma_cases()[(size_t)prm.c];
     const tdt_dtype_t dt = prm.dt;
     EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD"), chunk("TDT_GPU_JOINT_CHUNK_KB");
@@ -946,7 +945,7 @@ TEST_P(WgmmaBackward, AgainstCpuAndCublasLt) {
     setenv("TDT_GPU_JOINT_CHUNK_KB", prm.kb, 1);
     bool sm90 = false;
     ASSERT_NO_FATAL_FAILURE(compute_capability_90(&sm90));
-    setenv("TDT_GPU_JOINT_BWD", "wgmma", 1);
+    setenv("TDT_GPU_JOINT_BWD", mode, 1);
     check_case(c, dt);
     const Data d = make_data(c, dt);
     const Out w = run(c, d, dt, TDT_LOCATION_GPU);
@@ -958,16 +957,29 @@ TEST_P(WgmmaBackward, AgainstCpuAndCublasLt) {
     ASSERT_EQ(w.st, TDT_STATUS_SUCCESS) << w.err;
     ASSERT_EQ(graphed.st, TDT_STATUS_SUCCESS) << graphed.err;
     ASSERT_EQ(g.st, TDT_STATUS_SUCCESS) << g.err;
-    EXPECT_TRUE(graphed.raw == w.raw) << "captured in a graph, the wgmma backward differs from the direct call";
+    EXPECT_TRUE(graphed.raw == w.raw) << "captured in a graph, the " << mode << " backward differs from the direct call";
     /* the two backwards round dz differently (wgmma: from float32 z; cuBLASLt: from z - lse in the
      * dtype): within the dtype's tolerance of each other, and different in their last bits exactly
      * where the wgmma backward runs (the budgets' rule of the forward's test) */
     const Tol t = tol_of(dt);
-    expect_close(w.enc_g, g.enc_g, t, "enc_grad, wgmma against the cuBLASLt backward");
-    expect_close(w.W_g, g.W_g, t, "weight_grad, wgmma against the cuBLASLt backward");
+    const std::string vs = std::string(", ") + mode + " against the cuBLASLt backward";
+    expect_close(w.enc_g, g.enc_g, t, ("enc_grad" + vs).c_str());
+    expect_close(w.W_g, g.W_g, t, ("weight_grad" + vs).c_str());
+    expect_close(w.bias_g, g.bias_g, t, ("bias_grad" + vs).c_str());
     const bool ran = w.enc_g != g.enc_g || w.W_g != g.W_g;
     const bool room = std::strcmp(prm.kb, "") == 0 || (std::strcmp(prm.kb, "300") == 0 && prm.c == 0);
-    EXPECT_EQ(ran, sm90 && room) << "the wgmma backward " << (ran ? "ran" : "did not run");
+    EXPECT_EQ(ran, sm90 && room) << "the " << mode << " backward " << (ran ? "ran" : "did not run");
+}
+
+TEST_P(WgmmaBackward, AgainstCpuAndCublasLt) {
+    REQUIRE_GPU();
+    wgmma_backward_case(GetParam(), "wgmma");
+}
+
+/* d W and d bias on the chip too (z recomputed there, dz's values formed and consumed there) */
+TEST_P(WgmmaBackward, ChipAgainstCpuAndCublasLt) {
+    REQUIRE_GPU();
+    wgmma_backward_case(GetParam(), "chip");
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuJoint, WgmmaBackward, ::testing::ValuesIn(wgmma_params()),

@@ -785,7 +785,7 @@ __global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ j
     c.valid = ni.valid;
     c.y = ni.y;
     if (wrow) {
-        tdt_wgmma_dz_row w = {0.f, 0.f, 0.f, 0.f, 0, {0, 0, 0}};
+        tdt_wgmma_dz_row w = {0.f, 0.f, 0.f, 0.f, 0, ni.y, ni.valid && !tdt_rexp2::fits(nc.lse), 0};
         if (ni.valid && tdt_rexp2::fits(nc.lse)) {
             double fix;
             w.ref = tdt_rexp2::ref_fix(nc.lse, &fix);
@@ -1169,7 +1169,7 @@ template <int DT> struct gemm_run {
     int pick;  /* the products' kernels: TDT_LT_FIRST, TDT_LT_FEWEST_WAVES or TDT_LT_BY_PRODUCT */
     int wgmma; /* TDT_GPU_JOINT_FWD=wgmma (the default) */
     int device;
-    int wgmma_b; /* TDT_GPU_JOINT_BWD=wgmma */
+    int wgmma_b; /* TDT_GPU_JOINT_BWD: 1 wgmma, 2 chip (d W on the chip too) */
     int z_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FIRST : pick; }
     int dw_dh_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FEWEST_WAVES : pick; }
 
@@ -1304,11 +1304,14 @@ template <int DT> struct gemm_run {
      * and H suit it, without skip_below, whose compacted chunks keep the cuBLASLt path): z's
      * bytes hold W packed, then dz for chunks of the (b, t) rows returned (at most the plan's
      * backward chunk; none: the cuBLASLt path). */
+    /* W's rows the backward packs: the token rows, and with d W on the chip the durations' too */
+    int64_t pack_rows() const { return wgmma_b == 2 ? a.O : a.V; }
     int64_t wgmma_bwd_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
         if (!wgmma_b || a.skip_below > 0.0 || !wgmma_device()) return 0;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
-                     pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H), per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
+                     pack = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H),
+                     per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
         const int64_t fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
         return fit < plan.g_rows_b ? fit : plan.g_rows_b;
     }
@@ -1405,9 +1408,11 @@ template <int DT> struct gemm_run {
         size_t dz_off = 0;
 #if TDT_HAVE_WGMMA
         const int64_t wg_rows = wgmma_bwd_rows();
-        if (wg_rows) dz_off = tdt_gpu_wgmma_pack_bytes(a.V, a.H);
+        if (wg_rows) dz_off = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H);
+        const bool chip_w = wg_rows && wgmma_b == 2;
 #else
         const int64_t wg_rows = 0;
+        const bool chip_w = false;
 #endif
         E *const dzw = reinterpret_cast<E *>(reinterpret_cast<char *>(z()) + dz_off);
         const E *const dz = dzw;
@@ -1436,7 +1441,7 @@ template <int DT> struct gemm_run {
                 c = wg3[q].init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, CUDA_R_16BF, lt_types<DT>::d, false,
                                 true, wrows, plan.g_ldz, (3 - q) * nb, hstacked() + q * nb * plan.g_ldh + wrow0,
                                 plan.g_ldh, ops, plan.g_ldz, wacc + wrow0, plan.g_ldw, TDT_JOINT_LT_BYTES);
-        } else if (want_w) {
+        } else if (want_w && !chip_w) {
             c = wg.init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
                         plan.g_ldz, nb, hs() + wrow0, plan.g_ldhp, dz, plan.g_ldz, wacc + wrow0, plan.g_ldw,
                         TDT_JOINT_LT_BYTES);
@@ -1458,7 +1463,7 @@ template <int DT> struct gemm_run {
                                    "clearing d pred")) != TDT_STATUS_SUCCESS)
             return st;
 #if TDT_HAVE_WGMMA
-        if (wg_rows && (st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, a.V, a.H, z(), num_sms, stream),
+        if (wg_rows && (st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, pack_rows(), a.H, z(), num_sms, stream),
                                   "launching the joint's W packing for wgmma")) != TDT_STATUS_SUCCESS)
             return st;
 #endif
@@ -1495,6 +1500,16 @@ template <int DT> struct gemm_run {
                     return st;
             }
             const int nterms = split() ? kSplitTerms : 1;
+#if TDT_HAVE_WGMMA
+            if (want_w && chip_w) {
+                /* d W from z recomputed on the chip; the coefficients dz_wgmma left in d h's buffer */
+                if ((st = cuda(tdt_gpu_wgmma_dw(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, z(), a.bias, a.V, a.O,
+                                                a.blank, a.H, nb, reinterpret_cast<const tdt_wgmma_dz_row *>(dx), dz,
+                                                plan.g_ldz, reinterpret_cast<float *>(wacc), plan.g_ldw, stream),
+                               "launching the joint's d W on the chip")) != TDT_STATUS_SUCCESS)
+                    return st;
+            } else
+#endif
             if (want_w) {
                 if (split()) {
                     for (int q = 0; q < 3 && c == CUBLAS_STATUS_SUCCESS; ++q)

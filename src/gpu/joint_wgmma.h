@@ -28,10 +28,13 @@ cudaError_t tdt_gpu_wgmma_lse(int f16, const void *h, int64_t ldh, const void *W
                               int64_t H, int64_t count, float *lse, cudaStream_t stream);
 
 /* A row of dz's coefficients for tdt_gpu_wgmma_dz (base 2): dz_v = scale min(2^(x_v K - ref) occ,
- * cl) for x_v = z_v + bias_v, K = log2(e); valid = 0: a row of zeros. */
+ * cl) for x_v = z_v + bias_v, K = log2(e); valid = 0: a row of zeros. For tdt_gpu_wgmma_dw: y,
+ * the node's label column (-1: none), whose value, as the blank's and the durations', is not the
+ * formula's; rare = 1: a node whose whole row is not the formula's (its lse past the base-2
+ * reference's range). */
 struct tdt_wgmma_dz_row {
     float ref, occ, cl, scale;
-    int valid, pad[3];
+    int valid, y, rare, pad;
 };
 /* dz (16-bit values, float16 where f16 else bfloat16, pitch ldz) for the count rows of h (as
  * tdt_gpu_wgmma_lse's) and their coefficients rows: its first V columns, on stream; the columns
@@ -40,5 +43,17 @@ struct tdt_wgmma_dz_row {
 cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
                              int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, void *dz, int64_t ldz, int num_sms,
                              cudaStream_t stream);
+
+/* d W and d bias on the chip (TDT_GPU_JOINT_BWD=chip): wacc[o ldw + c] += sum_n dz[n, o] h[n, c]
+ * for the token and duration rows o < O, columns c < H, and wacc[o ldw + H] += sum_n dz[n, o],
+ * over the count rows of h (as tdt_gpu_wgmma_lse's), with dz's values recomputed on the chip from
+ * W's O rows packed (tdt_gpu_wgmma_pack with O rows), bias and rows' coefficients for the token
+ * columns v < V but the blank's and the label's; those, the durations' and the rows that are not
+ * valid (zeros, or rows past the formula's range) are read from dz (pitch ldz), written by
+ * tdt_gpu_wgmma_dz and the GEMM schedule's fix-up. One block owns 64 of W's rows and adds into
+ * them once: the order of the sums is fixed. On stream. */
+cudaError_t tdt_gpu_wgmma_dw(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
+                             int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
+                             const void *dz, int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream);
 
 #endif

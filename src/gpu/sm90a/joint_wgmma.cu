@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int64_t n = node0 + wgi * 64 + warp * 16 + hf * 8 + (lane >> 2);
-        rc[hf] = n < count ? rows[n] : tdt_wgmma_dz_row{0.f, 0.f, 0.f, 0.f, 0, {0, 0, 0}};
+        rc[hf] = n < count ? rows[n] : tdt_wgmma_dz_row{0.f, 0.f, 0.f, 0.f, 0, -1, 0, 0};
         dr[hf] = n < count ? dz + n * ldz : NULL;
     }
     const auto store = [&](int tile, float(&acc)[64]) {
@@ -237,6 +237,183 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tiles = (int)((V + kRows - 1) / kRows);
     (void)z_tiles<F16>(h, ldh, Wp, H, count, (int)((int64_t)tiles * blockIdx.y / gridDim.y),
                        (int)((int64_t)tiles * (blockIdx.y + 1) / gridDim.y), store);
+}
+
+/* d W on the chip: a block of 256 threads (two warpgroups) owns W's 64 rows vrow0 = block 64 on
+ * (half block % 2 of the packed tile block / 2, in shared memory for the whole call: KC chunks
+ * of 64 rows x 64 values) and walks the count nodes in tiles of 64: their rows of h (KC chunks
+ * of 64 node rows, K-major in the 128-byte swizzle) and coefficients into shared memory
+ * (cp.async), z^T = W h^T (m64n32k16: warpgroup w the tile's nodes 32 w on, 16 float32 values a
+ * thread), dz^T's 64 x 64 values in the 16-bit type into P^T (K-major: token rows of 64 node
+ * values), then d W += P^T h with h's same chunks read MN-major (m64n64k16: warpgroup w d W's
+ * chunks 5 w to 5 w + 4, 5 x 32 float32 sums a thread, kept from the first tile to the last)
+ * and d bias's row sums of P^T. */
+const int kDwThreads = 256, kDwRows = 64;
+inline size_t dw_smem_of(int64_t H) {
+    return 2 * (size_t)chunks_of(H) * kDwRows * 128 + (size_t)kDwRows * 128 + kDwRows * sizeof(tdt_wgmma_dz_row) +
+           2 * kDwRows * sizeof(float) + 8 + 1024;
+}
+
+/* dz[n, o] as tdt_gpu_wgmma_dz and the fix-up write it, for token or duration row o < O of W and
+ * a node of coefficients c (row dzr of dz), from z = (W h^T)[o, n] and bias_o: the formula for
+ * the token columns but the blank's and the label's, dz's own value for those, the durations and
+ * a rare row, 0 for a row that is not valid or o >= O */
+template <int F16>
+__device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const uint16_t *dzr, int64_t o, float z,
+                                          float bias_o, int64_t V, int64_t O, int64_t blank) {
+    if (o >= O || !(c.valid || c.rare)) return 0.f;
+    if (c.rare || o >= V || o == blank || o == c.y) return to_f<F16>(dzr[o]);
+    const float t = exp2f(fmaf(z + bias_o, kLog2e, -c.ref)) * c.occ;
+    return c.scale * (t > c.cl ? c.cl : t);
+}
+
+template <int F16>
+__global__ void __launch_bounds__(kDwThreads, 1)
+    wgmma_dw_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
+                    const uint16_t *__restrict__ bias, int64_t V, int64_t O, int64_t blank, int64_t H, int64_t count,
+                    const tdt_wgmma_dz_row *__restrict__ rows, const uint16_t *__restrict__ dz, int64_t ldz,
+                    float *wacc, int64_t ldw) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
+    const int KC = chunks_of(H);
+    const int chunk = kDwRows * 128; /* one chunk of 64 rows */
+    unsigned char *ws = smem, *hs = ws + KC * chunk, *pt = hs + KC * chunk;
+    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(pt + chunk);
+    float *bsum = reinterpret_cast<float *>(rc + kDwRows);
+    const uint32_t wfull = saddr(bsum + kDwRows);
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t vrow0 = (int64_t)blockIdx.x * kDwRows;
+    if (tid == 0) {
+        mbar_init<1>(wfull);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) { /* W's 64 rows: half block % 2 of the packed tile block / 2 */
+        const size_t half = (size_t)(blockIdx.x & 1) * chunk, tile = blockIdx.x >> 1;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * chunk)
+                     : "memory");
+        for (int kc = 0; kc < KC; ++kc)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             saddr(ws + kc * chunk)),
+                         "l"(Wp + (tile * KC + kc) * (size_t)kStage + half), "r"(chunk), "r"(wfull)
+                         : "memory");
+    }
+    /* this thread's token rows: warp 16 + lane / 4 and 8 more; their biases */
+    int64_t orow[2];
+    float brow[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        orow[hf] = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
+        brow[hf] = bias && orow[hf] < V ? to_f<F16>(__ldg(bias + orow[hf])) : 0.f;
+    }
+    float z[16], d[5][32], bs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 5; ++j)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) d[j][i] = 0.f;
+    const uint32_t w0 = saddr(ws), h0 = saddr(hs), p0 = saddr(pt);
+    mbar_wait(wfull, 0);
+    for (int64_t n0 = 0; n0 < count; n0 += kDwRows) {
+        /* the tile's rows of h (columns from H on and rows from count on zero) and coefficients */
+        for (int i = tid; i < KC * kDwRows * 8; i += kDwThreads) {
+            const int c = i / (kDwRows * 8), r = (i / 8) % kDwRows, u = i % 8;
+            const int64_t k0 = (int64_t)c * kChunk + u * 8;
+            const int64_t left = n0 + r < count ? H - k0 : 0;
+            const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : (int)left * 2;
+            cp16(saddr(hs + c * chunk + r * 128 + ((u ^ (r & 7)) << 4)), h + (bytes ? (n0 + r) * ldh + k0 : 0), bytes);
+        }
+        for (int i = tid; i < kDwRows * 2; i += kDwThreads) {
+            const int r = i >> 1, half = i & 1;
+            const bool in = n0 + r < count;
+            cp16(saddr(reinterpret_cast<unsigned char *>(rc + r) + half * 16),
+                 reinterpret_cast<const unsigned char *>(rows + (in ? n0 + r : 0)) + half * 16, in ? 16 : 0);
+        }
+        cp_commit();
+        cp_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        /* z^T = W h^T: this warpgroup's 32 nodes */
+        wgmma_fence();
+        for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                mma_n32<F16>(z, desc_of(w0 + kc * chunk + kk * 32), desc_of(h0 + kc * chunk + wgi * 32 * 128 + kk * 32),
+                             kc > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_n(z);
+        /* P^T: token row warp 16 + lane / 4 (+ 8), node wgi 32 + 8 j + 2 (lane % 4) + e, at unit
+         * wgi 4 + j of the row (swizzled) */
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c0 = wgi * 32 + 8 * j + 2 * (lane & 3);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                float v[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int64_t n = n0 + c0 + e;
+                    v[e] = n < count ? dw_value<F16>(rc[c0 + e], dz + n * ldz, orow[hf], z[4 * j + 2 * hf + e],
+                                                     brow[hf], V, O, blank)
+                                     : 0.f;
+                }
+                const uint32_t pair =
+                    F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
+                /* d bias sums the values as rounded for the product */
+                bs[hf] += to_f<F16>((uint16_t)(pair & 0xffffu)) + to_f<F16>((uint16_t)(pair >> 16));
+                const int r = warp * 16 + hf * 8 + (lane >> 2);
+                *reinterpret_cast<uint32_t *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) = pair;
+            }
+        }
+        fence_proxy_async();
+        __syncthreads();
+        /* d W += P^T h over the tile's 64 nodes, 4 steps of 16 (2 KB of h's rows a step) */
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+            if (5 * wgi + j >= KC) break;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                mma_n64_mn<F16>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * chunk + ks * 2048, chunk));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 5; ++j) pin_n(d[j]);
+        __syncthreads(); /* h, P^T and the coefficients free for the next tile */
+    }
+    /* d W: this thread's rows, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c, added */
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int64_t o = orow[hf];
+        if (o >= O) continue;
+        float *row = wacc + o * ldw;
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+            if (5 * wgi + j >= KC) break;
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int64_t col = (5 * wgi + j) * 64 + 8 * e + 2 * (lane & 3) + c;
+                    if (col < H) row[col] += d[j][4 * e + 2 * hf + c];
+                }
+        }
+    }
+    /* d bias: each row's sums over the lanes of its quad, then warpgroup 1's added to warpgroup 0's */
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        bs[hf] += __shfl_xor_sync(0xffffffffu, bs[hf], 1);
+        bs[hf] += __shfl_xor_sync(0xffffffffu, bs[hf], 2);
+    }
+    if (wgi == 1 && (lane & 3) == 0)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) bsum[warp * 16 + hf * 8 + (lane >> 2)] = bs[hf];
+    __syncthreads();
+    if (wgi == 0 && (lane & 3) == 0)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+            if (orow[hf] < O) wacc[orow[hf] * ldw + H] += bs[hf] + bsum[warp * 16 + hf * 8 + (lane >> 2)];
 }
 
 } /* namespace */
@@ -295,5 +472,22 @@ cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp
     k<<<dim3((unsigned)blocks, (unsigned)split), kThreads, smem, stream>>>(
         static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
         static_cast<const uint16_t *>(bias), V, H, count, rows, static_cast<uint16_t *>(dz), ldz);
+    return cudaGetLastError();
+}
+
+cudaError_t tdt_gpu_wgmma_dw(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
+                             int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
+                             const void *dz, int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream) {
+    if (count < 1) return cudaSuccess;
+    const size_t smem = dw_smem_of(H);
+    void (*k)(const uint16_t *, int64_t, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t, int64_t,
+              int64_t, const tdt_wgmma_dz_row *, const uint16_t *, int64_t, float *, int64_t) =
+        f16 ? wgmma_dw_kernel<1> : wgmma_dw_kernel<0>;
+    cudaError_t e = tdt_allow_smem(k, smem);
+    if (e != cudaSuccess) return e;
+    k<<<(unsigned)((O + kDwRows - 1) / kDwRows), kDwThreads, smem, stream>>>(
+        static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
+        static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, static_cast<const uint16_t *>(dz), ldz, wacc,
+        ldw);
     return cudaGetLastError();
 }
