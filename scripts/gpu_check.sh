@@ -11,7 +11,8 @@
 #   PHASES: which groups of steps to run, in order (default: all but profile, arch80, archall):
 #     build tests bench joint wgmma tune profile pytest pybench ddp sanitize arch80 archall
 #   wgmma: the Hopper kernels alone (compute capability 9.0): their tests, memcheck, the
-#   backward's dz on wgmma against cuBLASLt's (TDT_GPU_JOINT_BWD) in joint_gpu_bench, and the
+#   backward's dz on wgmma and its d W on the chip against cuBLASLt's (TDT_GPU_JOINT_BWD=gemm,
+#   wgmma, chip) in joint_gpu_bench, and the
 #   prototypes joint_bwd_proto and joint_lse_proto; on request, e.g. PHASES="build wgmma", or
 #   with binaries built elsewhere in build-gpu/ (PHASES=wgmma).
 #   arch80: a second build for CMAKE_CUDA_ARCHITECTURES=80 alone (its PTX-free sm_80 code runs on
@@ -143,10 +144,11 @@ if want wgmma; then
   wsan="--error-exitcode=1 --print-limit 20"
   wg='GpuJoint/WgmmaForward.*/case0_bfloat16_chunk300:GpuJoint/WgmmaForward.*/case2_float16_chunkdefault'
   wg+=':GpuJoint/WgmmaBackward.*/case0_bfloat16_chunk300:GpuJoint/WgmmaBackward.*/case2_float16_chunkdefault'
+  wg+=':GpuJoint/WgmmaBackward.*/case0_bfloat16_chunk500'
   step wgmma_tests 120 build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint/Wgmma*:GpuJoint.Wgmma*'
   step wgmma_memcheck 150 compute-sanitizer --tool memcheck $wsan build-gpu/tests/tdt_gpu_tests --gtest_filter="$wg"
   for round in 1 2; do
-    for bwd in gemm wgmma; do
+    for bwd in gemm wgmma chip; do
       step wgmma_bench_bwd_${bwd}_$round 90 env TDT_GPU_JOINT_BWD=$bwd build-gpu/benchmark/joint_gpu_bench --iters 5 \
         --shapes parakeet-joint,huge-joint,long-joint --dtypes bf16
     done
