@@ -70,45 +70,11 @@ const float kLog2e = 1.4426950408889634f;
 const size_t kSmem = (size_t)KC * kHChunk + 2 * kHChunk + (size_t)kZStages * kZStage + (size_t)kHStages * kHStage +
                      2 * (kZStages + kHStages) * 8 + 1024;
 
-/* d (+)= A B^T, A 64 x 16 and B 64 x 16 bfloat16 from their descriptors, float32 sums; d
- * overwritten where !acc; B K-major (TB 0: 64 rows of 16 values) or MN-major (TB 1: 16 rows of
- * 64 values, B^T as stored) */
-template <int TB = 0>
+/* bfloat16 products with both operands K-major, by the accumulators' size: m64n32k16 and
+ * m64n64k16 (wgmma.cuh's), m64n160k16 (below) */
+__device__ __forceinline__ void mma_bf16(float (&d)[16], uint64_t da, uint64_t db, int acc) { mma_n32<0>(d, da, db, acc); }
 __device__ __forceinline__ void mma_bf16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc), "n"(TB));
-#else
-    (void)d, (void)da, (void)db, (void)acc;
-    __trap();
-#endif
-}
-
-/* d (+)= A B^T, A 64 x 16 and B 32 x 16 bfloat16 from their descriptors, float32 sums; d
- * overwritten where !acc */
-__device__ __forceinline__ void mma_bf16(float (&d)[16], uint64_t da, uint64_t db, int acc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15])
-                 : "l"(da), "l"(db), "r"(acc));
-#else
-    (void)d, (void)da, (void)db, (void)acc;
-    __trap();
-#endif
+    mma_n64<0, 0>(d, da, db, acc);
 }
 
 /* d (+)= A B^T, A 64 x 16 and B 160 x 16 bfloat16 from their descriptors, float32 sums; d
@@ -142,11 +108,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[80], uint64_t da, uint64_t d
 #endif
 }
 
-template <int N> __device__ __forceinline__ void pin_acc(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* A warpgroup's product over H: KC stages of a ring (stage bytes `bytes`, `stages` of them from
  * ring, full and empty mbarriers from full0 and empty0, i the ring's running count), each 64
  * values of the inner dimension: acc = A B^T with A's chunk kc at a + kc kHChunk and B's rows at
@@ -158,7 +119,7 @@ __device__ __forceinline__ void ring_product(float (&acc)[R], uint32_t a, uint32
     for (int kc = 0; kc < KC; ++kc, ++i) {
         const int s = i % stages;
         mbar_wait(full0 + 8 * s, (uint32_t)((i / stages) & 1));
-        pin_acc(acc);
+        pin_n(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -169,7 +130,7 @@ __device__ __forceinline__ void ring_product(float (&acc)[R], uint32_t a, uint32
         if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % stages));
     }
     wgmma_wait<0>();
-    pin_acc(acc);
+    pin_n(acc);
     if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % stages));
 }
 
@@ -180,7 +141,7 @@ template <int Q>
 __device__ __forceinline__ void ring_blocks(float (&d0)[80], float (&d1)[80], uint32_t a, uint32_t ring, uint32_t b,
                                             uint32_t full0, uint32_t empty0, int &i, int lane) {
     auto step = [&](float(&d)[80], int kc, int s) {
-        pin_acc(d);
+        pin_n(d);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -197,8 +158,8 @@ __device__ __forceinline__ void ring_blocks(float (&d0)[80], float (&d1)[80], ui
         if (q > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
     }
     wgmma_wait<0>();
-    pin_acc(d0);
-    pin_acc(d1);
+    pin_n(d0);
+    pin_n(d1);
     if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
 }
 
@@ -634,7 +595,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
                          kc > 0 || kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
-        pin_acc(z);
+        pin_n(z);
         /* P^T of the tile */
         pt_store(pt, z, vrow0, V, wgi, warp, lane, [&](int i, float *gn, float *ln) {
             const int64_t t = t0 + i / 8, u = u0 + i % 8;
@@ -650,11 +611,11 @@ __global__ void __launch_bounds__(kThreadsH, 1)
         for (int j = 0; j < 5; ++j)
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks)
-                mma_bf16<1>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * kHChunk + ks * 2048, kHChunk), 1);
+                mma_n64<0, 1>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * kHChunk + ks * 2048, kHChunk), 1);
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
-        for (int j = 0; j < 5; ++j) pin_acc(d[j]);
+        for (int j = 0; j < 5; ++j) pin_n(d[j]);
         __syncthreads(); /* h, P^T and the raw stage free for the next tile */
         if (FLUSH && (k - k0 + 1) % flush == 0 && k + 1 < k1) add_out();
     }
@@ -771,7 +732,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
                              kc > 0 || kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
-            pin_acc(z);
+            pin_n(z);
             const float2 *gt = gl + (k & 1) * kTileR;
             pt_store(pt, z, vrow0, V, 0, warp, lane, [&](int c, float *gn, float *ln) {
                 const float2 x = gt[c];
@@ -792,12 +753,12 @@ __global__ void __launch_bounds__(kThreadsH, 1)
         for (int j = 0; j < 5; ++j)
 #pragma unroll
             for (int ks = 0; ks < 2; ++ks)
-                mma_bf16<1>(d[j], desc_of(p0 + ks * 32), desc_mn(hs + (5 * wgi + j) * kHChunkR + ks * 2048, kHChunkR),
+                mma_n64<0, 1>(d[j], desc_of(p0 + ks * 32), desc_mn(hs + (5 * wgi + j) * kHChunkR + ks * 2048, kHChunkR),
                             1);
         wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
-        for (int j = 0; j < 5; ++j) pin_acc(d[j]);
+        for (int j = 0; j < 5; ++j) pin_n(d[j]);
         __syncthreads(); /* h buffer k % 2 and P^T free */
         if (FLUSH && (i + 1) % flush == 0 && k + 1 < k1) add_out();
     }

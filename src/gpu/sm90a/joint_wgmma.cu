@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
             if (5 * wgi + j >= KC) break;
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks)
-                mma_n64_mn<F16>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * chunk + ks * 2048, chunk));
+                mma_n64<F16, 1>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * chunk + ks * 2048, chunk), 1);
         }
         wgmma_commit();
         wgmma_wait<0>();

@@ -112,25 +112,26 @@ template <int F16> __device__ __forceinline__ void mma_n32(float (&d)[16], uint6
 #undef TDT_WGMMA_N32
 }
 
-/* d += A B, A 64 x 16 (K-major) and B 16 x 64 (MN-major: 16 rows of 64 values as stored) of the
- * 16-bit type F16 from their descriptors */
-template <int F16> __device__ __forceinline__ void mma_n64_mn(float (&d)[32], uint64_t da, uint64_t db) {
+/* d (+)= A B^T, A 64 x 16 (K-major) and B 64 x 16 of the 16-bit type F16 from their descriptors,
+ * B K-major (TB 0: 64 rows of 16 values) or MN-major (TB 1: 16 rows of 64 values, B^T as
+ * stored); d overwritten where !acc */
+template <int F16, int TB> __device__ __forceinline__ void mma_n64(float (&d)[32], uint64_t da, uint64_t db, int acc) {
 #define TDT_WGMMA_N64(T)                                                                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                               \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"                                   \
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n" \
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
                    "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
                    "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
                    "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
                    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                       \
-                 : "l"(da), "l"(db))
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB))
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (F16) TDT_WGMMA_N64("f16");
     else TDT_WGMMA_N64("bf16");
 #else
-    (void)d, (void)da, (void)db;
+    (void)d, (void)da, (void)db, (void)acc;
     __trap();
 #endif
 #undef TDT_WGMMA_N64
