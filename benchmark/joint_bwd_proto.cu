@@ -356,7 +356,7 @@ __device__ __forceinline__ uint4 relu_sum8(const uint4 a, const uint4 b) {
     return make_uint4(ov[0], ov[1], ov[2], ov[3]);
 }
 
-/* A thread's d W sums of dwh_kernel and dwr_kernel (token rows vrow0 + warp 16 + lane / 4 and 8
+/* A thread's d W sums of dwh_kernel (token rows vrow0 + warp 16 + lane / 4 and 8
  * more, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c) added into d W (pitch ldo, rows < V),
  * then zeroed */
 __device__ __forceinline__ void add_sums(float (&d)[5][32], float *dW, int64_t ldo, int64_t vrow0, int64_t V, int wgi,
@@ -622,149 +622,6 @@ __global__ void __launch_bounds__(kThreadsH, 1)
     add_out();
 }
 
-/* d W's fourth form (dwr_kernel): 32-node tiles of 4 frames x 8 labels; shared memory: W's 64
- * rows, two buffers of a tile's h (10 chunks of 32 node rows), three stages of a tile's raw rows
- * (4 of enc, 8 of pred), P^T (64 token rows of 32 node values in 128-byte rows), each h buffer's
- * nodes' (g, lse); 1024-aligned */
-const int kTileR = 32, kHChunkR = kTileR * 128, kHBufR = KC * kHChunkR, kRawR = 12 * H * 2;
-const size_t kSmemR =
-    (size_t)KC * kHChunk + 2 * (size_t)kHBufR + 3 * (size_t)kRawR + kHChunk + 2 * kTileR * 8 + 8 + 1024;
-
-/*
- * d W as dwh_kernel (h built on the chip, one launch, each block's sums in registers, added out
- * every `flush` tiles with FLUSH), the two warpgroups given different work at once: for tile k
- * (32 nodes), warpgroup k % 2 forms z^T = W h^T (m64n32k16, all 32 nodes) and P^T while the
- * other builds the next tile's h into the other h buffer from the raw rows it copied two tiles
- * before (cp.async, three stages: each warpgroup copies the rows of the tiles it builds, so its
- * own cp.async groups order them) and that tile's (g, lse); then both add P^T h (m64n64k16, h
- * MN-major, warpgroup w d W's columns 320 w on).
- */
-template <bool FLUSH>
-__global__ void __launch_bounds__(kThreadsH, 1)
-    dwr_kernel(const unsigned char *__restrict__ Wz, const uint16_t *__restrict__ enc,
-               const uint16_t *__restrict__ pred, int64_t T, int64_t U1, const float *__restrict__ lse,
-               const float *__restrict__ g, int64_t V, float *dW, int64_t ldo, int64_t part, int flush) {
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
-    unsigned char *ws = smem, *hb = ws + KC * kHChunk, *raw = hb + 2 * kHBufR, *pt = raw + 3 * kRawR;
-    float2 *gl = reinterpret_cast<float2 *>(pt + kHChunk);
-    const uint32_t wfull = saddr(gl + 2 * kTileR);
-    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3, wt = tid & 127;
-    const int64_t vrow0 = (int64_t)blockIdx.x * 64;
-    if (tid == 0) {
-        mbar_init<1>(wfull);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (tid == 0) w_rows_load(ws, Wz, V, wfull);
-    float z[16], d[5][32];
-#pragma unroll
-    for (int j = 0; j < 5; ++j)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) d[j][i] = 0.f;
-    const uint32_t w0 = saddr(ws), h0 = saddr(hb), p0 = saddr(pt);
-    const int64_t tiles_u = (U1 + 7) / 8, tiles = (T + 3) / 4 * tiles_u;
-    const int64_t k0 = tiles * blockIdx.y / gridDim.y, k1 = tiles * (blockIdx.y + 1) / gridDim.y;
-    dW += blockIdx.y * part;
-    const auto add_out = [&]() { add_sums(d, dW, ldo, vrow0, V, wgi, warp, lane); };
-    /* tile k's raw rows (enc's 4 frames, then pred's 8 labels; zeros outside) into stage k % 3 by
-     * the n threads from thread i0 on, then a commit (made also where k is past the last tile,
-     * so that each thread's groups keep their count) */
-    const auto fetch = [&](int64_t k, int i0, int nt) {
-        if (k < k1) {
-            const int64_t t0 = k / tiles_u * 4, u0 = k % tiles_u * 8;
-            unsigned char *st = raw + (k % 3) * kRawR;
-            for (int q = i0; q < 12 * (H / 8); q += nt) {
-                const int r = q / (H / 8), cu = q % (H / 8);
-                const int64_t row = r < 4 ? t0 + r : u0 + r - 4;
-                const bool in = r < 4 ? row < T : row < U1;
-                cp16(saddr(st + r * (H * 2) + cu * 16), (r < 4 ? enc : pred) + (in ? row * H + cu * 8 : 0),
-                     in ? 16 : 0);
-            }
-        }
-        cp_commit();
-    };
-    /* tile k's h into buffer k % 2 and its (g, lse) into gl, from raw stage k % 3, by the n
-     * threads from thread i0 on */
-    const auto build = [&](int64_t k, int i0, int nt) {
-        if (k >= k1) return;
-        const int64_t t0 = k / tiles_u * 4, u0 = k % tiles_u * 8;
-        const unsigned char *st = raw + (k % 3) * kRawR;
-        unsigned char *hs = hb + (k & 1) * kHBufR;
-        for (int q = i0; q < kTileR * (H / 8); q += nt) {
-            const int i = q / (H / 8), cu = q % (H / 8);
-            const int64_t t = t0 + i / 8, u = u0 + i % 8;
-            uint4 out = make_uint4(0, 0, 0, 0);
-            if (t < T && u < U1) {
-                const uint4 a = *reinterpret_cast<const uint4 *>(st + (i / 8) * (H * 2) + cu * 16),
-                            b = *reinterpret_cast<const uint4 *>(st + (4 + i % 8) * (H * 2) + cu * 16);
-                out = relu_sum8(a, b);
-            }
-            *reinterpret_cast<uint4 *>(hs + (cu >> 3) * kHChunkR + i * 128 + (((cu & 7) ^ (i & 7)) << 4)) = out;
-        }
-        for (int c = i0; c < kTileR; c += nt) {
-            const int64_t t = t0 + c / 8, u = u0 + c % 8;
-            const bool in = t < T && u < U1;
-            gl[(k & 1) * kTileR + c] =
-                in ? make_float2(__ldg(g + t * U1 + u), __ldg(lse + t * U1 + u) * kLog2e) : make_float2(0.f, 0.f);
-        }
-        fence_proxy_async();
-    };
-    /* the first tile's rows and h by every thread; then warpgroup 1 copies the second tile's rows
-     * (it builds the tiles k0 + 1, k0 + 3, ...), warpgroup 0 the third's */
-    fetch(k0, tid, kThreadsH);
-    cp_wait<0>();
-    __syncthreads();
-    build(k0, tid, kThreadsH);
-    fetch(k0 + 2 - wgi, wt, 128);
-    mbar_wait(wfull, 0);
-    __syncthreads();
-    for (int64_t k = k0; k < k1; ++k) {
-        const int i = (int)(k - k0);
-        if ((i & 1) == wgi) { /* z^T and P^T of tile k */
-            wgmma_fence();
-            const uint32_t hs = h0 + (k & 1) * kHBufR;
-#pragma unroll
-            for (int kc = 0; kc < KC; ++kc)
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-                    mma_bf16(z, desc_of(w0 + kc * kHChunk + kk * 32), desc_of(hs + kc * kHChunkR + kk * 32),
-                             kc > 0 || kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            pin_n(z);
-            const float2 *gt = gl + (k & 1) * kTileR;
-            pt_store(pt, z, vrow0, V, 0, warp, lane, [&](int c, float *gn, float *ln) {
-                const float2 x = gt[c];
-                *gn = x.x, *ln = x.y;
-            });
-            fence_proxy_async();
-        } else { /* the rows of tile k + 3 copied, tile k + 1's h built from its rows */
-            fetch(k + 3, wt, 128);
-            cp_wait<1>();
-            asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wgi) : "memory");
-            build(k + 1, wt, 128);
-        }
-        __syncthreads();
-        /* d W += P^T h for tile k */
-        const uint32_t hs = h0 + (k & 1) * kHBufR;
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < 5; ++j)
-#pragma unroll
-            for (int ks = 0; ks < 2; ++ks)
-                mma_n64<0, 1>(d[j], desc_of(p0 + ks * 32), desc_mn(hs + (5 * wgi + j) * kHChunkR + ks * 2048, kHChunkR),
-                            1);
-        wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < 5; ++j) pin_n(d[j]);
-        __syncthreads(); /* h buffer k % 2 and P^T free */
-        if (FLUSH && (i + 1) % flush == 0 && k + 1 < k1) add_out();
-    }
-    add_out();
-}
-
 /* out[i] = sum over y < parts of in[y part + i], in order, for the first n values */
 __global__ void sum_parts_kernel(const float *in, int64_t part, int parts, int64_t n, float *out) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -880,9 +737,9 @@ int main(int argc, char **argv) {
     printf("joint_bwd_proto: %s, nodes %lld (T %lld x U1 %lld), V %lld, H %d, iters %d\n", prop.name,
            (long long)nodes, (long long)T, (long long)U1, (long long)V, H, iters);
     if (!tdt_gpu_wgmma_fits(prop.major, prop.minor, (int)prop.sharedMemPerBlockOptin, H) ||
-        std::max({kSmem, kSmemW, kSmemH, kSmemR}) > (size_t)prop.sharedMemPerBlockOptin) {
+        std::max({kSmem, kSmemW, kSmemH}) > (size_t)prop.sharedMemPerBlockOptin) {
         printf("not run: the kernels need compute capability 9.0 and %zu bytes of shared memory a block\n",
-               std::max({kSmem, kSmemW, kSmemH, kSmemR}));
+               std::max({kSmem, kSmemW, kSmemH}));
         return 0;
     }
     const int64_t ldz = (V + 7) / 8 * 8, tiles = (V + kRows - 1) / kRows, ntiles = (nodes + kNodes - 1) / kNodes;
@@ -1024,28 +881,6 @@ int main(int argc, char **argv) {
         snprintf(what, sizeof what, "d W (h built, %s)", dwh_name[v]);
         ok_dw = compare(what, dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
     }
-    /* d W with h built on the chip, the warpgroups' work split: its sums added out at the end or
-     * every 256 tiles (8192 nodes) */
-    CK(cudaFuncSetAttribute(dwr_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemR));
-    CK(cudaFuncSetAttribute(dwr_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemR));
-    auto fused_dwr = [&](bool flush) {
-        float *out = parts > 1 ? dWp : dW;
-        CK(cudaMemsetAsync(out, 0, (size_t)(parts * part) * 4));
-        (flush ? dwr_kernel<true> : dwr_kernel<false>)<<<dim3((unsigned)wblocks, (unsigned)parts), kThreadsH,
-                                                          kSmemR>>>(
-            static_cast<const unsigned char *>(Wz), reinterpret_cast<const uint16_t *>(enc),
-            reinterpret_cast<const uint16_t *>(pred), T, U1, lse, g, V, out, (int64_t)H, part, 256);
-        if (parts > 1) sum_parts_kernel<<<1024, 256>>>(dWp, part, (int)parts, part, dW);
-    };
-    for (const bool fl : {false, true}) {
-        CK(cudaMemset(dW, 0xff, (size_t)ldz * H * 4));
-        fused_dwr(fl);
-        CK(cudaGetLastError());
-        CK(cudaDeviceSynchronize());
-        ok_dw = compare(fl ? "d W (h built, work split, added out every 256 tiles)"
-                           : "d W (h built, work split, added out at the end)",
-                        dW, dW_ref, (size_t)V * H, H, 2e-3) && ok_dw;
-    }
     /* the library's dz kernel (tdt_gpu_wgmma_dz) against the reference P on the first chunk */
     tdt_wgmma_dz_row *rows;
     __nv_bfloat16 *dzb;
@@ -1087,13 +922,6 @@ int main(int argc, char **argv) {
         printf("d W: fused z + P + d W, h built on the chip, %s  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; "
                "one launch, %lld tiles of 8 x 8 nodes, %lld part(s))\n",
                dwh_name[v], tc, flop / tc / 1e9, tc / tub, (long long)((T + 7) / 8 * ((U1 + 7) / 8)), (long long)parts);
-    }
-    for (const bool fl : {false, true}) {
-        const float tc = time([&] { fused_dwr(fl); });
-        printf("d W: fused z + P + d W, h built on the chip, work split, added out %s  %8.3f ms  %6.1f TFLOP/s  "
-               "(fused / cuBLAS's %.2f; one launch, %lld tiles of 4 x 8 nodes, %lld part(s))\n",
-               fl ? "every 256 tiles" : "at the end", tc, flop / tc / 1e9, tc / tub,
-               (long long)((T + 3) / 4 * ((U1 + 7) / 8)), (long long)parts);
     }
     printf("d h: cuBLAS z, P, cuBLAS d h  %8.3f ms  %6.1f TFLOP/s\n", tua, flop / tua / 1e9);
     printf("d W: cuBLAS z, P, cuBLAS d W  %8.3f ms  %6.1f TFLOP/s\n", tub, flop / tub / 1e9);
