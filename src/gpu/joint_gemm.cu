@@ -1309,9 +1309,12 @@ template <int DT> struct gemm_run {
     int64_t wgmma_bwd_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
         if (!wgmma_b || a.skip_below > 0.0 || !wgmma_device()) return 0;
+        /* with d W on the chip, the chunk's h packed after dz: 128 bytes a node a chunk of 64
+         * values, in tiles of 128 nodes (at most 127 rows of padding) */
+        const size_t hrow = wgmma_b == 2 ? (size_t)(a.H + 63) / 64 * 128 : 0;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
-                     pack = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H),
-                     per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
+                     pack = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H) + 127 * hrow,
+                     per_row = (size_t)a.row * (plan.g_ldz * sizeof(E) + hrow);
         const int64_t fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
         return fit < plan.g_rows_b ? fit : plan.g_rows_b;
     }
@@ -1502,10 +1505,14 @@ template <int DT> struct gemm_run {
             const int nterms = split() ? kSplitTerms : 1;
 #if TDT_HAVE_WGMMA
             if (want_w && chip_w) {
-                /* d W from z recomputed on the chip; the coefficients dz_wgmma left in d h's buffer */
-                if ((st = cuda(tdt_gpu_wgmma_dw(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, z(), a.bias, a.V, a.O,
-                                                a.blank, a.H, nb, reinterpret_cast<const tdt_wgmma_dz_row *>(dx), dz,
-                                                plan.g_ldz, reinterpret_cast<float *>(wacc), plan.g_ldw, stream),
+                /* d W from z recomputed on the chip: the chunk's h packed after dz, the coefficients
+                 * dz_wgmma left in d h's buffer */
+                void *const hp = reinterpret_cast<char *>(dzw) + (size_t)nb * plan.g_ldz * sizeof(E);
+                if ((st = cuda(tdt_gpu_wgmma_pack(hs(), plan.g_ldh, nb, a.H, hp, num_sms, stream),
+                               "launching the joint's h packing")) != TDT_STATUS_SUCCESS ||
+                    (st = cuda(tdt_gpu_wgmma_dw(DT == TDT_DTYPE_FLOAT16, hp, z(), a.bias, a.V, a.O, a.blank, a.H, nb,
+                                                reinterpret_cast<const tdt_wgmma_dz_row *>(dx), dz, plan.g_ldz,
+                                                reinterpret_cast<float *>(wacc), plan.g_ldw, stream),
                                "launching the joint's d W on the chip")) != TDT_STATUS_SUCCESS)
                     return st;
             } else

@@ -46,14 +46,14 @@ cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp
 
 /* d W and d bias on the chip (TDT_GPU_JOINT_BWD=chip): wacc[o ldw + c] += sum_n dz[n, o] h[n, c]
  * for the token and duration rows o < O, columns c < H, and wacc[o ldw + H] += sum_n dz[n, o],
- * over the count rows of h (as tdt_gpu_wgmma_lse's), with dz's values recomputed on the chip from
- * W's O rows packed (tdt_gpu_wgmma_pack with O rows), bias and rows' coefficients for the token
- * columns v < V but the blank's and the label's; those, the durations' and the rows that are not
- * valid (zeros, or rows past the formula's range) are read from dz (pitch ldz), written by
+ * over count nodes whose rows of h are packed in hp as tdt_gpu_wgmma_pack packs W (count rows),
+ * with dz's values recomputed on the chip from W's O rows packed in Wp (tdt_gpu_wgmma_pack with
+ * O rows), bias and rows' coefficients for the token columns v < V but the blank's and the
+ * label's; those, the durations' and the rare rows' are read from dz (pitch ldz), written by
  * tdt_gpu_wgmma_dz and the GEMM schedule's fix-up. One block owns 64 of W's rows and adds into
  * them once: the order of the sums is fixed. On stream. */
-cudaError_t tdt_gpu_wgmma_dw(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
-                             int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
-                             const void *dz, int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream);
+cudaError_t tdt_gpu_wgmma_dw(int f16, const void *hp, const void *Wp, const void *bias, int64_t V, int64_t O,
+                             int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, const void *dz,
+                             int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream);
 
 #endif

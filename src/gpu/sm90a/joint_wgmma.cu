@@ -239,19 +239,21 @@ __global__ void __launch_bounds__(kThreads, 1)
                        (int)((int64_t)tiles * (blockIdx.y + 1) / gridDim.y), store);
 }
 
-/* d W on the chip: a block of 256 threads (two warpgroups) owns W's 64 rows vrow0 = block 64 on
- * (half block % 2 of the packed tile block / 2, in shared memory for the whole call: KC chunks
- * of 64 rows x 64 values) and walks the count nodes in tiles of 64: their rows of h (KC chunks
- * of 64 node rows, K-major in the 128-byte swizzle) and coefficients into shared memory
- * (cp.async), z^T = W h^T (m64n32k16: warpgroup w the tile's nodes 32 w on, 16 float32 values a
- * thread), dz^T's 64 x 64 values in the 16-bit type into P^T (K-major: token rows of 64 node
- * values), then d W += P^T h with h's same chunks read MN-major (m64n64k16: warpgroup w d W's
- * chunks 5 w to 5 w + 4, 5 x 32 float32 sums a thread, kept from the first tile to the last)
- * and d bias's row sums of P^T. */
-const int kDwThreads = 256, kDwRows = 64;
+/* d W on the chip: a block of 384 threads owns W's 64 rows vrow0 = block 64 on (half block % 2
+ * of the packed tile block / 2, in shared memory for the whole launch: KC chunks of 64 rows x 64
+ * values) and walks the count nodes in tiles of 64, their rows of h packed as W is
+ * (tdt_gpu_wgmma_pack: a tile is half of a packed tile of 128 rows, a chunk of it 8 KB). Warp 8
+ * streams each tile's KC chunks of h twice through a ring of kDwStages stages (bulk copies on
+ * full/empty mbarriers); the two consumer warpgroups (232 registers) form z^T = W h^T on the
+ * first pass (m64n32k16: warpgroup w the tile's nodes 32 w on), dz^T's 64 x 64 values in the
+ * 16-bit type into P^T (K-major: token rows of 64 node values) and d bias's row sums, then add
+ * P^T h on the second (m64n64k16, h MN-major: warpgroup w d W's chunks 5 w to 5 w + 4, 5 x 32
+ * float32 sums a thread, kept from the first tile to the last). */
+const int kDwRows = 64, kDwStages = 10, kDwThreads = 384;
+const int kDwChunk = kDwRows * 128; /* one chunk of 64 rows */
 inline size_t dw_smem_of(int64_t H) {
-    return 2 * (size_t)chunks_of(H) * kDwRows * 128 + (size_t)kDwRows * 128 + kDwRows * sizeof(tdt_wgmma_dz_row) +
-           2 * kDwRows * sizeof(float) + 8 + 1024;
+    return (size_t)chunks_of(H) * kDwChunk + (size_t)kDwStages * kDwChunk + kDwChunk +
+           kDwRows * sizeof(tdt_wgmma_dz_row) + kDwRows * sizeof(float) + 8 * (1 + 2 * kDwStages) + 1024;
 }
 
 /* dz[n, o] as tdt_gpu_wgmma_dz and the fix-up write it, for token or duration row o < O of W and
@@ -267,37 +269,82 @@ __device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const uint1
     return c.scale * (t > c.cl ? c.cl : t);
 }
 
+/* A consumer warpgroup's second pass over a tile's chunks of h (ring stages from i on): chunk kc
+ * goes into d[kc - B] for B <= kc < B + 5 (B = 5 wgi, a constant here so that d's index is one);
+ * every stage is waited for and given back by both warpgroups, so each empty barrier counts 8
+ * arrivals a use. */
+template <int F16, int B>
+__device__ __forceinline__ void dw_pass(float (&d)[5][32], uint32_t p0, uint32_t ring, uint32_t full0,
+                                        uint32_t empty0, int &i, int KC, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < 10; ++kc) {
+        if (kc >= KC) break;
+        const int s = i % kDwStages;
+        mbar_wait(full0 + 8 * s, (uint32_t)((i / kDwStages) & 1));
+        if (kc >= B && kc < B + 5) {
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                mma_n64<F16, 1>(d[kc - B], desc_of(p0 + ks * 32), desc_mn(ring + s * kDwChunk + ks * 2048, kDwChunk), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin_n(d[kc - B]);
+        }
+        if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        ++i;
+    }
+}
+
 template <int F16>
 __global__ void __launch_bounds__(kDwThreads, 1)
-    wgmma_dw_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
+    wgmma_dw_kernel(const unsigned char *__restrict__ hp, const unsigned char *__restrict__ Wp,
                     const uint16_t *__restrict__ bias, int64_t V, int64_t O, int64_t blank, int64_t H, int64_t count,
                     const tdt_wgmma_dz_row *__restrict__ rows, const uint16_t *__restrict__ dz, int64_t ldz,
                     float *wacc, int64_t ldw) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
     const int KC = chunks_of(H);
-    const int chunk = kDwRows * 128; /* one chunk of 64 rows */
-    unsigned char *ws = smem, *hs = ws + KC * chunk, *pt = hs + KC * chunk;
-    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(pt + chunk);
+    unsigned char *ws = smem, *ring = ws + KC * kDwChunk, *pt = ring + kDwStages * kDwChunk;
+    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(pt + kDwChunk);
     float *bsum = reinterpret_cast<float *>(rc + kDwRows);
-    const uint32_t wfull = saddr(bsum + kDwRows);
+    const uint32_t wfull = saddr(bsum + kDwRows), full0 = wfull + 8, empty0 = full0 + 8 * kDwStages;
     const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
-    const int64_t vrow0 = (int64_t)blockIdx.x * kDwRows;
+    const int64_t vrow0 = (int64_t)blockIdx.x * kDwRows, tiles = (count + kDwRows - 1) / kDwRows;
     if (tid == 0) {
         mbar_init<1>(wfull);
+        for (int s = 0; s < kDwStages; ++s) {
+            mbar_init<1>(full0 + 8 * s);
+            mbar_init<8>(empty0 + 8 * s);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (tid == 0) { /* W's 64 rows: half block % 2 of the packed tile block / 2 */
-        const size_t half = (size_t)(blockIdx.x & 1) * chunk, tile = blockIdx.x >> 1;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * chunk)
-                     : "memory");
-        for (int kc = 0; kc < KC; ++kc)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                             saddr(ws + kc * chunk)),
-                         "l"(Wp + (tile * KC + kc) * (size_t)kStage + half), "r"(chunk), "r"(wfull)
+    if (wgi == 2) { /* the producer: W's rows once, then each tile's chunks of h twice */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == 256) {
+            const size_t half = (size_t)(blockIdx.x & 1) * kDwChunk, tile = blockIdx.x >> 1;
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kDwChunk)
                          : "memory");
+            for (int kc = 0; kc < KC; ++kc)
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                        saddr(ws + kc * kDwChunk)),
+                    "l"(Wp + (tile * KC + kc) * (size_t)kStage + half), "r"(kDwChunk), "r"(wfull)
+                    : "memory");
+            int i = 0;
+            for (int64_t nt = 0; nt < tiles; ++nt)
+                for (int pass = 0; pass < 2; ++pass)
+                    for (int kc = 0; kc < KC; ++kc, ++i) {
+                        const int s = i % kDwStages;
+                        if (i >= kDwStages) mbar_wait(empty0 + 8 * s, (uint32_t)((i / kDwStages - 1) & 1));
+                        bulk_load(saddr(ring + s * kDwChunk),
+                                  hp + ((size_t)(nt >> 1) * KC + kc) * kStage + (size_t)(nt & 1) * kDwChunk,
+                                  kDwChunk, full0 + 8 * s);
+                    }
+        }
+        return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     /* this thread's token rows: warp 16 + lane / 4 and 8 more; their biases */
     int64_t orow[2];
     float brow[2];
@@ -310,38 +357,37 @@ __global__ void __launch_bounds__(kDwThreads, 1)
 #pragma unroll
     for (int j = 0; j < 5; ++j)
 #pragma unroll
-        for (int i = 0; i < 32; ++i) d[j][i] = 0.f;
-    const uint32_t w0 = saddr(ws), h0 = saddr(hs), p0 = saddr(pt);
+        for (int e = 0; e < 32; ++e) d[j][e] = 0.f;
+    const uint32_t w0 = saddr(ws), rb = saddr(ring), p0 = saddr(pt);
     mbar_wait(wfull, 0);
-    for (int64_t n0 = 0; n0 < count; n0 += kDwRows) {
-        /* the tile's rows of h (columns from H on and rows from count on zero) and coefficients */
-        for (int i = tid; i < KC * kDwRows * 8; i += kDwThreads) {
-            const int c = i / (kDwRows * 8), r = (i / 8) % kDwRows, u = i % 8;
-            const int64_t k0 = (int64_t)c * kChunk + u * 8;
-            const int64_t left = n0 + r < count ? H - k0 : 0;
-            const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : (int)left * 2;
-            cp16(saddr(hs + c * chunk + r * 128 + ((u ^ (r & 7)) << 4)), h + (bytes ? (n0 + r) * ldh + k0 : 0), bytes);
-        }
-        for (int i = tid; i < kDwRows * 2; i += kDwThreads) {
-            const int r = i >> 1, half = i & 1;
+    int i = 0;
+    for (int64_t nt = 0; nt < tiles; ++nt) {
+        const int64_t n0 = nt * kDwRows;
+        /* the tile's coefficients (zeros from count on) */
+        if (tid < kDwRows * 2) {
+            const int r = tid >> 1, half = tid & 1;
             const bool in = n0 + r < count;
             cp16(saddr(reinterpret_cast<unsigned char *>(rc + r) + half * 16),
                  reinterpret_cast<const unsigned char *>(rows + (in ? n0 + r : 0)) + half * 16, in ? 16 : 0);
         }
         cp_commit();
-        cp_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        /* z^T = W h^T: this warpgroup's 32 nodes */
-        wgmma_fence();
-        for (int kc = 0; kc < KC; ++kc)
+        /* z^T = W h^T: this warpgroup's 32 nodes, a stage a chunk */
+        for (int kc = 0; kc < KC; ++kc, ++i) {
+            const int s = i % kDwStages;
+            mbar_wait(full0 + 8 * s, (uint32_t)((i / kDwStages) & 1));
+            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                mma_n32<F16>(z, desc_of(w0 + kc * chunk + kk * 32), desc_of(h0 + kc * chunk + wgi * 32 * 128 + kk * 32),
-                             kc > 0 || kk > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin_n(z);
+                mma_n32<F16>(z, desc_of(w0 + kc * kDwChunk + kk * 32),
+                             desc_of(rb + s * kDwChunk + wgi * 32 * 128 + kk * 32), kc > 0 || kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin_n(z);
+            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        }
+        cp_wait<0>();
+        /* both warpgroups past their products on the last P^T, and the coefficients in */
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* P^T: token row warp 16 + lane / 4 (+ 8), node wgi 32 + 8 j + 2 (lane % 4) + e, at unit
          * wgi 4 + j of the row (swizzled) */
 #pragma unroll
@@ -366,21 +412,10 @@ __global__ void __launch_bounds__(kDwThreads, 1)
             }
         }
         fence_proxy_async();
-        __syncthreads();
-        /* d W += P^T h over the tile's 64 nodes, 4 steps of 16 (2 KB of h's rows a step) */
-        wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < 5; ++j) {
-            if (5 * wgi + j >= KC) break;
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-                mma_n64<F16, 1>(d[j], desc_of(p0 + ks * 32), desc_mn(h0 + (5 * wgi + j) * chunk + ks * 2048, chunk), 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int j = 0; j < 5; ++j) pin_n(d[j]);
-        __syncthreads(); /* h, P^T and the coefficients free for the next tile */
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        /* d W += P^T h over the tile's 64 nodes: the second pass */
+        if (wgi == 0) dw_pass<F16, 0>(d, p0, rb, full0, empty0, i, KC, lane);
+        else dw_pass<F16, 5>(d, p0, rb, full0, empty0, i, KC, lane);
     }
     /* d W: this thread's rows, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c, added */
 #pragma unroll
@@ -409,7 +444,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
     if (wgi == 1 && (lane & 3) == 0)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) bsum[warp * 16 + hf * 8 + (lane >> 2)] = bs[hf];
-    __syncthreads();
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
     if (wgi == 0 && (lane & 3) == 0)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
@@ -475,18 +510,18 @@ cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp
     return cudaGetLastError();
 }
 
-cudaError_t tdt_gpu_wgmma_dw(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
-                             int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
-                             const void *dz, int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream) {
+cudaError_t tdt_gpu_wgmma_dw(int f16, const void *hp, const void *Wp, const void *bias, int64_t V, int64_t O,
+                             int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, const void *dz,
+                             int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream) {
     if (count < 1) return cudaSuccess;
     const size_t smem = dw_smem_of(H);
-    void (*k)(const uint16_t *, int64_t, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t, int64_t,
+    void (*k)(const unsigned char *, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t, int64_t,
               int64_t, const tdt_wgmma_dz_row *, const uint16_t *, int64_t, float *, int64_t) =
         f16 ? wgmma_dw_kernel<1> : wgmma_dw_kernel<0>;
     cudaError_t e = tdt_allow_smem(k, smem);
     if (e != cudaSuccess) return e;
     k<<<(unsigned)((O + kDwRows - 1) / kDwRows), kDwThreads, smem, stream>>>(
-        static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
+        static_cast<const unsigned char *>(hp), static_cast<const unsigned char *>(Wp),
         static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, static_cast<const uint16_t *>(dz), ldz, wacc,
         ldw);
     return cudaGetLastError();
