@@ -1309,27 +1309,28 @@ template <int DT> struct gemm_run {
     int64_t wgmma_bwd_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
         if (!wgmma_b || a.skip_below > 0.0 || !wgmma_device()) return 0;
-        /* with d W on the chip, the chunk's h packed after dz: 128 bytes a node a chunk of 64
-         * values, in tiles of 128 nodes (at most 127 rows of padding) */
-        const size_t hrow = wgmma_b == 2 ? (size_t)(a.H + 63) / 64 * 128 : 0;
+        /* on the chip, after dz: the chunk's h packed (128 bytes a node a chunk of 64 values, in
+         * tiles of 128 nodes: at most 127 rows of padding), then the nodes' coefficients, which
+         * the wgmma backward keeps in d h's buffer, where d h on the chip is written */
+        const size_t hrow = wgmma_b == 2 ? (size_t)(a.H + 63) / 64 * 128 : 0,
+                     crow = wgmma_b == 2 ? sizeof(tdt_wgmma_dz_row) : 0;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
                      pack = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H) + 127 * hrow,
-                     per_row = (size_t)a.row * (plan.g_ldz * sizeof(E) + hrow);
+                     per_row = (size_t)a.row * (plan.g_ldz * sizeof(E) + hrow + crow);
         const int64_t fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
         return fit < plan.g_rows_b ? fit : plan.g_rows_b;
     }
     /* A backward chunk's dz on wgmma, `count` nodes from first: h's rows (the h kernel), the
-     * nodes' coefficients (gemm_coef_kernel, the bulk's into d h's buffer, free until the d h
-     * product), tdt_gpu_wgmma_dz from W packed at z's start into dz (pitch ldz), then
-     * gemm_dz_fix_kernel. */
-    tdt_status_t dz_wgmma(const joint_args &ka, int64_t first, int64_t limit, int64_t count, E *dz) const {
+     * nodes' coefficients (gemm_coef_kernel, the bulk's into wrow), tdt_gpu_wgmma_dz from W
+     * packed at z's start into dz (pitch ldz), then gemm_dz_fix_kernel. */
+    tdt_status_t dz_wgmma(const joint_args &ka, int64_t first, int64_t limit, int64_t count, E *dz,
+                          tdt_wgmma_dz_row *wrow) const {
         const unsigned blocks = (unsigned)((count + 7) / 8);
         gemm_h_kernel<DT><<<blocks, 256, 0, stream>>>(ka, first, limit, count, hs(), plan.g_ldh, 1, NULL, NULL, 0,
                                                       wp());
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         dz_coef *const coef = reinterpret_cast<dz_coef *>(s + plan.g_coef);
-        tdt_wgmma_dz_row *const wrow = reinterpret_cast<tdt_wgmma_dz_row *>(s + plan.g_dx);
         gemm_coef_kernel<<<(unsigned)((count + 63) / 64), 64, 0, stream>>>(ka, first, limit, count, coef, wrow);
         st = cuda(cudaGetLastError(), "launching the joint's coefficient kernel");
         if (st == TDT_STATUS_SUCCESS)
@@ -1450,7 +1451,7 @@ template <int DT> struct gemm_run {
                         TDT_JOINT_LT_BYTES);
         }
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
-        if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
+        if (want_x && !chip_w) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
             c = hg.init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
                         nb, plan.g_ldz,
                         split() ? (const void *)(reinterpret_cast<const char *>(wp()) + hblk) : (const void *)wp(),
@@ -1471,6 +1472,13 @@ template <int DT> struct gemm_run {
             return st;
 #endif
         const A one = 1, zero = 0;
+#if TDT_HAVE_WGMMA
+        /* the coefficients of dz on wgmma: in d h's buffer, free until the d h product; on the
+         * chip after dz and the chunk's h packed */
+        void *const hp = reinterpret_cast<char *>(dzw) + (size_t)nb * plan.g_ldz * sizeof(E);
+        tdt_wgmma_dz_row *const wrow = reinterpret_cast<tdt_wgmma_dz_row *>(
+            chip_w ? reinterpret_cast<char *>(hp) + tdt_gpu_wgmma_pack_bytes(nb, a.H) : s + plan.g_dx);
+#endif
         joint_args ch = a;
         const int64_t all = a.B * a.maxT;
         int64_t nchunks = (all + rows_b - 1) / rows_b;
@@ -1490,7 +1498,7 @@ template <int DT> struct gemm_run {
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
 #if TDT_HAVE_WGMMA
             if (wg_rows) {
-                if ((st = dz_wgmma(ch, first, limit, nb, dzw)) != TDT_STATUS_SUCCESS) return st;
+                if ((st = dz_wgmma(ch, first, limit, nb, dzw, wrow)) != TDT_STATUS_SUCCESS) return st;
             } else
 #endif
             {
@@ -1505,14 +1513,12 @@ template <int DT> struct gemm_run {
             const int nterms = split() ? kSplitTerms : 1;
 #if TDT_HAVE_WGMMA
             if (want_w && chip_w) {
-                /* d W from z recomputed on the chip: the chunk's h packed after dz, the coefficients
-                 * dz_wgmma left in d h's buffer */
-                void *const hp = reinterpret_cast<char *>(dzw) + (size_t)nb * plan.g_ldz * sizeof(E);
+                /* d W from z recomputed on the chip, over the chunk's h packed after dz */
                 if ((st = cuda(tdt_gpu_wgmma_pack(hs(), plan.g_ldh, nb, a.H, hp, num_sms, stream),
                                "launching the joint's h packing")) != TDT_STATUS_SUCCESS ||
                     (st = cuda(tdt_gpu_wgmma_dw(DT == TDT_DTYPE_FLOAT16, hp, z(), a.bias, a.V, a.O, a.blank, a.H, nb,
-                                                reinterpret_cast<const tdt_wgmma_dz_row *>(dx), dz, plan.g_ldz,
-                                                reinterpret_cast<float *>(wacc), plan.g_ldw, stream),
+                                                wrow, dz, plan.g_ldz, reinterpret_cast<float *>(wacc), plan.g_ldw,
+                                                stream),
                                "launching the joint's d W on the chip")) != TDT_STATUS_SUCCESS)
                     return st;
             } else
@@ -1535,7 +1541,14 @@ template <int DT> struct gemm_run {
                 }
             }
             if (!want_x) continue;
-            for (int t = 0; t < nterms && c == CUBLAS_STATUS_SUCCESS; ++t) {
+#if TDT_HAVE_WGMMA
+            if (chip_w && (st = cuda(tdt_gpu_wgmma_dh(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, z(), a.bias, a.V, a.O,
+                                                      a.blank, a.H, nb, wrow, dz, plan.g_ldz,
+                                                      reinterpret_cast<float *>(dx), stream),
+                                     "launching the joint's d h on the chip")) != TDT_STATUS_SUCCESS)
+                return st;
+#endif
+            for (int t = 0; t < (chip_w ? 0 : nterms) && c == CUBLAS_STATUS_SUCCESS; ++t) {
                 const void *ww = wp(), *dd = dz;
                 if (split()) {
                     ww = reinterpret_cast<const char *>(wp()) + kSplitTerm[t][1] * hblk; /* W_j: block j */

@@ -56,4 +56,12 @@ cudaError_t tdt_gpu_wgmma_dw(int f16, const void *hp, const void *Wp, const void
                              int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, const void *dz,
                              int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream);
 
+/* d h on the chip (TDT_GPU_JOINT_BWD=chip): dh[n H + c] = sum_o dz[n, o] W[o, c] for the count
+ * rows of h (as tdt_gpu_wgmma_lse's), columns c < H, over W's O token and duration rows packed
+ * in Wp as tdt_gpu_wgmma_dw's, dz's values formed on the chip as tdt_gpu_wgmma_dw forms them
+ * (rows, dz and ldz as there); dh float32, pitch H, every value written. On stream. */
+cudaError_t tdt_gpu_wgmma_dh(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
+                             int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
+                             const void *dz, int64_t ldz, float *dh, cudaStream_t stream);
+
 #endif

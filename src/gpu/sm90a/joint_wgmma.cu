@@ -256,36 +256,39 @@ inline size_t dw_smem_of(int64_t H) {
            kDwRows * sizeof(tdt_wgmma_dz_row) + kDwRows * sizeof(float) + 8 * (1 + 2 * kDwStages) + 1024;
 }
 
-/* dz[n, o] as tdt_gpu_wgmma_dz and the fix-up write it, for token or duration row o < O of W and
- * a node of coefficients c (row dzr of dz), from z = (W h^T)[o, n] and bias_o: the formula for
- * the token columns but the blank's and the label's, dz's own value for those, the durations and
- * a rare row, 0 for a row that is not valid or o >= O */
+/* dz[n, o] as tdt_gpu_wgmma_dz and the fix-up write it (pitch ldz), for token or duration row o <
+ * O of W and node n of coefficients c, from z = (W h^T)[o, n] and bias_o: the formula for the
+ * token columns but the blank's and the label's, dz's own value for those, the durations and a
+ * rare row, 0 for a row that is not valid or o >= O */
 template <int F16>
-__device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const uint16_t *dzr, int64_t o, float z,
-                                          float bias_o, int64_t V, int64_t O, int64_t blank) {
+__device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const uint16_t *dz, int64_t n, int64_t ldz,
+                                          int64_t o, float z, float bias_o, int64_t V, int64_t O, int64_t blank) {
     if (o >= O || !(c.valid || c.rare)) return 0.f;
-    if (c.rare || o >= V || o == blank || o == c.y) return to_f<F16>(dzr[o]);
+    if (c.rare || o >= V || o == blank || o == c.y) return to_f<F16>(dz[n * ldz + o]);
     const float t = exp2f(fmaf(z + bias_o, kLog2e, -c.ref)) * c.occ;
     return c.scale * (t > c.cl ? c.cl : t);
 }
 
-/* A consumer warpgroup's second pass over a tile's chunks of h (ring stages from i on): chunk kc
- * goes into d[kc - B] for B <= kc < B + 5 (B = 5 wgi, a constant here so that d's index is one);
- * every stage is waited for and given back by both warpgroups, so each empty barrier counts 8
- * arrivals a use. */
-template <int F16, int B>
-__device__ __forceinline__ void dw_pass(float (&d)[5][32], uint32_t p0, uint32_t ring, uint32_t full0,
+/* A consumer warpgroup's second pass over a ring's KC chunks (ring stages of STAGE bytes from i
+ * on, the ring's kDepth stages): d[kc - B] += A B_kc for B <= kc < B + 5 (B = 5 wgi, a constant
+ * here so that d's index is one), A the KS x 16 values of P in shared memory at p0 (K-major,
+ * chunks of 64 values 8 KB apart) and B_kc the stage's KS x 16 rows read MN-major (64 values
+ * each); every stage is waited for and given back by both warpgroups, so each empty barrier
+ * counts 8 arrivals a use. */
+template <int F16, int B, int KS, int STAGE>
+__device__ __forceinline__ void mn_pass(float (&d)[5][32], uint32_t p0, uint32_t ring, int depth, uint32_t full0,
                                         uint32_t empty0, int &i, int KC, int lane) {
 #pragma unroll
     for (int kc = 0; kc < 10; ++kc) {
         if (kc >= KC) break;
-        const int s = i % kDwStages;
-        mbar_wait(full0 + 8 * s, (uint32_t)((i / kDwStages) & 1));
+        const int s = i % depth;
+        mbar_wait(full0 + 8 * s, (uint32_t)((i / depth) & 1));
         if (kc >= B && kc < B + 5) {
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-                mma_n64<F16, 1>(d[kc - B], desc_of(p0 + ks * 32), desc_mn(ring + s * kDwChunk + ks * 2048, kDwChunk), 1);
+            for (int ks = 0; ks < KS; ++ks)
+                mma_n64<F16, 1>(d[kc - B], desc_of(p0 + (ks >> 2) * 8192 + (ks & 3) * 32),
+                                desc_mn(ring + s * STAGE + ks * 2048, STAGE), 1);
             wgmma_commit();
             wgmma_wait<0>();
             pin_n(d[kc - B]);
@@ -399,7 +402,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int64_t n = n0 + c0 + e;
-                    v[e] = n < count ? dw_value<F16>(rc[c0 + e], dz + n * ldz, orow[hf], z[4 * j + 2 * hf + e],
+                    v[e] = n < count ? dw_value<F16>(rc[c0 + e], dz, n, ldz, orow[hf], z[4 * j + 2 * hf + e],
                                                      brow[hf], V, O, blank)
                                      : 0.f;
                 }
@@ -414,8 +417,8 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* d W += P^T h over the tile's 64 nodes: the second pass */
-        if (wgi == 0) dw_pass<F16, 0>(d, p0, rb, full0, empty0, i, KC, lane);
-        else dw_pass<F16, 5>(d, p0, rb, full0, empty0, i, KC, lane);
+        if (wgi == 0) mn_pass<F16, 0, 4, kDwChunk>(d, p0, rb, kDwStages, full0, empty0, i, KC, lane);
+        else mn_pass<F16, 5, 4, kDwChunk>(d, p0, rb, kDwStages, full0, empty0, i, KC, lane);
     }
     /* d W: this thread's rows, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c, added */
 #pragma unroll
@@ -449,6 +452,147 @@ __global__ void __launch_bounds__(kDwThreads, 1)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
             if (orow[hf] < O) wacc[orow[hf] * ldw + H] += bs[hf] + bsum[warp * 16 + hf * 8 + (lane >> 2)];
+}
+
+/* d h on the chip: a block of 384 threads owns 64 of the count nodes (node0 = block 64 on): their
+ * rows of h stay in shared memory (KC chunks of 64 rows, K-major in the 128-byte swizzle) while
+ * warp 8 streams W's packed tiles of 128 token and duration rows (O rows, tdt_gpu_wgmma_pack)
+ * twice each through a ring of kDhStages stages of 16 KB; the consumers form z = h W^T on the
+ * first pass (m64n64k16: warpgroup w the tile's rows 64 w on, 32 float32 values a thread), dz's
+ * 64 x 128 values in the 16-bit type into P (K-major: node rows of 128 token values, two chunks),
+ * then add P W_tile on the second (m64n64k16, W read MN-major: warpgroup w d h's chunks 5 w to
+ * 5 w + 4, 5 x 32 float32 sums a thread) and store d h (float32, pitch H) at the end. */
+const int kDhNodes = 64, kDhStages = 6, kDhThreads = 384;
+inline size_t dh_smem_of(int64_t H) {
+    return (size_t)chunks_of(H) * kDhNodes * 128 + 2 * (size_t)kDhNodes * 128 + (size_t)kDhStages * kStage +
+           kDhNodes * sizeof(tdt_wgmma_dz_row) + 8 * 2 * kDhStages + 1024;
+}
+
+template <int F16>
+__global__ void __launch_bounds__(kDhThreads, 1)
+    wgmma_dh_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
+                    const uint16_t *__restrict__ bias, int64_t V, int64_t O, int64_t blank, int64_t H, int64_t count,
+                    const tdt_wgmma_dz_row *__restrict__ rows, const uint16_t *__restrict__ dz, int64_t ldz,
+                    float *dh) {
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
+    const int KC = chunks_of(H);
+    const int chunk = kDhNodes * 128; /* one chunk of 64 rows */
+    unsigned char *hs = smem, *ps = hs + KC * chunk, *ring = ps + 2 * chunk;
+    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(ring + kDhStages * kStage);
+    const uint32_t full0 = saddr(rc + kDhNodes), empty0 = full0 + 8 * kDhStages;
+    const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
+    const int64_t node0 = (int64_t)blockIdx.x * kDhNodes;
+    const int tiles = (int)((O + kRows - 1) / kRows);
+    if (tid == 0) {
+        for (int s = 0; s < kDhStages; ++s) {
+            mbar_init<1>(full0 + 8 * s);
+            mbar_init<8>(empty0 + 8 * s);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wgi == 2) { /* the producer: each tile of W's rows twice */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (tid == 256)
+            for (int t = 0, i = 0; t < tiles; ++t)
+                for (int pass = 0; pass < 2; ++pass)
+                    for (int kc = 0; kc < KC; ++kc, ++i) {
+                        const int s = i % kDhStages;
+                        if (i >= kDhStages) mbar_wait(empty0 + 8 * s, (uint32_t)((i / kDhStages - 1) & 1));
+                        bulk_load(saddr(ring + s * kStage), Wp + ((size_t)t * KC + kc) * kStage, kStage,
+                                  full0 + 8 * s);
+                    }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    /* the block's rows of h (columns from H on and rows from count on zero) and coefficients */
+    for (int i = tid; i < KC * kDhNodes * 8; i += 256) {
+        const int c = i / (kDhNodes * 8), r = (i / 8) % kDhNodes, u = i % 8;
+        const int64_t k0 = (int64_t)c * kChunk + u * 8;
+        const int64_t left = node0 + r < count ? H - k0 : 0;
+        const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : (int)left * 2;
+        cp16(saddr(hs + c * chunk + r * 128 + ((u ^ (r & 7)) << 4)), h + (bytes ? (node0 + r) * ldh + k0 : 0), bytes);
+    }
+    if (tid < kDhNodes * 2) {
+        const int r = tid >> 1, half = tid & 1;
+        const bool in = node0 + r < count;
+        cp16(saddr(reinterpret_cast<unsigned char *>(rc + r) + half * 16),
+             reinterpret_cast<const unsigned char *>(rows + (in ? node0 + r : 0)) + half * 16, in ? 16 : 0);
+    }
+    cp_commit();
+    cp_wait<0>();
+    fence_proxy_async();
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    float z[32], d[5][32];
+#pragma unroll
+    for (int j = 0; j < 5; ++j)
+#pragma unroll
+        for (int e = 0; e < 32; ++e) d[j][e] = 0.f;
+    const uint32_t h0 = saddr(hs), p0 = saddr(ps), rb = saddr(ring);
+    int i = 0;
+    for (int t = 0; t < tiles; ++t) {
+        /* z = h W^T for this warpgroup's 64 of the tile's rows */
+        for (int kc = 0; kc < KC; ++kc, ++i) {
+            const int s = i % kDhStages;
+            mbar_wait(full0 + 8 * s, (uint32_t)((i / kDhStages) & 1));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                mma_n64<F16, 0>(z, desc_of(h0 + kc * chunk + kk * 32), desc_of(rb + s * kStage + wgi * chunk + kk * 32),
+                                kc > 0 || kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin_n(z);
+            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        }
+        /* both warpgroups past their products on the last P */
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        /* P: node row warp 16 + lane / 4 (+ 8), token row o = t 128 + wgi 64 + 8 j + 2 (lane % 4) + e,
+         * into chunk wgi at unit j of the row (swizzled) */
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int64_t o0 = (int64_t)t * kRows + wgi * 64 + 8 * j + 2 * (lane & 3);
+            float b[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) b[e] = bias && o0 + e < V ? to_f<F16>(__ldg(bias + o0 + e)) : 0.f;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                /* this thread's node: row r (rc[r]'s coefficients; none from count on) */
+                const int r = warp * 16 + hf * 8 + (lane >> 2);
+                float v[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    v[e] = dw_value<F16>(rc[r], dz, node0 + r, ldz, o0 + e, z[4 * j + 2 * hf + e], b[e], V, O, blank);
+                const uint32_t pair =
+                    F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
+                *reinterpret_cast<uint32_t *>(ps + wgi * chunk + r * 128 + ((j ^ (r & 7)) << 4) + (lane & 3) * 4) = pair;
+            }
+        }
+        fence_proxy_async();
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        /* d h += P W_tile over the tile's 128 rows: the second pass */
+        if (wgi == 0) mn_pass<F16, 0, 8, kStage>(d, p0, rb, kDhStages, full0, empty0, i, KC, lane);
+        else mn_pass<F16, 5, 8, kStage>(d, p0, rb, kDhStages, full0, empty0, i, KC, lane);
+    }
+    /* d h: this thread's rows, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c */
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int64_t n = node0 + warp * 16 + hf * 8 + (lane >> 2);
+        if (n >= count) continue;
+        float *row = dh + n * H;
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+            if (5 * wgi + j >= KC) break;
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int64_t col = (5 * wgi + j) * 64 + 8 * e + 2 * (lane & 3) + c;
+                    if (col < H) row[col] = d[j][4 * e + 2 * hf + c];
+                }
+        }
+    }
 }
 
 } /* namespace */
@@ -524,5 +668,21 @@ cudaError_t tdt_gpu_wgmma_dw(int f16, const void *hp, const void *Wp, const void
         static_cast<const unsigned char *>(hp), static_cast<const unsigned char *>(Wp),
         static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, static_cast<const uint16_t *>(dz), ldz, wacc,
         ldw);
+    return cudaGetLastError();
+}
+
+cudaError_t tdt_gpu_wgmma_dh(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
+                             int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
+                             const void *dz, int64_t ldz, float *dh, cudaStream_t stream) {
+    if (count < 1) return cudaSuccess;
+    const size_t smem = dh_smem_of(H);
+    void (*k)(const uint16_t *, int64_t, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t, int64_t,
+              int64_t, const tdt_wgmma_dz_row *, const uint16_t *, int64_t, float *) =
+        f16 ? wgmma_dh_kernel<1> : wgmma_dh_kernel<0>;
+    cudaError_t e = tdt_allow_smem(k, smem);
+    if (e != cudaSuccess) return e;
+    k<<<(unsigned)((count + kDhNodes - 1) / kDhNodes), kDhThreads, smem, stream>>>(
+        static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
+        static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, static_cast<const uint16_t *>(dz), ldz, dh);
     return cudaGetLastError();
 }
