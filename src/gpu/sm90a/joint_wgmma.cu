@@ -298,6 +298,36 @@ __device__ __forceinline__ void mn_pass(float (&d)[5][32], uint32_t p0, uint32_t
     }
 }
 
+/* A consumer thread's row hf of its 5 x 32 float32 sums (warpgroup wgi's chunks 5 wgi + j,
+ * columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c below H) stored into row (ADD: added) */
+template <bool ADD>
+__device__ __forceinline__ void sums_out(const float (&d)[5][32], float *row, int hf, int wgi, int lane, int KC,
+                                         int64_t H) {
+#pragma unroll
+    for (int j = 0; j < 5; ++j) {
+        if (5 * wgi + j >= KC) break;
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int64_t col = (5 * wgi + j) * 64 + 8 * e + 2 * (lane & 3) + c;
+                if (col < H) row[col] = ADD ? row[col] + d[j][4 * e + 2 * hf + c] : d[j][4 * e + 2 * hf + c];
+            }
+    }
+}
+
+/* The 64 records of rows from n0 on (zeros from count on) into rc by the block's threads 0-127:
+ * one cp.async of 16 bytes each, uncommitted */
+__device__ __forceinline__ void rows_load(tdt_wgmma_dz_row *rc, const tdt_wgmma_dz_row *rows, int64_t n0,
+                                          int64_t count, int tid) {
+    if (tid < 128) {
+        const int r = tid >> 1, half = tid & 1;
+        const bool in = n0 + r < count;
+        cp16(saddr(reinterpret_cast<unsigned char *>(rc + r) + half * 16),
+             reinterpret_cast<const unsigned char *>(rows + (in ? n0 + r : 0)) + half * 16, in ? 16 : 0);
+    }
+}
+
 template <int F16>
 __global__ void __launch_bounds__(kDwThreads, 1)
     wgmma_dw_kernel(const unsigned char *__restrict__ hp, const unsigned char *__restrict__ Wp,
@@ -366,13 +396,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
     int i = 0;
     for (int64_t nt = 0; nt < tiles; ++nt) {
         const int64_t n0 = nt * kDwRows;
-        /* the tile's coefficients (zeros from count on) */
-        if (tid < kDwRows * 2) {
-            const int r = tid >> 1, half = tid & 1;
-            const bool in = n0 + r < count;
-            cp16(saddr(reinterpret_cast<unsigned char *>(rc + r) + half * 16),
-                 reinterpret_cast<const unsigned char *>(rows + (in ? n0 + r : 0)) + half * 16, in ? 16 : 0);
-        }
+        rows_load(rc, rows, n0, count, tid); /* the tile's coefficients */
         cp_commit();
         /* z^T = W h^T: this warpgroup's 32 nodes, a stage a chunk */
         for (int kc = 0; kc < KC; ++kc, ++i) {
@@ -420,24 +444,10 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         if (wgi == 0) mn_pass<F16, 0, 4, kDwChunk>(d, p0, rb, kDwStages, full0, empty0, i, KC, lane);
         else mn_pass<F16, 5, 4, kDwChunk>(d, p0, rb, kDwStages, full0, empty0, i, KC, lane);
     }
-    /* d W: this thread's rows, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c, added */
+    /* d W: this thread's rows, added */
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int64_t o = orow[hf];
-        if (o >= O) continue;
-        float *row = wacc + o * ldw;
-#pragma unroll
-        for (int j = 0; j < 5; ++j) {
-            if (5 * wgi + j >= KC) break;
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int64_t col = (5 * wgi + j) * 64 + 8 * e + 2 * (lane & 3) + c;
-                    if (col < H) row[col] += d[j][4 * e + 2 * hf + c];
-                }
-        }
-    }
+    for (int hf = 0; hf < 2; ++hf)
+        if (orow[hf] < O) sums_out<true>(d, wacc + orow[hf] * ldw, hf, wgi, lane, KC, H);
     /* d bias: each row's sums over the lanes of its quad, then warpgroup 1's added to warpgroup 0's */
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -514,12 +524,7 @@ __global__ void __launch_bounds__(kDhThreads, 1)
         const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : (int)left * 2;
         cp16(saddr(hs + c * chunk + r * 128 + ((u ^ (r & 7)) << 4)), h + (bytes ? (node0 + r) * ldh + k0 : 0), bytes);
     }
-    if (tid < kDhNodes * 2) {
-        const int r = tid >> 1, half = tid & 1;
-        const bool in = node0 + r < count;
-        cp16(saddr(reinterpret_cast<unsigned char *>(rc + r) + half * 16),
-             reinterpret_cast<const unsigned char *>(rows + (in ? node0 + r : 0)) + half * 16, in ? 16 : 0);
-    }
+    rows_load(rc, rows, node0, count, tid);
     cp_commit();
     cp_wait<0>();
     fence_proxy_async();
@@ -575,23 +580,11 @@ __global__ void __launch_bounds__(kDhThreads, 1)
         if (wgi == 0) mn_pass<F16, 0, 8, kStage>(d, p0, rb, kDhStages, full0, empty0, i, KC, lane);
         else mn_pass<F16, 5, 8, kStage>(d, p0, rb, kDhStages, full0, empty0, i, KC, lane);
     }
-    /* d h: this thread's rows, columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c */
+    /* d h: this thread's rows */
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int64_t n = node0 + warp * 16 + hf * 8 + (lane >> 2);
-        if (n >= count) continue;
-        float *row = dh + n * H;
-#pragma unroll
-        for (int j = 0; j < 5; ++j) {
-            if (5 * wgi + j >= KC) break;
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int64_t col = (5 * wgi + j) * 64 + 8 * e + 2 * (lane & 3) + c;
-                    if (col < H) row[col] = d[j][4 * e + 2 * hf + c];
-                }
-        }
+        if (n < count) sums_out<false>(d, dh + n * H, hf, wgi, lane, KC, H);
     }
 }
 
