@@ -7,12 +7,15 @@
  *     one, with h's columns from H on, the bias's and the shift's in the GEMM schedule's rows,
  *     left out and the bias added to each value as it is folded in);
  *   - the backward's dz from row coefficients, written in the dtype (wgmma_dz_kernel), for the
- *     products that follow.
+ *     products that follow;
+ *   - the chip backward's products with dz formed on the chip from z recomputed there: d W and d
+ *     bias (wgmma_dw_kernel, 64 of W's rows a block, the chunk's h streamed) and d h
+ *     (wgmma_dh_kernel, 64 nodes a block, W streamed), each described where it is defined.
  *
- * A block: 128 nodes, two warpgroups of 64 (warps 0-7) and a producer warp (warp 8). h's rows
- * stay in shared memory as KC = ceil(H / 64) chunks of 64 values, 128 bytes a row in the
- * 128-byte swizzle (row r's 16-byte unit u at unit u ^ (r % 8)); W's token rows, packed once a
- * call into that layout (tdt_gpu_wgmma_pack), stream through kStages stages of 128 rows x 64
+ * The first two: a block of 128 nodes, two warpgroups of 64 (warps 0-7) and a producer warp
+ * (warp 8). h's rows stay in shared memory as KC = ceil(H / 64) chunks of 64 values, 128 bytes a
+ * row in the 128-byte swizzle (row r's 16-byte unit u at unit u ^ (r % 8)); W's token rows,
+ * packed once a call into that layout (tdt_gpu_wgmma_pack), stream through kStages stages of 128 rows x 64
  * values, one bulk copy a stage completing on the stage's "full" mbarrier; each warp gives a
  * stage back on its "empty" mbarrier once its products on it are retired. A stage: each
  * warpgroup's four m64n128k16 products (float32 sums); after a tile's last chunk its 64 x 128

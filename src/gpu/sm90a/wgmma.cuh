@@ -1,8 +1,9 @@
 /*
- * wgmma.cuh - Hopper's building blocks for the sm_90a kernels (src/gpu/sm90a/, and
- * benchmark/joint_lse_proto.cu's prototypes): shared-memory addresses, cp.async, the
- * 128-byte-swizzle descriptor, the m64n128k16 product, mbarrier waits and a running
- * log-sum-exp. Only for translation units compiled for sm_90a: the product traps elsewhere.
+ * wgmma.cuh - Hopper's building blocks for the sm_90a kernels (src/gpu/sm90a/, and the
+ * prototypes of benchmark/joint_lse_proto.cu and joint_bwd_proto.cu): shared-memory addresses,
+ * cp.async, the 128-byte-swizzle descriptors (K-major and MN-major operands), the m64n128k16,
+ * m64n64k16 and m64n32k16 products, mbarriers and bulk copies, and a running log-sum-exp. Only
+ * for translation units compiled for sm_90a: the products trap elsewhere.
  */
 #ifndef TDT_GPU_SM90A_WGMMA_CUH
 #define TDT_GPU_SM90A_WGMMA_CUH
