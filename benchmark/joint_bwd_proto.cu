@@ -334,12 +334,9 @@ __device__ __forceinline__ void pt_store(unsigned char *pt, const float (&z)[16]
 __device__ __forceinline__ void w_rows_load(unsigned char *ws, const unsigned char *Wz, int64_t V, uint32_t wfull) {
     const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
                  tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kHChunk) : "memory");
+    mbar_expect_tx(wfull, KC * kHChunk);
     for (int kc = 0; kc < KC; ++kc)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                         saddr(ws + kc * kHChunk)),
-                     "l"(Wz + (tile * KC + kc) * (size_t)kZStage + half), "r"(kHChunk), "r"(wfull)
-                     : "memory");
+        bulk_copy(saddr(ws + kc * kHChunk), Wz + (tile * KC + kc) * (size_t)kZStage + half, kHChunk, wfull);
 }
 
 /* 8 values of h = relu(a + b), a and b 8 bfloat16 values each, rounded to bfloat16 */

@@ -785,8 +785,9 @@ __global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ j
     c.valid = ni.valid;
     c.y = ni.y;
     if (wrow) {
-        tdt_wgmma_dz_row w = {0.f, 0.f, 0.f, 0.f, 0, ni.y, ni.valid && !tdt_rexp2::fits(nc.lse), 0};
-        if (ni.valid && tdt_rexp2::fits(nc.lse)) {
+        const bool fits = ni.valid && tdt_rexp2::fits(nc.lse);
+        tdt_wgmma_dz_row w = {0.f, 0.f, 0.f, 0.f, 0, ni.y, ni.valid && !fits, 0};
+        if (fits) {
             double fix;
             w.ref = tdt_rexp2::ref_fix(nc.lse, &fix);
             w.occ = (float)(nc.g.tok_occ * fix);

@@ -193,6 +193,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     lse2_store(run, lse, node0 + wgi * 64, count, warp, lane);
 }
 
+/* the formula's value of dz for x = z + bias and a row's coefficients c (valid) */
+__device__ __forceinline__ float dz_bulk(const tdt_wgmma_dz_row &c, float x) {
+    const float t = exp2f(fmaf(x, kLog2e, -c.ref)) * c.occ;
+    return c.scale * (t > c.cl ? c.cl : t);
+}
+
 /* dz[n, v] = scale min(2^(x K - ref) occ, cl) for v < V, x = z[n, v] + bias[v] (rows[n]'s
  * coefficients; 0 where !valid), in the 16-bit type, for the nodes n < count: a tile's values
  * stored as soon as its products are retired. No sum runs across W's rows, so blocks (x, y) split
@@ -227,8 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 float g[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float t = exp2f(fmaf(acc[4 * j + 2 * hf + e] + b[j][e], kLog2e, -c.ref)) * c.occ;
-                    g[e] = c.valid ? c.scale * (t > c.cl ? c.cl : t) : 0.f;
+                    const float v = dz_bulk(c, acc[4 * j + 2 * hf + e] + b[j][e]);
+                    g[e] = c.valid ? v : 0.f;
                 }
                 const uint32_t pair =
                     F16 ? bits_of(__floats2half2_rn(g[0], g[1])) : bits_of(__floats2bfloat162_rn(g[0], g[1]));
@@ -268,8 +274,7 @@ __device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const uint1
                                           int64_t o, float z, float bias_o, int64_t V, int64_t O, int64_t blank) {
     if (o >= O || !(c.valid || c.rare)) return 0.f;
     if (c.rare || o >= V || o == blank || o == c.y) return to_f<F16>(dz[n * ldz + o]);
-    const float t = exp2f(fmaf(z + bias_o, kLog2e, -c.ref)) * c.occ;
-    return c.scale * (t > c.cl ? c.cl : t);
+    return dz_bulk(c, z + bias_o);
 }
 
 /* A consumer warpgroup's second pass over a ring's KC chunks (ring stages of STAGE bytes from i
@@ -359,14 +364,9 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 256) {
             const size_t half = (size_t)(blockIdx.x & 1) * kDwChunk, tile = blockIdx.x >> 1;
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(wfull), "r"(KC * kDwChunk)
-                         : "memory");
+            mbar_expect_tx(wfull, KC * kDwChunk);
             for (int kc = 0; kc < KC; ++kc)
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                        saddr(ws + kc * kDwChunk)),
-                    "l"(Wp + (tile * KC + kc) * (size_t)kStage + half), "r"(kDwChunk), "r"(wfull)
-                    : "memory");
+                bulk_copy(saddr(ws + kc * kDwChunk), Wp + (tile * KC + kc) * (size_t)kStage + half, kDwChunk, wfull);
             int i = 0;
             for (int64_t nt = 0; nt < tiles; ++nt)
                 for (int pass = 0; pass < 2; ++pass)

@@ -161,12 +161,21 @@ template <int N> __device__ __forceinline__ void mbar_init(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-/* bytes global -> shared by the copy engine, counted on the mbarrier bar */
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+/* this thread's arrival on the mbarrier bar, which then also waits for bytes of copies */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* bytes global -> shared by the copy engine, completing on the mbarrier bar (which some arrival
+ * told to expect them) */
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
+}
+/* bytes global -> shared by the copy engine, counted on the mbarrier bar: one arrival */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    mbar_expect_tx(bar, bytes);
+    bulk_copy(dst, src, bytes, bar);
 }
 
 /* a running log-sum-exp in base 2 */
