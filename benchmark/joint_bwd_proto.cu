@@ -328,12 +328,10 @@ __device__ __forceinline__ void pt_store(unsigned char *pt, const float (&z)[16]
     }
 }
 
-/* W's 64 rows of block b (half b % 2 of tile b / 2's stages as tdt_gpu_wgmma_pack lays them out,
- * the last tile where b / 2 is past it) into ws, KC chunks of 8 KB counted on the mbarrier wfull:
- * one thread */
-__device__ __forceinline__ void w_rows_load(unsigned char *ws, const unsigned char *Wz, int64_t V, uint32_t wfull) {
-    const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, last = (size_t)((V - 1) / kRows),
-                 tile = (blockIdx.x >> 1) < last ? blockIdx.x >> 1 : last;
+/* W's 64 rows of block b (half b % 2 of tile b / 2's stages as tdt_gpu_wgmma_pack lays them out)
+ * into ws, KC chunks of 8 KB counted on the mbarrier wfull: one thread */
+__device__ __forceinline__ void w_rows_load(unsigned char *ws, const unsigned char *Wz, uint32_t wfull) {
+    const size_t half = (size_t)(blockIdx.x & 1) * kHChunk, tile = blockIdx.x >> 1;
     mbar_expect_tx(wfull, KC * kHChunk);
     for (int kc = 0; kc < KC; ++kc)
         bulk_copy(saddr(ws + kc * kHChunk), Wz + (tile * KC + kc) * (size_t)kZStage + half, kHChunk, wfull);
@@ -423,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wgi == 2) { /* the producer: W's rows once, then a node tile's h stages and h^T stages */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         if (tid == 256) {
-            w_rows_load(ws, Wz, V, wfull);
+            w_rows_load(ws, Wz, wfull);
             int ni = 0, ti = 0;
             for (int64_t nt = nt0; nt < nt1; ++nt) {
                 const size_t nhalf = (size_t)(nt & 1) * kHChunk, ntile = (size_t)(nt >> 1);
@@ -525,7 +523,7 @@ __global__ void __launch_bounds__(kThreadsH, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (tid == 0) w_rows_load(ws, Wz, V, wfull);
+    if (tid == 0) w_rows_load(ws, Wz, wfull);
     float z[16], d[5][32];
 #pragma unroll
     for (int j = 0; j < 5; ++j)
