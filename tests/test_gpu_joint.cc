@@ -1004,6 +1004,41 @@ INSTANTIATE_TEST_SUITE_P(GpuJoint, WgmmaBackward, ::testing::ValuesIn(wgmma_bwd_
                                     tdt_test::dtype_name(i.param.dt) + "_chunk" + (*kb ? kb : "default");
                          });
 
+// The chip backward's rare rows (log-normalisers past 1e7, whose dz the base-2 formula cannot
+// give: chip_rare_kernel takes them one at a time from their products) against the default
+// backward's (gemm_dz_fix_kernel's rows on cuBLASLt's products), bfloat16 (float16 cannot hold
+// such logits): logits around 1e7, so that some rows are rare and some not, and around 1e9,
+// every row rare. The same forward: the same costs, bit for bit.
+TEST(GpuJoint, ChipRareRows) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    for (double x : {2.5e3, 2e4}) {
+        Case c;
+        c.name = "rare rows";
+        c.B = 3, c.maxT = 5, c.maxU = 3, c.V = 40, c.H = 16;
+        c.act = TDT_ACTIVATION_IDENTITY;
+        c.xscale = x;
+        c.wscale = 2.0 * x * 4.0 / 1.7;
+        c.ragged = true;
+        c.seed = 44;
+        SCOPED_TRACE("enc and pred up to " + std::to_string(2 * x));
+        const Data d = make_data(c, TDT_DTYPE_BFLOAT16);
+        setenv("TDT_GPU_JOINT_BWD", "chip", 1);
+        const Out w = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
+        unsetenv("TDT_GPU_JOINT_BWD");
+        const Out g = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
+        ASSERT_EQ(w.st, TDT_STATUS_SUCCESS) << w.err;
+        ASSERT_EQ(g.st, TDT_STATUS_SUCCESS) << g.err;
+        EXPECT_TRUE(w.costs == g.costs) << "the forwards differ";
+        const Tol t = tol_of(TDT_DTYPE_BFLOAT16);
+        expect_close(w.enc_g, g.enc_g, t, "enc_grad, chip against the cuBLASLt backward");
+        expect_close(w.pred_g, g.pred_g, t, "pred_grad, chip against the cuBLASLt backward");
+        expect_close(w.W_g, g.W_g, t, "weight_grad, chip against the cuBLASLt backward");
+        expect_close(w.bias_g, g.bias_g, t, "bias_grad, chip against the cuBLASLt backward");
+    }
+}
+
 TEST(GpuJoint, WgmmaBackwardVariableRefusedAndSkipBelowOnCublasLt) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD");

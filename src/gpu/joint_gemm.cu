@@ -767,36 +767,10 @@ struct dz_coef {
 };
 static_assert(sizeof(dz_coef) <= TDT_JOINT_COEF_BYTES, "joint_plan.h sizes g_coef by TDT_JOINT_COEF_BYTES");
 
-/* Thread j (j < count): the chunk's node j (chunk_node)'s dz_coef into coef[j]; where wrow is
- * not NULL (the backward's dz on wgmma), also the bulk's coefficients in base 2 into wrow[j] as
- * dz_stream would take them (valid only where lse may be a base-2 reference: the other rows are
- * gemm_dz_fix_kernel's). */
-__global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ joint_args a, int64_t first,
-                                                       int64_t limit, int64_t count, dz_coef *coef,
-                                                       tdt_wgmma_dz_row *wrow) {
-    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= count) return;
-    int64_t lim;
-    const int64_t n = chunk_node(a, first, limit, j, &lim);
-    node_info ni;
-    node_coef nc;
-    node_setup_bwd(a, n, lim, &ni, &nc);
-    dz_coef &c = coef[j];
+/* node ni's dz_coef from its coefficients nc (node_setup_bwd) into c */
+__device__ __forceinline__ void dz_coef_of(const joint_args &a, const node_info &ni, const node_coef &nc, dz_coef &c) {
     c.valid = ni.valid;
     c.y = ni.y;
-    if (wrow) {
-        const bool fits = ni.valid && tdt_rexp2::fits(nc.lse);
-        tdt_wgmma_dz_row w = {0.f, 0.f, 0.f, 0.f, 0, ni.y, ni.valid && !fits, 0};
-        if (fits) {
-            double fix;
-            w.ref = tdt_rexp2::ref_fix(nc.lse, &fix);
-            w.occ = (float)(nc.g.tok_occ * fix);
-            w.cl = a.clamp > 0.0 ? (float)a.clamp : INFINITY;
-            w.scale = (float)nc.gb;
-            w.valid = 1;
-        }
-        wrow[j] = w;
-    }
     if (!ni.valid) return;
     c.lse = nc.lse;
     c.tok_occ = nc.g.tok_occ;
@@ -804,6 +778,44 @@ __global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ j
     c.known[0] = node_dz_known(a, ni, nc, a.blank);
     c.known[1] = ni.y >= 0 ? node_dz_known(a, ni, nc, ni.y) : 0.0;
     for (int k = 0; k < a.D; ++k) c.known[2 + k] = node_dz_known(a, ni, nc, a.V + k);
+}
+
+/* Thread j (j < count): the chunk's node j (chunk_node)'s dz_coef into coef[j]; where wrow is
+ * not NULL (the backward's dz on wgmma), also the bulk's coefficients in base 2 into wrow[j] as
+ * dz_stream would take them (valid only where lse may be a base-2 reference: the other rows are
+ * gemm_dz_fix_kernel's, flagged rare). CHIP (TDT_GPU_JOINT_BWD=chip, no coef): wrow[j], the
+ * node's known values as float32 into kn[j (2 + D) + i] (dz_coef.known's, for a valid row) and
+ * its rare row counted in *nrare (chip_rare_kernel's). */
+template <bool CHIP>
+__global__ void __launch_bounds__(64) gemm_coef_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                       int64_t limit, int64_t count, dz_coef *coef,
+                                                       tdt_wgmma_dz_row *wrow, float *kn, int *nrare) {
+    const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= count) return;
+    int64_t lim;
+    const int64_t n = chunk_node(a, first, limit, j, &lim);
+    node_info ni;
+    node_coef nc;
+    node_setup_bwd(a, n, lim, &ni, &nc);
+    dz_coef local;
+    dz_coef &c = CHIP ? local : coef[j];
+    dz_coef_of(a, ni, nc, c);
+    if (!wrow) return;
+    const bool fits = ni.valid && tdt_rexp2::fits(nc.lse);
+    tdt_wgmma_dz_row w = {0.f, 0.f, 0.f, 0.f, 0, ni.y, ni.valid && !fits, 0};
+    if (fits) {
+        double fix;
+        w.ref = tdt_rexp2::ref_fix(nc.lse, &fix);
+        w.occ = (float)(nc.g.tok_occ * fix);
+        w.cl = a.clamp > 0.0 ? (float)a.clamp : INFINITY;
+        w.scale = (float)nc.gb;
+        w.valid = 1;
+    }
+    wrow[j] = w;
+    if (!CHIP) return;
+    if (fits)
+        for (int i = 0; i < 2 + a.D; ++i) kn[j * (2 + a.D) + i] = (float)c.known[i];
+    if (w.rare) atomicAdd(nrare, 1);
 }
 
 /* The values of a node's row of dz that its coefficients c hold (float64): the blank, the label,
@@ -950,6 +962,85 @@ __global__ void __launch_bounds__(256) gemm_dz_fix_kernel(const __grid_constant_
     __syncwarp();
     const auto in_place = [&](int64_t q, const zvec<E> &x) { x.store(dr + q * zvec<E>::N); };
     dz_row<DT>(a, c, dr, ldz, lane, in_place, in_place1);
+}
+
+/* The chip backward's rare rows (TDT_GPU_JOINT_BWD=chip): the chunk's nodes whose log-normaliser
+ * is past the base-2 reference's range (gemm_coef_kernel<true> flagged them in wrow and counted
+ * them in *nrare; the chip's kernels took their rows as zeros), one at a time in node order by
+ * one block of 256 threads, as gemm_dz_fix_kernel has them: the node's row of z (h's row in hs,
+ * pitch ldh, against W's rows, float32 sums, plus the bias, less lse where lp_shift) in the dtype
+ * into zr (ldz values), dz_row over it, then where not NULL d h's row into dx (float32, pitch H,
+ * written) and the row's terms of d W and d bias into wacc (pitch ldw, added). Nothing where
+ * *nrare is 0, which it is again after. */
+template <int DT>
+__global__ void __launch_bounds__(256) chip_rare_kernel(const __grid_constant__ joint_args a, int64_t first,
+                                                        int64_t limit, int64_t count, const tdt_wgmma_dz_row *wrow,
+                                                        int *nrare, const typename tdt_elem<DT>::T *hs, int64_t ldh,
+                                                        typename tdt_elem<DT>::T *zr, int64_t ldz, float *dx,
+                                                        float *wacc, int64_t ldw) {
+    typedef tdt_elem<DT> TE;
+    typedef typename TE::T E;
+    typedef acc_t<DT> A;
+    __shared__ int flag[256];
+    __shared__ dz_coef c;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int any = *nrare;
+    __syncthreads(); /* every thread has read it before thread 0 clears it */
+    if (any == 0) return;
+    const E *const W = static_cast<const E *>(a.W);
+    const E *const bias = static_cast<const E *>(a.bias);
+    for (int64_t base = 0; base < count; base += 256) {
+        const int f = base + tid < count && wrow[base + tid].rare;
+        flag[tid] = f;
+        if (!__syncthreads_or(f)) continue;
+        for (int i = 0; i < 256; ++i) {
+            if (!flag[i]) continue; /* block-uniform */
+            const int64_t j = base + i;
+            const E *const hr = hs + j * ldh;
+            if (tid == 0) {
+                int64_t lim;
+                const int64_t n = chunk_node(a, first, limit, j, &lim);
+                node_info ni;
+                node_coef nc;
+                node_setup_bwd(a, n, lim, &ni, &nc);
+                dz_coef_of(a, ni, nc, c);
+            }
+            __syncthreads();
+            for (int64_t o = warp; o < ldz; o += 8) { /* zeros from O on */
+                float v = 0.f;
+                for (int64_t k = lane; k < a.H && o < a.O; k += 32)
+                    v = fmaf(TE::to_acc(hr[k]), TE::to_acc(W[o * a.W_s + k]), v);
+                for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+                if (lane == 0 && o >= a.O) zr[o] = TE::from_double(0.0);
+                else if (lane == 0) {
+                    double x = (double)v + (bias ? (double)TE::to_acc(bias[o]) : 0.0);
+                    if (lp_shift<DT>(c.lse)) x -= c.lse;
+                    zr[o] = TE::from_double(x);
+                }
+            }
+            __syncthreads();
+            if (warp == 0) {
+                const auto put = [&](int64_t q, const zvec<E> &x) { x.store(zr + q * zvec<E>::N); };
+                const auto put1 = [&](int64_t o, A v) { zr[o] = TE::from_acc(v); };
+                dz_row<DT>(a, c, zr, ldz, lane, put, put1);
+            }
+            __syncthreads();
+            if (dx)
+                for (int64_t k = tid; k < a.H; k += 256) {
+                    float v = 0.f;
+                    for (int64_t o = 0; o < a.O; ++o) v = fmaf(TE::to_acc(zr[o]), TE::to_acc(W[o * a.W_s + k]), v);
+                    dx[j * a.H + k] = v;
+                }
+            if (wacc)
+                for (int64_t e = tid; e < a.O * (a.H + 1); e += 256) {
+                    const int64_t o = e / (a.H + 1), k = e - o * (a.H + 1);
+                    wacc[o * ldw + k] += TE::to_acc(zr[o]) * (k < a.H ? TE::to_acc(hr[k]) : 1.f);
+                }
+            __syncthreads(); /* zr and c, before the next row's */
+        }
+        __syncthreads(); /* flag, before the next rows' */
+    }
+    if (tid == 0) *nrare = 0;
 }
 
 /* W into wp in the dtype, rows of pitch ldwp: W's row, the bias (zero without one), lse_unit in
@@ -1203,7 +1294,8 @@ template <int DT> struct gemm_run {
     void launch_dz(const joint_args &ka, int64_t first, int64_t limit, E *dzw) const {
         const int64_t n = nodes(true);
         dz_coef *const coef = reinterpret_cast<dz_coef *>(s + plan.g_coef);
-        gemm_coef_kernel<<<(unsigned)((n + 63) / 64), 64, 0, stream>>>(ka, first, limit, n, coef, NULL);
+        gemm_coef_kernel<false><<<(unsigned)((n + 63) / 64), 64, 0, stream>>>(ka, first, limit, n, coef, NULL, NULL,
+                                                                             NULL);
         const unsigned blocks = (unsigned)((n + 7) / 8);
         if constexpr (DT == TDT_DTYPE_FLOAT32) {
             if (split()) {
@@ -1310,16 +1402,72 @@ template <int DT> struct gemm_run {
     int64_t wgmma_bwd_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
         if (!wgmma_b || a.skip_below > 0.0 || !wgmma_device()) return 0;
-        /* on the chip, after dz: the chunk's h packed (128 bytes a node a chunk of 64 values, in
-         * tiles of 128 nodes: at most 127 rows of padding), then the nodes' coefficients, which
-         * the wgmma backward keeps in d h's buffer, where d h on the chip is written */
-        const size_t hrow = wgmma_b == 2 ? (size_t)(a.H + 63) / 64 * 128 : 0,
-                     crow = wgmma_b == 2 ? sizeof(tdt_wgmma_dz_row) : 0;
-        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
-                     pack = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H) + 127 * hrow,
-                     per_row = (size_t)a.row * (plan.g_ldz * sizeof(E) + hrow + crow);
+        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E);
+        size_t pack = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H), per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
+        if (wgmma_b == 2) { /* no dz: chip_at's parts */
+            const size_t hrow = (size_t)(a.H + 63) / 64 * 128;
+            pack += 127 * hrow + 16 + 16 + (size_t)plan.g_ldz * sizeof(E);
+            per_row = (size_t)a.row * (hrow + sizeof(tdt_wgmma_dz_row) + (size_t)(2 + a.D) * sizeof(float));
+        }
         const int64_t fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
         return fit < plan.g_rows_b ? fit : plan.g_rows_b;
+    }
+    /* The chip backward's parts of z's bytes, after W's O rows packed, for chunks of nb nodes: the
+     * chunk's h packed (tiles of 128 nodes), its nodes' coefficients (wrow) and known values (kn,
+     * 2 + D floats a node), the count of its rare rows and a row of z for them (ldz values). */
+    struct chip_parts {
+        void *hp;
+        tdt_wgmma_dz_row *wrow;
+        float *kn;
+        int *nrare;
+        E *zr;
+    };
+    chip_parts chip_at(int64_t nb) const {
+        char *p = reinterpret_cast<char *>(z()) + tdt_gpu_wgmma_pack_bytes(a.O, a.H);
+        chip_parts c;
+        c.hp = p;
+        p += tdt_gpu_wgmma_pack_bytes(nb, a.H);
+        c.wrow = reinterpret_cast<tdt_wgmma_dz_row *>(p);
+        p += (size_t)nb * sizeof(tdt_wgmma_dz_row);
+        c.kn = reinterpret_cast<float *>(p);
+        p += ((size_t)nb * (size_t)(2 + a.D) * sizeof(float) + 15) / 16 * 16;
+        c.nrare = reinterpret_cast<int *>(p);
+        c.zr = reinterpret_cast<E *>(p + 16);
+        return c;
+    }
+    /* A chip chunk of nb nodes from first: h's rows (the h kernel), the nodes' coefficients and
+     * known values (gemm_coef_kernel<true>), then d W and d bias (h packed, tdt_gpu_wgmma_dw:
+     * where want_w, into wacc) and d h (tdt_gpu_wgmma_dh: where want_x, into dx) from z
+     * recomputed on the chip, then the rare rows' terms (chip_rare_kernel). */
+    tdt_status_t chip_chunk(const joint_args &ka, int64_t first, int64_t limit, int64_t nb, const chip_parts &cp,
+                            bool want_w, bool want_x, float *wacc, float *dx) const {
+        if constexpr (fwd_shifted<DT>()) {
+            gemm_h_kernel<DT><<<(unsigned)((nb + 7) / 8), 256, 0, stream>>>(ka, first, limit, nb, hs(), plan.g_ldh, 1,
+                                                                             NULL, NULL, 0, wp());
+            gemm_coef_kernel<true><<<(unsigned)((nb + 63) / 64), 64, 0, stream>>>(ka, first, limit, nb, NULL, cp.wrow,
+                                                                                  cp.kn, cp.nrare);
+            tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h and coefficient kernels");
+            const int f16 = DT == TDT_DTYPE_FLOAT16, kp = 2 + (int)a.D;
+            if (st == TDT_STATUS_SUCCESS && want_w &&
+                ((st = cuda(tdt_gpu_wgmma_pack(hs(), plan.g_ldh, nb, a.H, cp.hp, num_sms, stream),
+                            "launching the joint's h packing")) != TDT_STATUS_SUCCESS ||
+                 (st = cuda(tdt_gpu_wgmma_dw(f16, cp.hp, z(), a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow, cp.kn, kp,
+                                             wacc, plan.g_ldw, stream),
+                            "launching the joint's d W on the chip")) != TDT_STATUS_SUCCESS))
+                return st;
+            if (st == TDT_STATUS_SUCCESS && want_x)
+                st = cuda(tdt_gpu_wgmma_dh(f16, hs(), plan.g_ldh, z(), a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow,
+                                           cp.kn, kp, dx, stream),
+                          "launching the joint's d h on the chip");
+            if (st != TDT_STATUS_SUCCESS) return st;
+            chip_rare_kernel<DT><<<1, 256, 0, stream>>>(ka, first, limit, nb, cp.wrow, cp.nrare, hs(), plan.g_ldh,
+                                                        cp.zr, plan.g_ldz, want_x ? dx : NULL,
+                                                        want_w ? wacc : NULL, plan.g_ldw);
+            return cuda(cudaGetLastError(), "launching the joint's rare rows on the chip");
+        } else {
+            (void)ka, (void)first, (void)limit, (void)nb, (void)cp, (void)want_w, (void)want_x, (void)wacc, (void)dx;
+            return TDT_STATUS_SUCCESS;
+        }
     }
     /* A backward chunk's dz on wgmma, `count` nodes from first: h's rows (the h kernel), the
      * nodes' coefficients (gemm_coef_kernel, the bulk's into wrow), tdt_gpu_wgmma_dz from W
@@ -1332,7 +1480,8 @@ template <int DT> struct gemm_run {
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         dz_coef *const coef = reinterpret_cast<dz_coef *>(s + plan.g_coef);
-        gemm_coef_kernel<<<(unsigned)((count + 63) / 64), 64, 0, stream>>>(ka, first, limit, count, coef, wrow);
+        gemm_coef_kernel<false><<<(unsigned)((count + 63) / 64), 64, 0, stream>>>(ka, first, limit, count, coef, wrow,
+                                                                                 NULL, NULL);
         st = cuda(cudaGetLastError(), "launching the joint's coefficient kernel");
         if (st == TDT_STATUS_SUCCESS)
             st = cuda(tdt_gpu_wgmma_dz(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, z(), a.bias, a.V, a.H, count, wrow,
@@ -1413,8 +1562,8 @@ template <int DT> struct gemm_run {
         size_t dz_off = 0;
 #if TDT_HAVE_WGMMA
         const int64_t wg_rows = wgmma_bwd_rows();
-        if (wg_rows) dz_off = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H);
         const bool chip_w = wg_rows && wgmma_b == 2;
+        if (wg_rows && !chip_w) dz_off = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H);
 #else
         const int64_t wg_rows = 0;
         const bool chip_w = false;
@@ -1475,10 +1624,12 @@ template <int DT> struct gemm_run {
         const A one = 1, zero = 0;
 #if TDT_HAVE_WGMMA
         /* the coefficients of dz on wgmma: in d h's buffer, free until the d h product; on the
-         * chip after dz and the chunk's h packed */
-        void *const hp = reinterpret_cast<char *>(dzw) + (size_t)nb * plan.g_ldz * sizeof(E);
-        tdt_wgmma_dz_row *const wrow = reinterpret_cast<tdt_wgmma_dz_row *>(
-            chip_w ? reinterpret_cast<char *>(hp) + tdt_gpu_wgmma_pack_bytes(nb, a.H) : s + plan.g_dx);
+         * chip in z's bytes (chip_at) */
+        const chip_parts cp = chip_w ? chip_at(nb) : chip_parts{NULL, NULL, NULL, NULL, NULL};
+        tdt_wgmma_dz_row *const wrow = reinterpret_cast<tdt_wgmma_dz_row *>(s + plan.g_dx);
+        if (chip_w && (st = cuda(cudaMemsetAsync(cp.nrare, 0, sizeof(int), stream),
+                                 "clearing the joint's rare row count")) != TDT_STATUS_SUCCESS)
+            return st;
 #endif
         joint_args ch = a;
         const int64_t all = a.B * a.maxT;
@@ -1498,7 +1649,11 @@ template <int DT> struct gemm_run {
             }
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
 #if TDT_HAVE_WGMMA
-            if (wg_rows) {
+            if (chip_w) {
+                if ((st = chip_chunk(ch, first, limit, nb, cp, want_w, want_x, reinterpret_cast<float *>(wacc),
+                                     reinterpret_cast<float *>(dx))) != TDT_STATUS_SUCCESS)
+                    return st;
+            } else if (wg_rows) {
                 if ((st = dz_wgmma(ch, first, limit, nb, dzw, wrow)) != TDT_STATUS_SUCCESS) return st;
             } else
 #endif
@@ -1512,19 +1667,7 @@ template <int DT> struct gemm_run {
                     return st;
             }
             const int nterms = split() ? kSplitTerms : 1;
-#if TDT_HAVE_WGMMA
-            if (want_w && chip_w) {
-                /* d W from z recomputed on the chip, over the chunk's h packed after dz */
-                if ((st = cuda(tdt_gpu_wgmma_pack(hs(), plan.g_ldh, nb, a.H, hp, num_sms, stream),
-                               "launching the joint's h packing")) != TDT_STATUS_SUCCESS ||
-                    (st = cuda(tdt_gpu_wgmma_dw(DT == TDT_DTYPE_FLOAT16, hp, z(), a.bias, a.V, a.O, a.blank, a.H, nb,
-                                                wrow, dz, plan.g_ldz, reinterpret_cast<float *>(wacc), plan.g_ldw,
-                                                stream),
-                               "launching the joint's d W on the chip")) != TDT_STATUS_SUCCESS)
-                    return st;
-            } else
-#endif
-            if (want_w) {
+            if (want_w && !chip_w) {
                 if (split()) {
                     for (int q = 0; q < 3 && c == CUBLAS_STATUS_SUCCESS; ++q)
                         c = wg3[q].run(h, &one, hstacked() + q * nb * plan.g_ldh + wrow0, ops, &one, wacc + wrow0,
@@ -1542,13 +1685,6 @@ template <int DT> struct gemm_run {
                 }
             }
             if (!want_x) continue;
-#if TDT_HAVE_WGMMA
-            if (chip_w && (st = cuda(tdt_gpu_wgmma_dh(DT == TDT_DTYPE_FLOAT16, hs(), plan.g_ldh, z(), a.bias, a.V, a.O,
-                                                      a.blank, a.H, nb, wrow, dz, plan.g_ldz,
-                                                      reinterpret_cast<float *>(dx), stream),
-                                     "launching the joint's d h on the chip")) != TDT_STATUS_SUCCESS)
-                return st;
-#endif
             for (int t = 0; t < (chip_w ? 0 : nterms) && c == CUBLAS_STATUS_SUCCESS; ++t) {
                 const void *ww = wp(), *dd = dz;
                 if (split()) {

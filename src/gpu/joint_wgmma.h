@@ -30,8 +30,8 @@ cudaError_t tdt_gpu_wgmma_lse(int f16, const void *h, int64_t ldh, const void *W
 /* A row of dz's coefficients for tdt_gpu_wgmma_dz (base 2): dz_v = scale min(2^(x_v K - ref) occ,
  * cl) for x_v = z_v + bias_v, K = log2(e); valid = 0: a row of zeros. For tdt_gpu_wgmma_dw: y,
  * the node's label column (-1: none), whose value, as the blank's and the durations', is not the
- * formula's; rare = 1: a node whose whole row is not the formula's (its lse past the base-2
- * reference's range). */
+ * formula's; rare = 1 (with valid = 0): a node whose whole row is not the formula's (its lse past
+ * the base-2 reference's range). */
 struct tdt_wgmma_dz_row {
     float ref, occ, cl, scale;
     int valid, y, rare, pad;
@@ -47,21 +47,23 @@ cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp
 /* d W and d bias on the chip (TDT_GPU_JOINT_BWD=chip): wacc[o ldw + c] += sum_n dz[n, o] h[n, c]
  * for the token and duration rows o < O, columns c < H, and wacc[o ldw + H] += sum_n dz[n, o],
  * over count nodes whose rows of h are packed in hp as tdt_gpu_wgmma_pack packs W (count rows),
- * with dz's values recomputed on the chip from W's O rows packed in Wp (tdt_gpu_wgmma_pack with
- * O rows), bias and rows' coefficients for the token columns v < V but the blank's and the
- * label's; those, the durations' and the rare rows' are read from dz (pitch ldz), written by
- * tdt_gpu_wgmma_dz and the GEMM schedule's fix-up. One block owns 64 of W's rows and adds into
- * them once: the order of the sums is fixed. On stream. */
+ * with dz's values formed on the chip: from z recomputed there (W's O rows packed in Wp,
+ * tdt_gpu_wgmma_pack with O rows), bias and rows' coefficients for the token columns v < V but
+ * the blank's and the label's; those and the durations' from the node's known values kn[n kp +
+ * i] (the blank's, the label's, then the D durations', kp = 2 + D, float32); zero for a node
+ * whose row is not valid (a rare row: the caller adds its terms). One block owns 64 of W's rows
+ * and adds into them once: the order of the sums is fixed. On stream. */
 cudaError_t tdt_gpu_wgmma_dw(int f16, const void *hp, const void *Wp, const void *bias, int64_t V, int64_t O,
-                             int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, const void *dz,
-                             int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream);
+                             int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, const float *kn,
+                             int kp, float *wacc, int64_t ldw, cudaStream_t stream);
 
 /* d h on the chip (TDT_GPU_JOINT_BWD=chip): dh[n H + c] = sum_o dz[n, o] W[o, c] for the count
  * rows of h (as tdt_gpu_wgmma_lse's), columns c < H, over W's O token and duration rows packed
  * in Wp as tdt_gpu_wgmma_dw's, dz's values formed on the chip as tdt_gpu_wgmma_dw forms them
- * (rows, dz and ldz as there); dh float32, pitch H, every value written. On stream. */
+ * (rows, kn and kp as there); dh float32, pitch H, every value written (zeros for a node that
+ * is not valid). On stream. */
 cudaError_t tdt_gpu_wgmma_dh(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
                              int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
-                             const void *dz, int64_t ldz, float *dh, cudaStream_t stream);
+                             const float *kn, int kp, float *dh, cudaStream_t stream);
 
 #endif

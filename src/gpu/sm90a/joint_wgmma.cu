@@ -265,15 +265,17 @@ inline size_t dw_smem_of(int64_t H) {
            kDwRows * sizeof(tdt_wgmma_dz_row) + kDwRows * sizeof(float) + 8 * (1 + 2 * kDwStages) + 1024;
 }
 
-/* dz[n, o] as tdt_gpu_wgmma_dz and the fix-up write it (pitch ldz), for token or duration row o <
- * O of W and node n of coefficients c, from z = (W h^T)[o, n] and bias_o: the formula for the
- * token columns but the blank's and the label's, dz's own value for those, the durations and a
- * rare row, 0 for a row that is not valid or o >= O */
-template <int F16>
-__device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const uint16_t *dz, int64_t n, int64_t ldz,
-                                          int64_t o, float z, float bias_o, int64_t V, int64_t O, int64_t blank) {
-    if (o >= O || !(c.valid || c.rare)) return 0.f;
-    if (c.rare || o >= V || o == blank || o == c.y) return to_f<F16>(dz[n * ldz + o]);
+/* dz[n, o] for token or duration row o < O of W and node n of coefficients c, from z = (W
+ * h^T)[o, n] and bias_o: the formula for the token columns but the blank's and the label's; for
+ * those and the durations the node's known values (kn[n kp + i]: the blank's, the label's, then
+ * the D durations', kp = 2 + D); 0 for a row that is not valid (a rare row's values are
+ * tdt_gpu_wgmma_dw's caller's) or o >= O */
+__device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const float *kn, int64_t n, int kp, int64_t o,
+                                          float z, float bias_o, int64_t V, int64_t O, int64_t blank) {
+    if (o >= O || !c.valid) return 0.f;
+    if (o >= V) return kn[n * kp + 2 + (o - V)];
+    if (o == blank) return kn[n * kp];
+    if (o == c.y) return kn[n * kp + 1];
     return dz_bulk(c, z + bias_o);
 }
 
@@ -340,7 +342,7 @@ template <int F16>
 __global__ void __launch_bounds__(kDwThreads, 1)
     wgmma_dw_kernel(const unsigned char *__restrict__ hp, const unsigned char *__restrict__ Wp,
                     const uint16_t *__restrict__ bias, int64_t V, int64_t O, int64_t blank, int64_t H, int64_t count,
-                    const tdt_wgmma_dz_row *__restrict__ rows, const uint16_t *__restrict__ dz, int64_t ldz,
+                    const tdt_wgmma_dz_row *__restrict__ rows, const float *__restrict__ kn, int kp,
                     float *wacc, int64_t ldw) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
@@ -429,8 +431,8 @@ __global__ void __launch_bounds__(kDwThreads, 1)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int64_t n = n0 + c0 + e;
-                    v[e] = n < count ? dw_value<F16>(rc[c0 + e], dz, n, ldz, orow[hf], z[4 * j + 2 * hf + e],
-                                                     brow[hf], V, O, blank)
+                    v[e] = n < count ? dw_value(rc[c0 + e], kn, n, kp, orow[hf], z[4 * j + 2 * hf + e], brow[hf],
+                                                V, O, blank)
                                      : 0.f;
                 }
                 const uint32_t pair =
@@ -485,7 +487,7 @@ template <int F16>
 __global__ void __launch_bounds__(kDhThreads, 1)
     wgmma_dh_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
                     const uint16_t *__restrict__ bias, int64_t V, int64_t O, int64_t blank, int64_t H, int64_t count,
-                    const tdt_wgmma_dz_row *__restrict__ rows, const uint16_t *__restrict__ dz, int64_t ldz,
+                    const tdt_wgmma_dz_row *__restrict__ rows, const float *__restrict__ kn, int kp,
                     float *dh) {
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
@@ -571,7 +573,7 @@ __global__ void __launch_bounds__(kDhThreads, 1)
                 float v[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    v[e] = dw_value<F16>(rc[r], dz, node0 + r, ldz, o0 + e, z[4 * j + 2 * hf + e], b[e], V, O, blank);
+                    v[e] = dw_value(rc[r], kn, node0 + r, kp, o0 + e, z[4 * j + 2 * hf + e], b[e], V, O, blank);
                 const uint32_t pair =
                     F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
                 *reinterpret_cast<uint32_t *>(ps + wgi * chunk + r * 128 + ((j ^ (r & 7)) << 4) + (lane & 3) * 4) = pair;
@@ -651,34 +653,33 @@ cudaError_t tdt_gpu_wgmma_dz(int f16, const void *h, int64_t ldh, const void *Wp
 }
 
 cudaError_t tdt_gpu_wgmma_dw(int f16, const void *hp, const void *Wp, const void *bias, int64_t V, int64_t O,
-                             int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, const void *dz,
-                             int64_t ldz, float *wacc, int64_t ldw, cudaStream_t stream) {
+                             int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows, const float *kn,
+                             int kp, float *wacc, int64_t ldw, cudaStream_t stream) {
     if (count < 1) return cudaSuccess;
     const size_t smem = dw_smem_of(H);
     void (*k)(const unsigned char *, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t, int64_t,
-              int64_t, const tdt_wgmma_dz_row *, const uint16_t *, int64_t, float *, int64_t) =
+              int64_t, const tdt_wgmma_dz_row *, const float *, int, float *, int64_t) =
         f16 ? wgmma_dw_kernel<1> : wgmma_dw_kernel<0>;
     cudaError_t e = tdt_allow_smem(k, smem);
     if (e != cudaSuccess) return e;
     k<<<(unsigned)((O + kDwRows - 1) / kDwRows), kDwThreads, smem, stream>>>(
         static_cast<const unsigned char *>(hp), static_cast<const unsigned char *>(Wp),
-        static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, static_cast<const uint16_t *>(dz), ldz, wacc,
-        ldw);
+        static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, kn, kp, wacc, ldw);
     return cudaGetLastError();
 }
 
 cudaError_t tdt_gpu_wgmma_dh(int f16, const void *h, int64_t ldh, const void *Wp, const void *bias, int64_t V,
                              int64_t O, int64_t blank, int64_t H, int64_t count, const tdt_wgmma_dz_row *rows,
-                             const void *dz, int64_t ldz, float *dh, cudaStream_t stream) {
+                             const float *kn, int kp, float *dh, cudaStream_t stream) {
     if (count < 1) return cudaSuccess;
     const size_t smem = dh_smem_of(H);
     void (*k)(const uint16_t *, int64_t, const unsigned char *, const uint16_t *, int64_t, int64_t, int64_t, int64_t,
-              int64_t, const tdt_wgmma_dz_row *, const uint16_t *, int64_t, float *) =
+              int64_t, const tdt_wgmma_dz_row *, const float *, int, float *) =
         f16 ? wgmma_dh_kernel<1> : wgmma_dh_kernel<0>;
     cudaError_t e = tdt_allow_smem(k, smem);
     if (e != cudaSuccess) return e;
     k<<<(unsigned)((count + kDhNodes - 1) / kDhNodes), kDhThreads, smem, stream>>>(
         static_cast<const uint16_t *>(h), ldh, static_cast<const unsigned char *>(Wp),
-        static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, static_cast<const uint16_t *>(dz), ldz, dh);
+        static_cast<const uint16_t *>(bias), V, O, blank, H, count, rows, kn, kp, dh);
     return cudaGetLastError();
 }
