@@ -59,7 +59,7 @@ TEST(JointPlan, BothLayoutsFitAndDoNotOverlap) {
     for (const Shape &s : kShapes) {
         SCOPED_TRACE(s.name);
         tdt_gpu_joint_plan_t p;
-        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, 0, &p));
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, 0, 0, 0, &p));
         const size_t row = (size_t)(s.U + 1), H = (size_t)s.H, O = (size_t)s.O, acc = (size_t)s.acc;
         ASSERT_GE(p.rows, 1);
         ASSERT_GE(p.parts, 1);
@@ -121,7 +121,7 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
     for (const Shape &s : kShapes) {
         SCOPED_TRACE(s.name);
         tdt_gpu_joint_plan_t p;
-        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, 0, &p));
+        ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, 0, 0, 0, &p));
         const size_t row = (size_t)(s.U + 1), acc = (size_t)s.acc;
         const size_t chunk = (size_t)p.g_rows * row *
                              ((size_t)p.g_ldz * (size_t)s.elem + (size_t)p.g_ldhp * (s.split ? 2 : (size_t)s.elem) +
@@ -139,11 +139,11 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
     // is the chunk budget plus what does not grow with the nodes: d W's float32 accumulator and
     // W padded (8200 x 648 each: 21.3 + 10.6 MB), d pred's (2.1 MB), cuBLASLt's 4 MB
     tdt_gpu_joint_plan_t p;
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 0, &p));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 0, 0, 0, &p));
     EXPECT_GE(p.g_rows * 101, 500);
     EXPECT_LE(p.bytes, TDT_JOINT_Z_BYTES + 38 * MB) << p.bytes / MB << " MB";
     // float32 with split products: W's parts (8200 x 3888 bfloat16, 64 MB) in W padded's place
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 4, 1, 0, &p));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 4, 1, 0, 0, 0, &p));
     EXPECT_GE(p.g_rows_b * 101, 500);
     EXPECT_LE(p.bytes, TDT_JOINT_Z_BYTES + 96 * MB) << p.bytes / MB << " MB";
 }
@@ -151,9 +151,9 @@ TEST(JointPlan, ScratchStaysBoundedAsTheProblemGrows) {
 // A chunk budget (TDT_GPU_JOINT_CHUNK_KB) scales the GEMM schedule's chunk and nothing else.
 TEST(JointPlan, ChunkBudgetScalesTheChunk) {
     tdt_gpu_joint_plan_t def, big, tiny;
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 0, &def));
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 8 * TDT_JOINT_Z_BYTES, &big));
-    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 1, &tiny));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 0, 0, 0, &def));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 8 * TDT_JOINT_Z_BYTES, 0, 0, &big));
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 1, 0, 0, &tiny));
     EXPECT_GE(big.g_rows, 8 * def.g_rows - 1) << "8x the budget, " << big.g_rows << " rows";
     EXPECT_LE(big.g_rows, 8 * def.g_rows + 8);
     EXPECT_EQ(tiny.g_rows, 1) << "a chunk holds at least one row";
@@ -163,13 +163,102 @@ TEST(JointPlan, ChunkBudgetScalesTheChunk) {
     EXPECT_EQ(big.g_w - big.g_pred, def.g_w - def.g_pred);
 }
 
+// The chip layout (TDT_GPU_JOINT_BWD=chip, 16-bit dtypes, H <= 640): W packed, d pred and the
+// area disjoint inside the size; each of the area's uses (the forward's W padded, h and
+// log-normalisers; the d W sweep's sums and packed chunk; the d h sweep's chunk) inside the area
+// with its parts disjoint, at the most rows that fit; the fused and GEMM schedules' layouts in
+// the same bytes, one row a chunk at least.
+void expect_chip_use(const tdt_gpu_joint_plan_t &p, int use, int64_t rows, int64_t row, int64_t all, int64_t H,
+                     int64_t D, const std::string &what) {
+    SCOPED_TRACE(what);
+    ASSERT_GE(rows, 1);
+    ASSERT_LE(rows, std::max<int64_t>(1, all));
+    tdt_gpu_joint_plan_t q = p;
+    size_t bytes = 0, more = 0;
+    ASSERT_TRUE(tdt_gpu_chip_use(&q, use, rows * row, H, D, &bytes));
+    if (rows > 1) {
+        EXPECT_LE(bytes, p.c_area_bytes);
+    }
+    if (rows < all) {  // the most rows that fit
+        ASSERT_TRUE(tdt_gpu_chip_use(&q, use, (rows + 1) * row, H, D, &more));
+        EXPECT_GT(more, p.c_area_bytes);
+    }
+    const size_t n = (size_t)(rows * row), wpad = (size_t)p.g_ldz * (size_t)p.g_ldwp * 2,
+                 wsum = (size_t)p.g_ldz * (size_t)p.g_ldw * 4;
+    std::vector<std::pair<size_t, size_t>> parts;
+    if (use == 0) {
+        parts = {{p.c_area, wpad}, {p.c_area + p.c_fwd_h, n * (size_t)p.g_ldh * 2}, {p.c_area + p.c_fwd_lse, n * 4}};
+    } else {
+        tdt_gpu_chip_chunk_t c;
+        const size_t at = p.c_area + (use == 1 ? (wsum + TDT_WS_ALIGN - 1) / TDT_WS_ALIGN * TDT_WS_ALIGN : 0);
+        ASSERT_TRUE(tdt_gpu_chip_chunk(at, (int64_t)n, H, D, p.g_ldh, p.g_ldz, use == 1, use == 2, &c));
+        parts = {{c.h, n * (size_t)p.g_ldh * 2},
+                 {c.rows, n * TDT_JOINT_CHIP_ROW},
+                 {c.kn, n * (size_t)(2 + D) * 4},
+                 {c.rare, 4},
+                 {c.zr, (size_t)p.g_ldz * 2}};
+        if (use == 1) {
+            parts.push_back({p.c_area, wsum});
+            parts.push_back({c.hp, (n + 127) / 128 * (size_t)((H + 63) / 64) * 16384});
+        } else {
+            parts.push_back({c.dx, n * (size_t)H * 4});
+        }
+        EXPECT_LE(c.end, p.c_area + std::max(p.c_area_bytes, bytes));
+    }
+    for (const auto &q2 : parts) {
+        EXPECT_GE(q2.first, p.c_area);
+        EXPECT_LE(q2.first + q2.second, p.c_area + std::max(p.c_area_bytes, bytes));
+    }
+    expect_disjoint(parts, p, "the area's parts");
+}
+
+TEST(JointPlan, ChipLayoutFitsAndBoundsTheOthers) {
+    for (const Shape &s : kShapes) {
+        SCOPED_TRACE(s.name);
+        for (size_t budget : {(size_t)0, (size_t)1, (size_t)4 * MB}) {
+            SCOPED_TRACE("budget " + std::to_string(budget));
+            const int64_t D = s.O > 6 ? 5 : 0;
+            tdt_gpu_joint_plan_t p;
+            ASSERT_TRUE(tdt_gpu_joint_plan(s.B, s.T, s.U, s.O, s.H, s.acc, s.elem, s.split, budget, D, 1, &p));
+            const bool chip = s.elem == 2 && s.H <= TDT_JOINT_CHIP_MAX_H;
+            EXPECT_EQ(p.c_chip, chip);
+            if (!chip) continue;
+            const int64_t row = s.U + 1, all = s.B * s.T;
+            const size_t H = (size_t)s.H, kc = (H + 63) / 64, otiles = ((size_t)s.O + 127) / 128;
+            EXPECT_GE(p.c_area_bytes, budget ? budget : TDT_JOINT_CHIP_BYTES);
+            expect_disjoint({{p.c_wpk, otiles * kc * 16384},
+                             {p.c_pred, (size_t)s.B * (size_t)row * H * 4},
+                             {p.c_area, p.c_area_bytes}},
+                            p, "chip");
+            expect_chip_use(p, 0, p.c_rows_f, row, all, s.H, D, "forward");
+            expect_chip_use(p, 1, p.c_rows_w, row, all, s.H, D, "d W sweep");
+            expect_chip_use(p, 2, p.c_rows_h, row, all, s.H, D, "d h sweep");
+            // the other schedules: their buffers inside the same bytes
+            EXPECT_GE(p.rows, 1);
+            EXPECT_GE(p.g_rows, 1);
+            EXPECT_LE(p.dx + (size_t)p.rows * (size_t)row * H * 4, p.bytes - TDT_WS_ALIGN);
+            EXPECT_LE(p.g_desc + 32, p.bytes - TDT_WS_ALIGN);
+        }
+    }
+    // huge-joint in bfloat16, the default area: the lattice's workspace and the scratch within
+    // 64 MB (the fused joint's memory target), with chunks of tens of rows in each sweep
+    tdt_gpu_joint_plan_t p;
+    ASSERT_TRUE(tdt_gpu_joint_plan(8, 375, 100, 8198, 640, 4, 2, 0, 0, 5, 1, &p));
+    tdt_ws_layout_t lay;
+    ASSERT_TRUE(tdt_workspace_layout(8, 375, 100, 5, 0, &lay));
+    EXPECT_LE(lay.total + p.bytes + TDT_WS_ALIGN, 64 * MB) << (lay.total + p.bytes) / MB << " MB";
+    EXPECT_GE(p.c_rows_w, 20);
+    EXPECT_GE(p.c_rows_h, 60);
+    EXPECT_GE(p.c_rows_f, 100);
+}
+
 TEST(JointPlan, OverflowingSizesAreRefused) {
     tdt_gpu_joint_plan_t p;
-    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, 1030, INT64_C(1) << 60, 4, 2, 0, 0, &p));
-    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, INT64_C(1) << 61, 640, 4, 2, 0, 0, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, 1030, INT64_C(1) << 60, 4, 2, 0, 0, 0, 0, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(8, 100, 20, INT64_C(1) << 61, 640, 4, 2, 0, 0, 0, 0, &p));
     // B (U + 1) H values of d pred's sums past SIZE_MAX bytes (B T itself fits: the lattice's
     // layout checks it before the plan is asked)
-    EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, 0, 0, &p));
+    EXPECT_FALSE(tdt_gpu_joint_plan(INT64_C(1) << 50, 1, 1000, 8198, 640, 8, 8, 0, 0, 0, 0, &p));
 }
 
 double bf16(uint16_t b) { return (double)tdt_bf16_to_float(b); }

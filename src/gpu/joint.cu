@@ -791,7 +791,7 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,
                             tdt_acc_is_double(p.dtype) ? 8 : 4, tdt_dtype_size(p.dtype), split, (size_t)chunk,
-                            &plan) ||
+                            c.tdt_mode ? c.num_durations : 0, bwd_wgmma == 2, &plan) ||
         ((c.do_backward || gemm) && call->scratch_bytes < plan.bytes)) {
         tdt_set_error("the joint's GPU scratch (%zu bytes) is smaller than its plan needs (%zu)",
                       call->scratch_bytes, plan.bytes);
@@ -827,13 +827,13 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
 extern "C" size_t tdt_gpu_joint_scratch_bytes(const tdt_joint_problem_t *problem,
                                               const tdt_options_t *options, int num_durations) {
     (void)options;
-    (void)num_durations;
     tdt_gpu_joint_plan_t plan;
     const long long chunk = joint_chunk_bytes(); /* a bad value: the default here, refused by the call */
     if (!tdt_gpu_joint_plan(problem->batch, problem->max_frames, problem->max_labels,
                             problem->num_outputs, problem->hidden,
                             tdt_acc_is_double(problem->dtype) ? 8 : 4, tdt_dtype_size(problem->dtype),
-                            joint_float32_split() != 0, chunk > 0 ? (size_t)chunk : 0, &plan))
+                            joint_float32_split() != 0, chunk > 0 ? (size_t)chunk : 0, num_durations,
+                            joint_bwd_wgmma() == 2, &plan))
         return SIZE_MAX; /* the dispatch layer refuses it */
     return plan.bytes;
 }

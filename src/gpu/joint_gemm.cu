@@ -1261,7 +1261,8 @@ template <int DT> struct gemm_run {
     int pick;  /* the products' kernels: TDT_LT_FIRST, TDT_LT_FEWEST_WAVES or TDT_LT_BY_PRODUCT */
     int wgmma; /* TDT_GPU_JOINT_FWD=wgmma (the default) */
     int device;
-    int wgmma_b; /* TDT_GPU_JOINT_BWD: 1 wgmma, 2 chip (d W on the chip too) */
+    int wgmma_b; /* TDT_GPU_JOINT_BWD: 1 wgmma, 2 chip (the chip backward, with the plan's chip layout) */
+    bool chip_wp = false; /* W padded in the chip layout's area (its forward) */
     int z_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FIRST : pick; }
     int dw_dh_pick() const { return pick == TDT_LT_BY_PRODUCT ? TDT_LT_FEWEST_WAVES : pick; }
 
@@ -1280,7 +1281,7 @@ template <int DT> struct gemm_run {
     int *nf() const { return split() ? reinterpret_cast<int *>(s + plan.g_nf) : NULL; }
     /* the products' operand type and inner pitch of h and W */
     cudaDataType_t opnd() const { return split() ? CUDA_R_16BF : lt_types<DT>::ab; }
-    E *wp() const { return reinterpret_cast<E *>(s + plan.g_wp); }
+    E *wp() const { return reinterpret_cast<E *>(s + (chip_wp ? plan.c_area : plan.g_wp)); }
     void *ws() const { return s + plan.g_lt; }
     /* a chunk's nodes: forward, backward (2/5 of the rows for float32 with split products) */
     int64_t nodes(bool backward) const { return (backward ? plan.g_rows_b : plan.g_rows) * a.row; }
@@ -1362,6 +1363,7 @@ template <int DT> struct gemm_run {
     int64_t wgmma_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
         if (!wgmma || !wgmma_device()) return 0;
+        if (plan.c_chip) return plan.c_rows_f;
         const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
                      pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H),
                      per_row = (size_t)a.row * ((size_t)plan.g_ldh * sizeof(E) + sizeof(float));
@@ -1369,10 +1371,15 @@ template <int DT> struct gemm_run {
         return fit < all ? fit : all;
     }
     tdt_status_t forward_wgmma(int64_t step) const {
-        char *const zb = reinterpret_cast<char *>(z());
-        E *const h = reinterpret_cast<E *>(zb + tdt_gpu_wgmma_pack_bytes(a.V, a.H));
-        float *const lse = reinterpret_cast<float *>(h + step * a.row * plan.g_ldh);
-        tdt_status_t st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, a.V, a.H, zb, num_sms, stream),
+        /* the chip layout: W packed at c_wpk (from W itself), h and lse in the area after W padded */
+        const bool chip = plan.c_chip;
+        char *const zb = chip ? s + plan.c_wpk : reinterpret_cast<char *>(z());
+        E *const h = reinterpret_cast<E *>(chip ? s + plan.c_area + plan.c_fwd_h
+                                                : zb + tdt_gpu_wgmma_pack_bytes(a.V, a.H));
+        float *const lse = chip ? reinterpret_cast<float *>(s + plan.c_area + plan.c_fwd_lse)
+                                : reinterpret_cast<float *>(h + step * a.row * plan.g_ldh);
+        tdt_status_t st = cuda(chip ? tdt_gpu_wgmma_pack(a.W, a.W_s, a.V, a.H, zb, num_sms, stream)
+                                    : tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, a.V, a.H, zb, num_sms, stream),
                                "launching the joint's W packing for wgmma");
         const int64_t all = a.B * a.maxT;
         for (int64_t r0 = 0; r0 < all && st == TDT_STATUS_SUCCESS; r0 += step) {
@@ -1397,70 +1404,58 @@ template <int DT> struct gemm_run {
      * and H suit it, without skip_below, whose compacted chunks keep the cuBLASLt path): z's
      * bytes hold W packed, then dz for chunks of the (b, t) rows returned (at most the plan's
      * backward chunk; none: the cuBLASLt path). */
-    /* W's rows the backward packs: the token rows, and with d W on the chip the durations' too */
-    int64_t pack_rows() const { return wgmma_b == 2 ? a.O : a.V; }
     int64_t wgmma_bwd_rows() const {
         if constexpr (!fwd_shifted<DT>()) return 0;
-        if (!wgmma_b || a.skip_below > 0.0 || !wgmma_device()) return 0;
-        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E);
-        size_t pack = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H), per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
-        if (wgmma_b == 2) { /* no dz: chip_at's parts */
-            const size_t hrow = (size_t)(a.H + 63) / 64 * 128;
-            pack += 127 * hrow + 16 + 16 + (size_t)plan.g_ldz * sizeof(E);
-            per_row = (size_t)a.row * (hrow + sizeof(tdt_wgmma_dz_row) + (size_t)(2 + a.D) * sizeof(float));
-        }
+        if (wgmma_b != 1 || a.skip_below > 0.0 || !wgmma_device()) return 0;
+        const size_t room = (size_t)nodes(false) * (size_t)plan.g_ldz * sizeof(E),
+                     pack = tdt_gpu_wgmma_pack_bytes(a.V, a.H), per_row = (size_t)a.row * plan.g_ldz * sizeof(E);
         const int64_t fit = room > pack ? (int64_t)((room - pack) / per_row) : 0;
         return fit < plan.g_rows_b ? fit : plan.g_rows_b;
     }
-    /* The chip backward's parts of z's bytes, after W's O rows packed, for chunks of nb nodes: the
-     * chunk's h packed (tiles of 128 nodes), its nodes' coefficients (wrow) and known values (kn,
-     * 2 + D floats a node), the count of its rare rows and a row of z for them (ldz values). */
+    /* Whether the chip backward runs: TDT_GPU_JOINT_BWD=chip with the plan's chip layout, where
+     * the wgmma kernels run and without skip_below */
+    bool chip_backward() const {
+        if constexpr (!fwd_shifted<DT>()) return false;
+        return wgmma_b == 2 && plan.c_chip && !(a.skip_below > 0.0) && wgmma_device();
+    }
+    /* A chip chunk's parts (tdt_gpu_chip_chunk's offsets) */
     struct chip_parts {
+        E *h;
         void *hp;
         tdt_wgmma_dz_row *wrow;
         float *kn;
         int *nrare;
         E *zr;
+        float *dx;
     };
-    chip_parts chip_at(int64_t nb) const {
-        char *p = reinterpret_cast<char *>(z()) + tdt_gpu_wgmma_pack_bytes(a.O, a.H);
-        chip_parts c;
-        c.hp = p;
-        p += tdt_gpu_wgmma_pack_bytes(nb, a.H);
-        c.wrow = reinterpret_cast<tdt_wgmma_dz_row *>(p);
-        p += (size_t)nb * sizeof(tdt_wgmma_dz_row);
-        c.kn = reinterpret_cast<float *>(p);
-        p += ((size_t)nb * (size_t)(2 + a.D) * sizeof(float) + 15) / 16 * 16;
-        c.nrare = reinterpret_cast<int *>(p);
-        c.zr = reinterpret_cast<E *>(p + 16);
-        return c;
-    }
     /* A chip chunk of nb nodes from first: h's rows (the h kernel), the nodes' coefficients and
      * known values (gemm_coef_kernel<true>), then d W and d bias (h packed, tdt_gpu_wgmma_dw:
-     * where want_w, into wacc) and d h (tdt_gpu_wgmma_dh: where want_x, into dx) from z
-     * recomputed on the chip, then the rare rows' terms (chip_rare_kernel). */
+     * where want_w, into wacc) or d h (tdt_gpu_wgmma_dh: where want_x, into dx) from z
+     * recomputed on the chip against W's O rows packed at c_wpk, then the rare rows' terms
+     * (chip_rare_kernel). */
     tdt_status_t chip_chunk(const joint_args &ka, int64_t first, int64_t limit, int64_t nb, const chip_parts &cp,
                             bool want_w, bool want_x, float *wacc, float *dx) const {
         if constexpr (fwd_shifted<DT>()) {
-            gemm_h_kernel<DT><<<(unsigned)((nb + 7) / 8), 256, 0, stream>>>(ka, first, limit, nb, hs(), plan.g_ldh, 1,
-                                                                             NULL, NULL, 0, wp());
+            gemm_h_kernel<DT><<<(unsigned)((nb + 7) / 8), 256, 0, stream>>>(ka, first, limit, nb, cp.h, plan.g_ldh, 1,
+                                                                             NULL, NULL, 0, NULL);
             gemm_coef_kernel<true><<<(unsigned)((nb + 63) / 64), 64, 0, stream>>>(ka, first, limit, nb, NULL, cp.wrow,
                                                                                   cp.kn, cp.nrare);
             tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h and coefficient kernels");
             const int f16 = DT == TDT_DTYPE_FLOAT16, kp = 2 + (int)a.D;
+            const void *const wpk = s + plan.c_wpk;
             if (st == TDT_STATUS_SUCCESS && want_w &&
-                ((st = cuda(tdt_gpu_wgmma_pack(hs(), plan.g_ldh, nb, a.H, cp.hp, num_sms, stream),
+                ((st = cuda(tdt_gpu_wgmma_pack(cp.h, plan.g_ldh, nb, a.H, cp.hp, num_sms, stream),
                             "launching the joint's h packing")) != TDT_STATUS_SUCCESS ||
-                 (st = cuda(tdt_gpu_wgmma_dw(f16, cp.hp, z(), a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow, cp.kn, kp,
+                 (st = cuda(tdt_gpu_wgmma_dw(f16, cp.hp, wpk, a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow, cp.kn, kp,
                                              wacc, plan.g_ldw, stream),
                             "launching the joint's d W on the chip")) != TDT_STATUS_SUCCESS))
                 return st;
             if (st == TDT_STATUS_SUCCESS && want_x)
-                st = cuda(tdt_gpu_wgmma_dh(f16, hs(), plan.g_ldh, z(), a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow,
+                st = cuda(tdt_gpu_wgmma_dh(f16, cp.h, plan.g_ldh, wpk, a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow,
                                            cp.kn, kp, dx, stream),
                           "launching the joint's d h on the chip");
             if (st != TDT_STATUS_SUCCESS) return st;
-            chip_rare_kernel<DT><<<1, 256, 0, stream>>>(ka, first, limit, nb, cp.wrow, cp.nrare, hs(), plan.g_ldh,
+            chip_rare_kernel<DT><<<1, 256, 0, stream>>>(ka, first, limit, nb, cp.wrow, cp.nrare, cp.h, plan.g_ldh,
                                                         cp.zr, plan.g_ldz, want_x ? dx : NULL,
                                                         want_w ? wacc : NULL, plan.g_ldw);
             return cuda(cudaGetLastError(), "launching the joint's rare rows on the chip");
@@ -1472,6 +1467,72 @@ template <int DT> struct gemm_run {
     /* A backward chunk's dz on wgmma, `count` nodes from first: h's rows (the h kernel), the
      * nodes' coefficients (gemm_coef_kernel, the bulk's into wrow), tdt_gpu_wgmma_dz from W
      * packed at z's start into dz (pitch ldz), then gemm_dz_fix_kernel. */
+    /* The chip backward (chip_backward): W's O rows packed at c_wpk from W, then two sweeps over
+     * the (b, t) rows in chunks of the plan's rows (chip_chunk), each with its parts
+     * (tdt_gpu_chip_chunk) in the chip layout's area: d W and d bias into float32 sums at the
+     * area's start (pitch ldw), written out after the last chunk (joint_dw_out_kernel); then d h
+     * into the chunk's float32 rows, d(enc + pred) in place (gemm_dx_kernel) and its reductions
+     * into d enc and the d pred sums, written out after the last chunk. The d h sweep's chunks
+     * take the d W sums' bytes, so each sweep's chunks are as large as the area allows. */
+    tdt_status_t backward_chip() const {
+        const bool want_w = a.W_g || a.bias_g, want_x = a.enc_g || a.pred_g;
+        char *const area = s + plan.c_area;
+        joint_args ch = a;
+        ch.pred_acc = s + plan.c_pred;
+        ch.w_part = area;
+        ch.b_part = reinterpret_cast<A *>(area) + a.H;
+        tdt_status_t st = cuda(tdt_gpu_wgmma_pack(a.W, a.W_s, a.O, a.H, s + plan.c_wpk, num_sms, stream),
+                               "launching the joint's W packing for wgmma");
+        const int64_t all = a.B * a.maxT;
+        for (int sweep = 0; sweep < 2 && st == TDT_STATUS_SUCCESS; ++sweep) {
+            const bool dw = sweep == 0;
+            if (dw ? !want_w : !want_x) continue;
+            const int64_t rows_c = dw ? plan.c_rows_w : plan.c_rows_h, nb = rows_c * a.row;
+            const size_t wbytes = (size_t)(plan.g_ldz * plan.g_ldw) * sizeof(float);
+            tdt_gpu_chip_chunk_t cc;
+            if (!tdt_gpu_chip_chunk(plan.c_area + (dw ? tdt_align_up(wbytes) : 0), nb, a.H, a.D, plan.g_ldh,
+                                    plan.g_ldz, dw, !dw, &cc)) {
+                tdt_set_error("the joint's chip layout overflows");
+                return TDT_STATUS_INVALID_SIZE;
+            }
+            const chip_parts cp = {reinterpret_cast<E *>(s + cc.h),
+                                   s + cc.hp,
+                                   reinterpret_cast<tdt_wgmma_dz_row *>(s + cc.rows),
+                                   reinterpret_cast<float *>(s + cc.kn),
+                                   reinterpret_cast<int *>(s + cc.rare),
+                                   reinterpret_cast<E *>(s + cc.zr),
+                                   reinterpret_cast<float *>(s + cc.dx)};
+            if ((st = cuda(cudaMemsetAsync(cp.nrare, 0, sizeof(int), stream), "clearing the joint's rare row count")) !=
+                    TDT_STATUS_SUCCESS ||
+                (dw && (st = cuda(cudaMemsetAsync(area, 0, wbytes, stream), "clearing d W")) != TDT_STATUS_SUCCESS) ||
+                (!dw && a.pred_g &&
+                 (st = cuda(cudaMemsetAsync(ch.pred_acc, 0, (size_t)(a.B * a.row * a.H) * sizeof(A), stream),
+                            "clearing d pred")) != TDT_STATUS_SUCCESS))
+                return st;
+            for (int64_t r0 = 0; r0 < all && st == TDT_STATUS_SUCCESS; r0 += rows_c) {
+                const int64_t rows = all - r0 < rows_c ? all - r0 : rows_c;
+                const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
+                if ((st = chip_chunk(ch, first, limit, nb, cp, dw, !dw, dw ? reinterpret_cast<float *>(area) : NULL,
+                                     dw ? NULL : cp.dx)) != TDT_STATUS_SUCCESS || dw)
+                    continue;
+                const int64_t count = rows * a.row;
+                gemm_dx_kernel<DT><<<(unsigned)((count + 7) / 8), 256, 0, stream>>>(ch, first, limit, count,
+                                                                                      reinterpret_cast<A *>(cp.dx));
+                ch.dx = cp.dx;
+                ch.chunk_row0 = r0;
+                ch.chunk_rows = rows;
+                if (a.enc_g) joint_denc_kernel<DT><<<reduce_blocks(rows, a.H, num_sms), 256, 0, stream>>>(ch);
+                if (a.pred_g) joint_dpred_kernel<DT><<<reduce_blocks(a.row, a.H, num_sms), 256, 0, stream>>>(ch);
+                st = cuda(cudaGetLastError(), "launching the joint's dx and reduction kernels");
+            }
+            if (st != TDT_STATUS_SUCCESS) return st;
+            if (dw) joint_dw_out_kernel<DT><<<flat_blocks(a.O * a.H + a.O, num_sms), 256, 0, stream>>>(ch);
+            else if (a.pred_g) joint_pred_out_kernel<DT><<<flat_blocks(a.B * a.row * a.H, num_sms), 256, 0, stream>>>(ch);
+            st = cuda(cudaGetLastError(), "launching the joint's gradient outputs");
+        }
+        return st;
+    }
+
     tdt_status_t dz_wgmma(const joint_args &ka, int64_t first, int64_t limit, int64_t count, E *dz,
                           tdt_wgmma_dz_row *wrow) const {
         const unsigned blocks = (unsigned)((count + 7) / 8);
@@ -1492,6 +1553,16 @@ template <int DT> struct gemm_run {
         return cuda(cudaGetLastError(), "launching the joint's dz fix-up");
     }
 #endif
+
+    /* Whether this call's forward takes the chip layout (the wgmma forward with the plan's chip
+     * layout): W padded is then in the chip's area, not at g_wp */
+    bool chip_forward() const {
+#if TDT_HAVE_WGMMA
+        return plan.c_chip && wgmma_rows() > 0;
+#else
+        return false;
+#endif
+    }
 
     tdt_status_t forward() const {
         lt_gemm zg;
@@ -1555,6 +1626,9 @@ template <int DT> struct gemm_run {
     }
 
     tdt_status_t backward() const {
+#if TDT_HAVE_WGMMA
+        if (chip_backward()) return backward_chip();
+#endif
         const bool want_w = a.W_g || a.bias_g, want_x = a.enc_g || a.pred_g;
         A *const wacc = reinterpret_cast<A *>(s + plan.g_w);
         A *const dx = reinterpret_cast<A *>(s + plan.g_dx);
@@ -1562,16 +1636,15 @@ template <int DT> struct gemm_run {
         size_t dz_off = 0;
 #if TDT_HAVE_WGMMA
         const int64_t wg_rows = wgmma_bwd_rows();
-        const bool chip_w = wg_rows && wgmma_b == 2;
-        if (wg_rows && !chip_w) dz_off = tdt_gpu_wgmma_pack_bytes(pack_rows(), a.H);
+        if (wg_rows) dz_off = tdt_gpu_wgmma_pack_bytes(a.V, a.H);
 #else
         const int64_t wg_rows = 0;
-        const bool chip_w = false;
 #endif
         E *const dzw = reinterpret_cast<E *>(reinterpret_cast<char *>(z()) + dz_off);
         const E *const dz = dzw;
         lt_gemm zg, wg, hg, wg3[3];
-        tdt_status_t st = call->c.do_forward ? TDT_STATUS_SUCCESS : pad_w();
+        /* W padded: the forward's, but where this call's forward had the chip layout's */
+        tdt_status_t st = call->c.do_forward && !chip_forward() ? TDT_STATUS_SUCCESS : pad_w();
         if (st == TDT_STATUS_SUCCESS && !wg_rows) st = zgemm(&zg, true);
         if (st != TDT_STATUS_SUCCESS) return st;
         cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
@@ -1595,13 +1668,13 @@ template <int DT> struct gemm_run {
                 c = wg3[q].init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, CUDA_R_16BF, lt_types<DT>::d, false,
                                 true, wrows, plan.g_ldz, (3 - q) * nb, hstacked() + q * nb * plan.g_ldh + wrow0,
                                 plan.g_ldh, ops, plan.g_ldz, wacc + wrow0, plan.g_ldw, TDT_JOINT_LT_BYTES);
-        } else if (want_w && !chip_w) {
+        } else if (want_w) {
             c = wg.init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, true, wrows,
                         plan.g_ldz, nb, hs() + wrow0, plan.g_ldhp, dz, plan.g_ldz, wacc + wrow0, plan.g_ldw,
                         TDT_JOINT_LT_BYTES);
         }
         if (c != CUBLAS_STATUS_SUCCESS) return lt_fail(c, "choosing cuBLASLt's kernel for d W = dz^T h");
-        if (want_x && !chip_w) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
+        if (want_x) /* d h (H x N) = W padded (H x ldz) dz (ldz x N) */
             c = hg.init(h, pk, lt_types<DT>::compute, lt_types<DT>::scale, opnd(), lt_types<DT>::d, false, false, a.H,
                         nb, plan.g_ldz,
                         split() ? (const void *)(reinterpret_cast<const char *>(wp()) + hblk) : (const void *)wp(),
@@ -1617,19 +1690,14 @@ template <int DT> struct gemm_run {
                                    "clearing d pred")) != TDT_STATUS_SUCCESS)
             return st;
 #if TDT_HAVE_WGMMA
-        if (wg_rows && (st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, pack_rows(), a.H, z(), num_sms, stream),
+        if (wg_rows && (st = cuda(tdt_gpu_wgmma_pack(wp(), plan.g_ldwp, a.V, a.H, z(), num_sms, stream),
                                   "launching the joint's W packing for wgmma")) != TDT_STATUS_SUCCESS)
             return st;
 #endif
         const A one = 1, zero = 0;
 #if TDT_HAVE_WGMMA
-        /* the coefficients of dz on wgmma: in d h's buffer, free until the d h product; on the
-         * chip in z's bytes (chip_at) */
-        const chip_parts cp = chip_w ? chip_at(nb) : chip_parts{NULL, NULL, NULL, NULL, NULL};
+        /* the coefficients of dz on wgmma: in d h's buffer, free until the d h product */
         tdt_wgmma_dz_row *const wrow = reinterpret_cast<tdt_wgmma_dz_row *>(s + plan.g_dx);
-        if (chip_w && (st = cuda(cudaMemsetAsync(cp.nrare, 0, sizeof(int), stream),
-                                 "clearing the joint's rare row count")) != TDT_STATUS_SUCCESS)
-            return st;
 #endif
         joint_args ch = a;
         const int64_t all = a.B * a.maxT;
@@ -1649,11 +1717,7 @@ template <int DT> struct gemm_run {
             }
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
 #if TDT_HAVE_WGMMA
-            if (chip_w) {
-                if ((st = chip_chunk(ch, first, limit, nb, cp, want_w, want_x, reinterpret_cast<float *>(wacc),
-                                     reinterpret_cast<float *>(dx))) != TDT_STATUS_SUCCESS)
-                    return st;
-            } else if (wg_rows) {
+            if (wg_rows) {
                 if ((st = dz_wgmma(ch, first, limit, nb, dzw, wrow)) != TDT_STATUS_SUCCESS) return st;
             } else
 #endif
@@ -1667,7 +1731,7 @@ template <int DT> struct gemm_run {
                     return st;
             }
             const int nterms = split() ? kSplitTerms : 1;
-            if (want_w && !chip_w) {
+            if (want_w) {
                 if (split()) {
                     for (int q = 0; q < 3 && c == CUBLAS_STATUS_SUCCESS; ++q)
                         c = wg3[q].run(h, &one, hstacked() + q * nb * plan.g_ldh + wrow0, ops, &one, wacc + wrow0,
@@ -1685,7 +1749,7 @@ template <int DT> struct gemm_run {
                 }
             }
             if (!want_x) continue;
-            for (int t = 0; t < (chip_w ? 0 : nterms) && c == CUBLAS_STATUS_SUCCESS; ++t) {
+            for (int t = 0; t < nterms && c == CUBLAS_STATUS_SUCCESS; ++t) {
                 const void *ww = wp(), *dd = dz;
                 if (split()) {
                     ww = reinterpret_cast<const char *>(wp()) + kSplitTerm[t][1] * hblk; /* W_j: block j */
@@ -1741,6 +1805,7 @@ tdt_status_t gemm_go(const tdt_joint_call_t *call, const tdt_gpu_joint_plan_t &p
     r.a.parts = 1;
     r.a.w_ld = plan.g_ldw;
     r.a.b_ld = plan.g_ldw;
+    r.chip_wp = !backward && r.chip_forward();
     return backward ? r.backward() : r.forward();
 }
 
