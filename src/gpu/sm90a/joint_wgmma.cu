@@ -284,10 +284,12 @@ __device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const float
  * here so that d's index is one), A the KS x 16 values of P in shared memory at p0 (K-major,
  * chunks of 64 values 8 KB apart) and B_kc the stage's KS x 16 rows read MN-major (64 values
  * each); every stage is waited for and given back by both warpgroups, so each empty barrier
- * counts 8 arrivals a use. */
+ * counts 8 arrivals a use. One group of products stays in flight: a stage this warpgroup
+ * multiplies is given back once the next one's products are issued and its own retired. */
 template <int F16, int B, int KS, int STAGE>
 __device__ __forceinline__ void mn_pass(float (&d)[5][32], uint32_t p0, uint32_t ring, int depth, uint32_t full0,
                                         uint32_t empty0, int &i, int KC, int lane) {
+    int pend = -1; /* the stage of the products in flight */
 #pragma unroll
     for (int kc = 0; kc < 10; ++kc) {
         if (kc >= KC) break;
@@ -300,12 +302,18 @@ __device__ __forceinline__ void mn_pass(float (&d)[5][32], uint32_t p0, uint32_t
                 mma_n64<F16, 1>(d[kc - B], desc_of(p0 + (ks >> 2) * 8192 + (ks & 3) * 32),
                                 desc_mn(ring + s * STAGE + ks * 2048, STAGE), 1);
             wgmma_commit();
-            wgmma_wait<0>();
-            pin_n(d[kc - B]);
+            wgmma_wait<1>();
+            if (pend >= 0 && lane == 0) mbar_arrive(empty0 + 8 * pend);
+            pend = s;
+        } else if (lane == 0) {
+            mbar_arrive(empty0 + 8 * s);
         }
-        if (lane == 0) mbar_arrive(empty0 + 8 * s);
         ++i;
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 5; ++j) pin_n(d[j]);
+    if (pend >= 0 && lane == 0) mbar_arrive(empty0 + 8 * pend);
 }
 
 /* A consumer thread's row hf of its 5 x 32 float32 sums (warpgroup wgi's chunks 5 wgi + j,
@@ -413,10 +421,12 @@ __global__ void __launch_bounds__(kDwThreads, 1)
                 mma_n32<F16>(z, desc_of(w0 + kc * kDwChunk + kk * 32),
                              desc_of(rb + s * kDwChunk + wgi * 32 * 128 + kk * 32), kc > 0 || kk > 0);
             wgmma_commit();
-            wgmma_wait<0>();
-            pin_n(z);
-            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+            wgmma_wait<1>(); /* the previous chunk's products retired: its stage given back */
+            if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDwStages));
         }
+        wgmma_wait<0>();
+        pin_n(z);
+        if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDwStages));
         cp_wait<0>();
         /* both warpgroups past their products on the last P^T, and the coefficients in */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
@@ -552,10 +562,12 @@ __global__ void __launch_bounds__(kDhThreads, 1)
                 mma_n64<F16, 0>(z, desc_of(h0 + kc * chunk + kk * 32), desc_of(rb + s * kStage + wgi * chunk + kk * 32),
                                 kc > 0 || kk > 0);
             wgmma_commit();
-            wgmma_wait<0>();
-            pin_n(z);
-            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+            wgmma_wait<1>(); /* the previous chunk's products retired: its stage given back */
+            if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDhStages));
         }
+        wgmma_wait<0>();
+        pin_n(z);
+        if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDhStages));
         /* both warpgroups past their products on the last P */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* P: node row warp 16 + lane / 4 (+ 8), token row o = t 128 + wgi 64 + 8 j + 2 (lane % 4) + e,
