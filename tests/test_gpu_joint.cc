@@ -864,6 +864,13 @@ std::vector<Case> wgmma_cases() {
     c.durations = {};
     c.seed = 43;
     cases.push_back(c);
+    c = Case();
+    c.name = "wgmma H 300 (an odd number of chunks of 64), V 500";
+    c.B = 3, c.maxT = 15, c.maxU = 9, c.V = 500, c.H = 300;
+    c.durations = {0, 1, 2, 3, 4};
+    c.ragged = true;
+    c.seed = 45;
+    cases.push_back(c);
     return cases;
 }
 
@@ -918,7 +925,7 @@ TEST_P(WgmmaForward, AgainstCpuAndCublasLt) {
 std::vector<WgmmaParam> wgmma_params() {
     std::vector<WgmmaParam> v;
     for (const char *kb : {"", "300", "1"})
-        for (int c = 0; c < 3; ++c)
+        for (int c = 0; c < (int)wgmma_cases().size(); ++c)
             for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT16, TDT_DTYPE_BFLOAT16}) v.push_back({c, dt, kb});
     return v;
 }
@@ -971,10 +978,11 @@ static void wgmma_backward_case(const WgmmaParam &prm, const char *mode) {
      * KB (z 97 KB) at H 128, V 256 (W's 256 token rows packed in 64 KB); 500 KB (z 161 KB) there
      * (23 of the 60 rows a chunk) and at H 100, V 1025 (z 339 KB, W packed 288 KB: 3 rows a
      * chunk). chip: everywhere (its layout's area is the budget or one row's needs, whichever is
-     * larger); its forward, the wgmma forward in that layout, gives the default's costs */
+     * larger); its forward, the wgmma forward in that layout, within the dtype's tolerance of the
+     * default's (wgmma's or, where the budget leaves z no room for it, cuBLASLt's) */
     const bool chip = std::strcmp(mode, "chip") == 0, kb300 = std::strcmp(prm.kb, "300") == 0,
                kb500 = std::strcmp(prm.kb, "500") == 0;
-    if (chip) EXPECT_TRUE(w.costs == g.costs) << "the chip layout's forward differs from the default's";
+    if (chip) expect_close(w.costs, g.costs, t, "costs, the chip layout's forward against the default's");
     const bool room = chip || std::strcmp(prm.kb, "") == 0 || (kb300 && prm.c == 0) || (kb500 && prm.c < 2);
     EXPECT_EQ(ran, sm90 && room) << "the " << mode << " backward " << (ran ? "ran" : "did not run");
 }
@@ -993,7 +1001,7 @@ TEST_P(WgmmaBackward, ChipAgainstCpuAndCublasLt) {
 /* the forward's budgets, and 500 KB: several chunks for the chip's d W */
 std::vector<WgmmaParam> wgmma_bwd_params() {
     std::vector<WgmmaParam> v = wgmma_params();
-    for (int c = 0; c < 3; ++c)
+    for (int c = 0; c < (int)wgmma_cases().size(); ++c)
         for (tdt_dtype_t dt : {TDT_DTYPE_FLOAT16, TDT_DTYPE_BFLOAT16}) v.push_back({c, dt, "500"});
     return v;
 }
@@ -1009,7 +1017,7 @@ INSTANTIATE_TEST_SUITE_P(GpuJoint, WgmmaBackward, ::testing::ValuesIn(wgmma_bwd_
 // give: chip_rare_kernel takes them one at a time from their products) against the default
 // backward's (gemm_dz_fix_kernel's rows on cuBLASLt's products), bfloat16 (float16 cannot hold
 // such logits): logits around 1e7, so that some rows are rare and some not, and around 1e9,
-// every row rare. The same forward: the same costs, bit for bit.
+// every row rare.
 TEST(GpuJoint, ChipRareRows) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD");
@@ -1031,8 +1039,8 @@ TEST(GpuJoint, ChipRareRows) {
         const Out g = run(c, d, TDT_DTYPE_BFLOAT16, TDT_LOCATION_GPU);
         ASSERT_EQ(w.st, TDT_STATUS_SUCCESS) << w.err;
         ASSERT_EQ(g.st, TDT_STATUS_SUCCESS) << g.err;
-        EXPECT_TRUE(w.costs == g.costs) << "the forwards differ";
         const Tol t = tol_of(TDT_DTYPE_BFLOAT16);
+        expect_close(w.costs, g.costs, t, "costs, the chip layout's forward against the default's");
         expect_close(w.enc_g, g.enc_g, t, "enc_grad, chip against the cuBLASLt backward");
         expect_close(w.pred_g, g.pred_g, t, "pred_grad, chip against the cuBLASLt backward");
         expect_close(w.W_g, g.W_g, t, "weight_grad, chip against the cuBLASLt backward");
