@@ -250,19 +250,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 /* d W on the chip: a block of 384 threads owns W's 64 rows vrow0 = block 64 on (half block % 2
  * of the packed tile block / 2, in shared memory for the whole launch: KC chunks of 64 rows x 64
- * values) and walks the count nodes in tiles of 64, their rows of h packed as W is
- * (tdt_gpu_wgmma_pack: a tile is half of a packed tile of 128 rows, a chunk of it 8 KB). Warp 8
- * streams each tile's KC chunks of h twice through a ring of kDwStages stages (bulk copies on
- * full/empty mbarriers); the two consumer warpgroups (232 registers) form z^T = W h^T on the
- * first pass (m64n32k16: warpgroup w the tile's nodes 32 w on), dz^T's 64 x 64 values in the
- * 16-bit type into P^T (K-major: token rows of 64 node values) and d bias's row sums, then add
- * P^T h on the second (m64n64k16, h MN-major: warpgroup w d W's chunks 5 w to 5 w + 4, 5 x 32
- * float32 sums a thread, kept from the first tile to the last). */
-const int kDwRows = 64, kDwStages = 10, kDwThreads = 384;
-const int kDwChunk = kDwRows * 128; /* one chunk of 64 rows */
+ * values) and walks the count nodes in tiles of 128, their rows of h packed as W is
+ * (tdt_gpu_wgmma_pack: a tile of 128 nodes, a chunk of it 16 KB). Warp 8 streams each tile's
+ * chunks of h twice through a ring of kDwStages stages, a pair of chunks a stage (pair_load);
+ * the two consumer warpgroups (232 registers) form z^T = W h^T on the first pass (m64n64k16:
+ * warpgroup w the tile's nodes 64 w on), dz^T's 64 x 128 values in the 16-bit type into P^T
+ * (K-major: token rows of 128 node values, two chunks) and d bias's row sums, then add P^T h on
+ * the second (mn_pass, h read MN-major: 5 x 32 float32 sums a thread, kept from the first tile
+ * to the last). */
+const int kDwRows = 64, kDwNodes = 128, kDwStages = 3, kDwThreads = 384;
+const int kDwChunk = kDwRows * 128; /* one chunk of W's 64 rows */
 inline size_t dw_smem_of(int64_t H) {
-    return (size_t)chunks_of(H) * kDwChunk + (size_t)kDwStages * kDwChunk + kDwChunk +
-           kDwRows * sizeof(tdt_wgmma_dz_row) + kDwRows * sizeof(float) + 8 * (1 + 2 * kDwStages) + 1024;
+    return (size_t)chunks_of(H) * kDwChunk + (size_t)kDwStages * 2 * kStage + 2 * kDwChunk +
+           kDwNodes * sizeof(tdt_wgmma_dz_row) + kDwRows * sizeof(float) + 8 * (1 + 2 * kDwStages) + 1024;
 }
 
 /* dz[n, o] for token or duration row o < O of W and node n of coefficients c, from z = (W
@@ -279,28 +279,30 @@ __device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const float
     return dz_bulk(c, z + bias_o);
 }
 
-/* A consumer warpgroup's second pass over a ring's KC chunks (ring stages of STAGE bytes from i
- * on, the ring's kDepth stages): d[kc - B] += A B_kc for B <= kc < B + 5 (B = 5 wgi, a constant
- * here so that d's index is one), A the KS x 16 values of P in shared memory at p0 (K-major,
- * chunks of 64 values 8 KB apart) and B_kc the stage's KS x 16 rows read MN-major (64 values
- * each); every stage is waited for and given back by both warpgroups, so each empty barrier
- * counts 8 arrivals a use. One group of products stays in flight: a stage this warpgroup
- * multiplies is given back once the next one's products are issued and its own retired. */
-template <int F16, int B, int KS, int STAGE>
+/* The chip kernels' rings hold chunks in pairs: stage j of a pass holds chunk j of the streamed
+ * operand and, where there is one, chunk j + HC (HC = ceil(KC / 2)), each HALF bytes, so that in
+ * the second pass both warpgroups multiply on every stage: warpgroup 0 its chunk j, warpgroup 1
+ * chunk j + HC, each into its sums d[j]. mn_pass is that pass over the HC stages from i on (a
+ * ring of depth stages of 2 HALF bytes): d[j] += A B, A the KS x 16 values of P in shared memory
+ * at p0 (K-major, chunks of 64 values 8 KB apart) and B the stage's half read MN-major (KS x 16
+ * rows of 64 values). Every stage is waited for and given back by both warpgroups (each empty
+ * barrier counts 8 arrivals a use); one group of products stays in flight, a stage given back
+ * once the next one's products are issued and its own retired. */
+template <int F16, int KS, int HALF>
 __device__ __forceinline__ void mn_pass(float (&d)[5][32], uint32_t p0, uint32_t ring, int depth, uint32_t full0,
-                                        uint32_t empty0, int &i, int KC, int lane) {
+                                        uint32_t empty0, int &i, int KC, int HC, int wgi, int lane) {
     int pend = -1; /* the stage of the products in flight */
 #pragma unroll
-    for (int kc = 0; kc < 10; ++kc) {
-        if (kc >= KC) break;
+    for (int j = 0; j < 5; ++j) {
+        if (j >= HC) break;
         const int s = i % depth;
         mbar_wait(full0 + 8 * s, (uint32_t)((i / depth) & 1));
-        if (kc >= B && kc < B + 5) {
+        if ((wgi ? j + HC : j) < KC) {
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KS; ++ks)
-                mma_n64<F16, 1>(d[kc - B], desc_of(p0 + (ks >> 2) * 8192 + (ks & 3) * 32),
-                                desc_mn(ring + s * STAGE + ks * 2048, STAGE), 1);
+                mma_n64<F16, 1>(d[j], desc_of(p0 + (ks >> 2) * 8192 + (ks & 3) * 32),
+                                desc_mn(ring + (s * 2 + wgi) * HALF + ks * 2048, HALF), 1);
             wgmma_commit();
             wgmma_wait<1>();
             if (pend >= 0 && lane == 0) mbar_arrive(empty0 + 8 * pend);
@@ -316,29 +318,41 @@ __device__ __forceinline__ void mn_pass(float (&d)[5][32], uint32_t p0, uint32_t
     if (pend >= 0 && lane == 0) mbar_arrive(empty0 + 8 * pend);
 }
 
-/* A consumer thread's row hf of its 5 x 32 float32 sums (warpgroup wgi's chunks 5 wgi + j,
- * columns (5 wgi + j) 64 + 8 e + 2 (lane % 4) + c below H) stored into row (ADD: added) */
+/* The producer's copies of a ring stage: chunk j and, below KC, chunk j + HC of a streamed
+ * operand (chunk c at src + c step, half bytes each) into the stage at dst, on its full
+ * barrier */
+__device__ __forceinline__ void pair_load(uint32_t dst, const unsigned char *src, size_t step, int j, int KC, int HC,
+                                          int half, uint32_t full) {
+    const bool two = j + HC < KC;
+    mbar_expect_tx(full, two ? 2 * half : half);
+    bulk_copy(dst, src + (size_t)j * step, half, full);
+    if (two) bulk_copy(dst + half, src + (size_t)(j + HC) * step, half, full);
+}
+
+/* A consumer thread's row hf of its 5 x 32 float32 sums (mn_pass's: d[j] of chunk j + wgi HC,
+ * columns (j + wgi HC) 64 + 8 e + 2 (lane % 4) + c below H) stored into row (ADD: added) */
 template <bool ADD>
 __device__ __forceinline__ void sums_out(const float (&d)[5][32], float *row, int hf, int wgi, int lane, int KC,
-                                         int64_t H) {
+                                         int HC, int64_t H) {
 #pragma unroll
     for (int j = 0; j < 5; ++j) {
-        if (5 * wgi + j >= KC) break;
+        if (j >= HC || j + wgi * HC >= KC) break;
 #pragma unroll
         for (int e = 0; e < 8; ++e)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                const int64_t col = (5 * wgi + j) * 64 + 8 * e + 2 * (lane & 3) + c;
+                const int64_t col = (j + wgi * HC) * 64 + 8 * e + 2 * (lane & 3) + c;
                 if (col < H) row[col] = ADD ? row[col] + d[j][4 * e + 2 * hf + c] : d[j][4 * e + 2 * hf + c];
             }
     }
 }
 
-/* The 64 records of rows from n0 on (zeros from count on) into rc by the block's threads 0-127:
- * one cp.async of 16 bytes each, uncommitted */
+/* The N records of rows from n0 on (zeros from count on) into rc by the block's threads 0 to
+ * 2 N - 1: one cp.async of 16 bytes each, uncommitted */
+template <int N>
 __device__ __forceinline__ void rows_load(tdt_wgmma_dz_row *rc, const tdt_wgmma_dz_row *rows, int64_t n0,
                                           int64_t count, int tid) {
-    if (tid < 128) {
+    if (tid < 2 * N) {
         const int r = tid >> 1, half = tid & 1;
         const bool in = n0 + r < count;
         cp16(saddr(reinterpret_cast<unsigned char *>(rc + r) + half * 16),
@@ -355,12 +369,13 @@ __global__ void __launch_bounds__(kDwThreads, 1)
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
     const int KC = chunks_of(H);
-    unsigned char *ws = smem, *ring = ws + KC * kDwChunk, *pt = ring + kDwStages * kDwChunk;
-    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(pt + kDwChunk);
-    float *bsum = reinterpret_cast<float *>(rc + kDwRows);
+    const int HC = (KC + 1) / 2; /* the ring's stages a pass: chunk pairs (j, j + HC) */
+    unsigned char *ws = smem, *ring = ws + KC * kDwChunk, *pt = ring + kDwStages * 2 * kStage;
+    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(pt + 2 * kDwChunk);
+    float *bsum = reinterpret_cast<float *>(rc + kDwNodes);
     const uint32_t wfull = saddr(bsum + kDwRows), full0 = wfull + 8, empty0 = full0 + 8 * kDwStages;
     const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
-    const int64_t vrow0 = (int64_t)blockIdx.x * kDwRows, tiles = (count + kDwRows - 1) / kDwRows;
+    const int64_t vrow0 = (int64_t)blockIdx.x * kDwRows, tiles = (count + kDwNodes - 1) / kDwNodes;
     if (tid == 0) {
         mbar_init<1>(wfull);
         for (int s = 0; s < kDwStages; ++s) {
@@ -380,12 +395,11 @@ __global__ void __launch_bounds__(kDwThreads, 1)
             int i = 0;
             for (int64_t nt = 0; nt < tiles; ++nt)
                 for (int pass = 0; pass < 2; ++pass)
-                    for (int kc = 0; kc < KC; ++kc, ++i) {
+                    for (int j = 0; j < HC; ++j, ++i) {
                         const int s = i % kDwStages;
                         if (i >= kDwStages) mbar_wait(empty0 + 8 * s, (uint32_t)((i / kDwStages - 1) & 1));
-                        bulk_load(saddr(ring + s * kDwChunk),
-                                  hp + ((size_t)(nt >> 1) * KC + kc) * kStage + (size_t)(nt & 1) * kDwChunk,
-                                  kDwChunk, full0 + 8 * s);
+                        pair_load(saddr(ring + s * 2 * kStage), hp + (size_t)nt * KC * kStage, kStage, j, KC, HC,
+                                  kStage, full0 + 8 * s);
                     }
         }
         return;
@@ -399,7 +413,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         orow[hf] = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
         brow[hf] = bias && orow[hf] < V ? to_f<F16>(__ldg(bias + orow[hf])) : 0.f;
     }
-    float z[16], d[5][32], bs[2] = {0.f, 0.f};
+    float z[32], d[5][32], bs[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 5; ++j)
 #pragma unroll
@@ -408,21 +422,26 @@ __global__ void __launch_bounds__(kDwThreads, 1)
     mbar_wait(wfull, 0);
     int i = 0;
     for (int64_t nt = 0; nt < tiles; ++nt) {
-        const int64_t n0 = nt * kDwRows;
-        rows_load(rc, rows, n0, count, tid); /* the tile's coefficients */
+        const int64_t n0 = nt * kDwNodes;
+        rows_load<kDwNodes>(rc, rows, n0, count, tid); /* the tile's coefficients */
         cp_commit();
-        /* z^T = W h^T: this warpgroup's 32 nodes, a stage a chunk */
-        for (int kc = 0; kc < KC; ++kc, ++i) {
+        /* z^T = W h^T: this warpgroup's 64 nodes, a stage a pair of chunks */
+        for (int j = 0; j < HC; ++j, ++i) {
             const int s = i % kDwStages;
             mbar_wait(full0 + 8 * s, (uint32_t)((i / kDwStages) & 1));
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                mma_n32<F16>(z, desc_of(w0 + kc * kDwChunk + kk * 32),
-                             desc_of(rb + s * kDwChunk + wgi * 32 * 128 + kk * 32), kc > 0 || kk > 0);
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int c = j + h2 * HC;
+                if (c >= KC) break;
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    mma_n64<F16, 0>(z, desc_of(w0 + c * kDwChunk + kk * 32),
+                                    desc_of(rb + (s * 2 + h2) * kStage + wgi * 8192 + kk * 32), j > 0 || h2 > 0 || kk > 0);
+            }
             wgmma_commit();
-            wgmma_wait<1>(); /* the previous chunk's products retired: its stage given back */
-            if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDwStages));
+            wgmma_wait<1>(); /* the previous stage's products retired: it is given back */
+            if (j > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDwStages));
         }
         wgmma_wait<0>();
         pin_n(z);
@@ -430,11 +449,11 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         cp_wait<0>();
         /* both warpgroups past their products on the last P^T, and the coefficients in */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        /* P^T: token row warp 16 + lane / 4 (+ 8), node wgi 32 + 8 j + 2 (lane % 4) + e, at unit
-         * wgi 4 + j of the row (swizzled) */
+        /* P^T: token row warp 16 + lane / 4 (+ 8), node wgi 64 + 8 j + 2 (lane % 4) + e, in chunk
+         * wgi at unit j of the row (swizzled) */
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c0 = wgi * 32 + 8 * j + 2 * (lane & 3);
+        for (int j = 0; j < 8; ++j) {
+            const int c0 = wgi * 64 + 8 * j + 2 * (lane & 3);
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 float v[2];
@@ -450,19 +469,19 @@ __global__ void __launch_bounds__(kDwThreads, 1)
                 /* d bias sums the values as rounded for the product */
                 bs[hf] += to_f<F16>((uint16_t)(pair & 0xffffu)) + to_f<F16>((uint16_t)(pair >> 16));
                 const int r = warp * 16 + hf * 8 + (lane >> 2);
-                *reinterpret_cast<uint32_t *>(pt + r * 128 + (((wgi * 4 + j) ^ (r & 7)) << 4) + (lane & 3) * 4) = pair;
+                *reinterpret_cast<uint32_t *>(pt + wgi * kDwChunk + r * 128 + ((j ^ (r & 7)) << 4) + (lane & 3) * 4) =
+                    pair;
             }
         }
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        /* d W += P^T h over the tile's 64 nodes: the second pass */
-        if (wgi == 0) mn_pass<F16, 0, 4, kDwChunk>(d, p0, rb, kDwStages, full0, empty0, i, KC, lane);
-        else mn_pass<F16, 5, 4, kDwChunk>(d, p0, rb, kDwStages, full0, empty0, i, KC, lane);
+        /* d W += P^T h over the tile's 128 nodes: the second pass */
+        mn_pass<F16, 8, kStage>(d, p0, rb, kDwStages, full0, empty0, i, KC, HC, wgi, lane);
     }
     /* d W: this thread's rows, added */
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
-        if (orow[hf] < O) sums_out<true>(d, wacc + orow[hf] * ldw, hf, wgi, lane, KC, H);
+        if (orow[hf] < O) sums_out<true>(d, wacc + orow[hf] * ldw, hf, wgi, lane, KC, HC, H);
     /* d bias: each row's sums over the lanes of its quad, then warpgroup 1's added to warpgroup 0's */
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -487,9 +506,9 @@ __global__ void __launch_bounds__(kDwThreads, 1)
  * 64 x 128 values in the 16-bit type into P (K-major: node rows of 128 token values, two chunks),
  * then add P W_tile on the second (m64n64k16, W read MN-major: warpgroup w d h's chunks 5 w to
  * 5 w + 4, 5 x 32 float32 sums a thread) and store d h (float32, pitch H) at the end. */
-const int kDhNodes = 64, kDhStages = 6, kDhThreads = 384;
+const int kDhNodes = 64, kDhStages = 3, kDhThreads = 384;
 inline size_t dh_smem_of(int64_t H) {
-    return (size_t)chunks_of(H) * kDhNodes * 128 + 2 * (size_t)kDhNodes * 128 + (size_t)kDhStages * kStage +
+    return (size_t)chunks_of(H) * kDhNodes * 128 + 2 * (size_t)kDhNodes * 128 + (size_t)kDhStages * 2 * kStage +
            kDhNodes * sizeof(tdt_wgmma_dz_row) + 8 * 2 * kDhStages + 1024;
 }
 
@@ -503,8 +522,9 @@ __global__ void __launch_bounds__(kDhThreads, 1)
     unsigned char *smem = smem_raw + ((1024 - (saddr(smem_raw) & 1023)) & 1023);
     const int KC = chunks_of(H);
     const int chunk = kDhNodes * 128; /* one chunk of 64 rows */
+    const int HC = (KC + 1) / 2; /* the ring's stages a pass: chunk pairs (j, j + HC) */
     unsigned char *hs = smem, *ps = hs + KC * chunk, *ring = ps + 2 * chunk;
-    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(ring + kDhStages * kStage);
+    tdt_wgmma_dz_row *rc = reinterpret_cast<tdt_wgmma_dz_row *>(ring + kDhStages * 2 * kStage);
     const uint32_t full0 = saddr(rc + kDhNodes), empty0 = full0 + 8 * kDhStages;
     const int tid = threadIdx.x, lane = tid & 31, wgi = tid >> 7, warp = (tid >> 5) & 3;
     const int64_t node0 = (int64_t)blockIdx.x * kDhNodes;
@@ -522,11 +542,11 @@ __global__ void __launch_bounds__(kDhThreads, 1)
         if (tid == 256)
             for (int t = 0, i = 0; t < tiles; ++t)
                 for (int pass = 0; pass < 2; ++pass)
-                    for (int kc = 0; kc < KC; ++kc, ++i) {
+                    for (int j = 0; j < HC; ++j, ++i) {
                         const int s = i % kDhStages;
                         if (i >= kDhStages) mbar_wait(empty0 + 8 * s, (uint32_t)((i / kDhStages - 1) & 1));
-                        bulk_load(saddr(ring + s * kStage), Wp + ((size_t)t * KC + kc) * kStage, kStage,
-                                  full0 + 8 * s);
+                        pair_load(saddr(ring + s * 2 * kStage), Wp + (size_t)t * KC * kStage, kStage, j, KC, HC,
+                                  kStage, full0 + 8 * s);
                     }
         return;
     }
@@ -539,7 +559,7 @@ __global__ void __launch_bounds__(kDhThreads, 1)
         const int bytes = left <= 0 ? 0 : left >= 8 ? 16 : (int)left * 2;
         cp16(saddr(hs + c * chunk + r * 128 + ((u ^ (r & 7)) << 4)), h + (bytes ? (node0 + r) * ldh + k0 : 0), bytes);
     }
-    rows_load(rc, rows, node0, count, tid);
+    rows_load<kDhNodes>(rc, rows, node0, count, tid);
     cp_commit();
     cp_wait<0>();
     fence_proxy_async();
@@ -552,18 +572,23 @@ __global__ void __launch_bounds__(kDhThreads, 1)
     const uint32_t h0 = saddr(hs), p0 = saddr(ps), rb = saddr(ring);
     int i = 0;
     for (int t = 0; t < tiles; ++t) {
-        /* z = h W^T for this warpgroup's 64 of the tile's rows */
-        for (int kc = 0; kc < KC; ++kc, ++i) {
+        /* z = h W^T for this warpgroup's 64 of the tile's rows, a stage a pair of chunks */
+        for (int j = 0; j < HC; ++j, ++i) {
             const int s = i % kDhStages;
             mbar_wait(full0 + 8 * s, (uint32_t)((i / kDhStages) & 1));
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                mma_n64<F16, 0>(z, desc_of(h0 + kc * chunk + kk * 32), desc_of(rb + s * kStage + wgi * chunk + kk * 32),
-                                kc > 0 || kk > 0);
+            for (int h2 = 0; h2 < 2; ++h2) {
+                const int c = j + h2 * HC;
+                if (c >= KC) break;
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    mma_n64<F16, 0>(z, desc_of(h0 + c * chunk + kk * 32),
+                                    desc_of(rb + (s * 2 + h2) * kStage + wgi * chunk + kk * 32), j > 0 || h2 > 0 || kk > 0);
+            }
             wgmma_commit();
-            wgmma_wait<1>(); /* the previous chunk's products retired: its stage given back */
-            if (kc > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDhStages));
+            wgmma_wait<1>(); /* the previous stage's products retired: it is given back */
+            if (j > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDhStages));
         }
         wgmma_wait<0>();
         pin_n(z);
@@ -594,14 +619,13 @@ __global__ void __launch_bounds__(kDhThreads, 1)
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* d h += P W_tile over the tile's 128 rows: the second pass */
-        if (wgi == 0) mn_pass<F16, 0, 8, kStage>(d, p0, rb, kDhStages, full0, empty0, i, KC, lane);
-        else mn_pass<F16, 5, 8, kStage>(d, p0, rb, kDhStages, full0, empty0, i, KC, lane);
+        mn_pass<F16, 8, kStage>(d, p0, rb, kDhStages, full0, empty0, i, KC, HC, wgi, lane);
     }
     /* d h: this thread's rows */
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         const int64_t n = node0 + warp * 16 + hf * 8 + (lane >> 2);
-        if (n < count) sums_out<false>(d, dh + n * H, hf, wgi, lane, KC, H);
+        if (n < count) sums_out<false>(d, dh + n * H, hf, wgi, lane, KC, HC, H);
     }
 }
 
