@@ -11,8 +11,8 @@
 #   PHASES: which groups of steps to run, in order (default: all but profile, arch80, archall):
 #     build tests bench joint wgmma tune profile pytest pybench ddp sanitize arch80 archall
 #   wgmma: the Hopper kernels alone (compute capability 9.0): their tests, memcheck, the
-#   backward's dz on wgmma and its d W on the chip against cuBLASLt's (TDT_GPU_JOINT_BWD=gemm,
-#   wgmma, chip) in joint_gpu_bench, and the
+#   backward's dz on wgmma and the chip backward against cuBLASLt's (TDT_GPU_JOINT_BWD=gemm,
+#   wgmma, chip) in joint_gpu_bench, the chip backward's memory in bench.py, and the
 #   prototypes joint_bwd_proto and joint_lse_proto; on request, e.g. PHASES="build wgmma", or
 #   with binaries built elsewhere in build-gpu/ (PHASES=wgmma).
 #   arch80: a second build for CMAKE_CUDA_ARCHITECTURES=80 alone (its PTX-free sm_80 code runs on
@@ -144,8 +144,9 @@ if want wgmma; then
   wsan="--error-exitcode=1 --print-limit 20"
   wg='GpuJoint/WgmmaForward.*/case0_bfloat16_chunk300:GpuJoint/WgmmaForward.*/case2_float16_chunkdefault'
   wg+=':GpuJoint/WgmmaBackward.*/case0_bfloat16_chunk300:GpuJoint/WgmmaBackward.*/case2_float16_chunkdefault'
-  wg+=':GpuJoint/WgmmaBackward.*/case0_bfloat16_chunk500'
-  step wgmma_tests 120 build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint/Wgmma*:GpuJoint.Wgmma*'
+  wg+=':GpuJoint/WgmmaBackward.*/case0_bfloat16_chunk500:GpuJoint/WgmmaBackward.Chip*/case3_bfloat16_chunk1'
+  wg+=':GpuJoint.ChipRareRows'
+  step wgmma_tests 120 build-gpu/tests/tdt_gpu_tests --gtest_filter='GpuJoint/Wgmma*:GpuJoint.Wgmma*:GpuJoint.Chip*'
   step wgmma_memcheck 150 compute-sanitizer --tool memcheck $wsan build-gpu/tests/tdt_gpu_tests --gtest_filter="$wg"
   for round in 1 2; do
     for bwd in gemm wgmma chip; do
@@ -153,6 +154,10 @@ if want wgmma; then
         --shapes parakeet-joint,huge-joint,long-joint --dtypes bf16
     done
   done
+  # the chip backward through the binding: its peak memory (63 MB beyond the gradients at
+  # huge-joint) and time against the unfused path
+  step chip_bench_py 240 env TDT_GPU_JOINT_BWD=chip python3 benchmark/bench.py --device cuda --iters 5 \
+    --joint parakeet-joint,huge-joint,long-joint,xl-joint --dtypes bfloat16
   step bwd_proto_small 60 build-gpu/benchmark/joint_bwd_proto --nodes 300 --vocab 300 --iters 1
   step bwd_proto_memcheck 120 compute-sanitizer --tool memcheck $wsan build-gpu/benchmark/joint_bwd_proto \
     --nodes 300 --vocab 300 --iters 1

@@ -722,8 +722,10 @@ int joint_fwd_wgmma() {
 /* The GEMM schedule's backward, TDT_GPU_JOINT_BWD: unset, empty or "gemm" (0, the default: the
  * backward's z product on cuBLASLt, then the dz kernel), "wgmma" (1: float16 and bfloat16 on
  * compute capability 9.0 with H up to 640 and no skip_below, dz from Hopper's wgmma, z never
- * written; the rest as "gemm") or "chip" (2: as "wgmma", and d W and d bias on the chip from z
- * recomputed there instead of cuBLASLt's product of dz); -1 where set to anything else. */
+ * written; the rest as "gemm") or "chip" (2: the plan's chip layout, joint_plan.h, and where
+ * "wgmma" runs the chip backward: no dz, d W, d bias and d h on the chip from z recomputed
+ * there; elsewhere "gemm" in the same bytes); -1 where set to anything else. Read by the size
+ * query and by the call, like TDT_GPU_JOINT_CHUNK_KB. */
 int joint_bwd_wgmma() {
     const char *v = getenv("TDT_GPU_JOINT_BWD");
     if (!v || !*v || strcmp(v, "gemm") == 0) return 0;
@@ -785,8 +787,8 @@ tdt_status_t joint_body(const tdt_joint_call_t *call, int device) {
     if (bwd_wgmma < 0)
         return env_refused("TDT_GPU_JOINT_BWD", "the GEMM schedule's backward is \"gemm\" (the default, on "
                                                 "cuBLASLt), \"wgmma\" (dz on Hopper's tensor cores: float16 and "
-                                                "bfloat16 on compute capability 9.0) or \"chip\" (as \"wgmma\", "
-                                                "d W from z recomputed on the chip)");
+                                                "bfloat16 on compute capability 9.0) or \"chip\" (no dz: d W, d "
+                                                "bias and d h on the chip from z recomputed there)");
     const joint_gemm_opts gopts{lt_pick, fwd_wgmma, bwd_wgmma};
     tdt_gpu_joint_plan_t plan;
     if (!tdt_gpu_joint_plan(p.batch, p.max_frames, p.max_labels, p.num_outputs, p.hidden,

@@ -42,6 +42,14 @@
  * split_fix_dw_kernel and split_fix_dh_kernel. The float32 kernels take 1.2-1.6x the time
  * (docs/joint.md).
  *
+ * On Hopper (sm_90a, float16 and bfloat16, H <= 640) the forward's log-normalisers come from wgmma
+ * (tdt_gpu_wgmma_lse: z never written); TDT_GPU_JOINT_BWD=wgmma takes the backward's dz from wgmma
+ * too, and TDT_GPU_JOINT_BWD=chip takes the chip backward (backward_chip): with the plan's chip
+ * layout (joint_plan.h) no dz and no z are written; two sweeps over chunks of rows recompute z
+ * on the chip, the first for d W and d bias (tdt_gpu_wgmma_dw), the second for d h
+ * (tdt_gpu_wgmma_dh), dz's values formed there from the nodes' coefficients (gemm_coef_kernel),
+ * a row past the base-2 reference's range taken one at a time (chip_rare_kernel).
+ *
  * skip_below (outside graph capture): the backward lists the nodes it keeps (keep_rows_kernel,
  * keep_scan_kernel), reads their number back, and its chunks are runs of that list
  * (keep_chunk_kernel; chunk_node and the reductions of joint_common.cuh map through it), so a

@@ -16,6 +16,9 @@
  * nodes) while w_part stays near TDT_JOINT_WPART_BYTES (at least one partition, whatever its
  * size). At B 8, T 375, U 100, H 640, V + D 8198 (float32): 32 + 2 + 21 MB.
  *
+ * With TDT_GPU_JOINT_BWD=chip (16-bit dtypes, H <= 640) the scratch is the chip layout instead,
+ * and the other two take chunks that fit in its bytes (tdt_gpu_joint_plan, below).
+ *
  * The GEMM schedule (joint_gemm.cu) lays out the same scratch its own way (a call takes one
  * schedule, so the scratch is the larger of the two layouts), for chunks of G consecutive
  * (b, t) rows in the forward, N = G (U + 1) nodes, and of G_b rows in the backward, N_b =

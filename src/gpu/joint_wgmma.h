@@ -1,7 +1,8 @@
 /*
- * joint_wgmma.h - the GEMM schedule's forward log-normalisers on Hopper's wgmma
- * (src/gpu/sm90a/joint_wgmma.cu, compiled for sm_90a alone; built where nvcc has sm_90a,
- * TDT_HAVE_WGMMA). float16 and bfloat16 operands, float32 sums.
+ * joint_wgmma.h - the GEMM schedule's products on Hopper's wgmma (src/gpu/sm90a/joint_wgmma.cu,
+ * compiled for sm_90a alone; built where nvcc has sm_90a, TDT_HAVE_WGMMA): the forward's
+ * log-normalisers, the backward's dz, and the chip backward's d W and d h. float16 and bfloat16
+ * operands, float32 sums.
  */
 #ifndef TDT_GPU_JOINT_WGMMA_H
 #define TDT_GPU_JOINT_WGMMA_H

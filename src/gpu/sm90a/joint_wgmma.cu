@@ -9,8 +9,9 @@
  *   - the backward's dz from row coefficients, written in the dtype (wgmma_dz_kernel), for the
  *     products that follow;
  *   - the chip backward's products with dz formed on the chip from z recomputed there: d W and d
- *     bias (wgmma_dw_kernel, 64 of W's rows a block, the chunk's h streamed) and d h
- *     (wgmma_dh_kernel, 64 nodes a block, W streamed), each described where it is defined.
+ *     bias (wgmma_dw_kernel, 64 of W's rows a block, the chunk's h streamed in tiles of 128
+ *     nodes) and d h (wgmma_dh_kernel, 64 nodes a block, W streamed), each described where it
+ *     is defined.
  *
  * The first two: a block of 128 nodes, two warpgroups of 64 (warps 0-7) and a producer warp
  * (warp 8). h's rows stay in shared memory as KC = ceil(H / 64) chunks of 64 values, 128 bytes a
@@ -501,11 +502,11 @@ __global__ void __launch_bounds__(kDwThreads, 1)
 /* d h on the chip: a block of 384 threads owns 64 of the count nodes (node0 = block 64 on): their
  * rows of h stay in shared memory (KC chunks of 64 rows, K-major in the 128-byte swizzle) while
  * warp 8 streams W's packed tiles of 128 token and duration rows (O rows, tdt_gpu_wgmma_pack)
- * twice each through a ring of kDhStages stages of 16 KB; the consumers form z = h W^T on the
- * first pass (m64n64k16: warpgroup w the tile's rows 64 w on, 32 float32 values a thread), dz's
- * 64 x 128 values in the 16-bit type into P (K-major: node rows of 128 token values, two chunks),
- * then add P W_tile on the second (m64n64k16, W read MN-major: warpgroup w d h's chunks 5 w to
- * 5 w + 4, 5 x 32 float32 sums a thread) and store d h (float32, pitch H) at the end. */
+ * twice each through a ring of kDhStages stages, a pair of 16 KB chunks a stage (pair_load); the
+ * consumers form z = h W^T on the first pass (m64n64k16: warpgroup w the tile's rows 64 w on, 32
+ * float32 values a thread), dz's 64 x 128 values in the 16-bit type into P (K-major: node rows
+ * of 128 token values, two chunks), then add P W_tile on the second (mn_pass, W read MN-major:
+ * 5 x 32 float32 sums a thread) and store d h (float32, pitch H) at the end. */
 const int kDhNodes = 64, kDhStages = 3, kDhThreads = 384;
 inline size_t dh_smem_of(int64_t H) {
     return (size_t)chunks_of(H) * kDhNodes * 128 + 2 * (size_t)kDhNodes * 128 + (size_t)kDhStages * 2 * kStage +
