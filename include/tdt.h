@@ -547,7 +547,16 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count);
  * budget (default 128 MB) for the size query and the call alike, as TDT_GPU_JOINT_FLOAT32 does
  * float32's products there: "split" (the default: bfloat16 tensor cores on operands split into
  * three bfloat16 parts whose sum is exact, as accurate as float32 products) or "sgemm" (float32
- * kernels, 1.2-1.6x the time; docs/joint.md).
+ * kernels, 1.2-1.6x the time; docs/joint.md). TDT_GPU_JOINT_BWD trades the GEMM schedule's
+ * time for memory: "chip" (float16 and bfloat16 on compute capability 9.0, H up to 640) takes a
+ * smaller workspace, W packed, d pred's float32 sums and one area of TDT_GPU_JOINT_CHUNK_KB
+ * (default 28 MB), and a backward that recomputes the logits on the chip twice instead of
+ * writing a chunk of their gradient: 63 MB beyond the gradients instead of 188 at huge-joint
+ * (B 8, T 375, U 100, V 8193) in bfloat16, at 2.5x the default's time; "wgmma" and "gemm" (the
+ * default) keep the default's workspace. TDT_GPU_JOINT_FWD "gemm" takes the forward's products
+ * from cuBLASLt on every device ("wgmma", the default, from Hopper's tensor cores where the
+ * "chip" conditions hold). Both are read by the size query and the call alike; anything else
+ * gives TDT_STATUS_INVALID_OPTION.
  * docs/joint.md compares the two schedules.
  * ------------------------------------------------------------------------------------------- */
 
@@ -656,7 +665,8 @@ typedef struct tdt_joint_gradients {
  * the two schedules' scratch (src/gpu/joint_plan.h), mostly the GEMM schedule's chunk of
  * logits (TDT_GPU_JOINT_CHUNK_KB, default 128 MB): for a Parakeet joint (H 640, V + D 8198)
  * about 165-190 MB in bfloat16 at docs/joint.md's shapes, plus skip_below's list of kept
- * nodes (4 bytes a node of the padded extent). */
+ * nodes (4 bytes a node of the padded extent); with TDT_GPU_JOINT_BWD=chip (above) about
+ * 41-78 MB there. */
 TDT_API tdt_status_t tdt_joint_get_workspace_size(const tdt_joint_problem_t *problem,
                                                   const tdt_options_t *options,
                                                   size_t *workspace_bytes);
