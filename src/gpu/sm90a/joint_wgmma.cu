@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
  * to the last). */
 const int kDwRows = 64, kDwNodes = 128, kDwStages = 3, kDwThreads = 384;
 const int kDwChunk = kDwRows * 128; /* one chunk of W's 64 rows */
+static_assert(kDwChunk == 8192, "z_pass takes A's chunks 8 KB apart");
 inline size_t dw_smem_of(int64_t H) {
     return (size_t)chunks_of(H) * kDwChunk + (size_t)kDwStages * 2 * kStage + 2 * kDwChunk +
            kDwNodes * sizeof(tdt_wgmma_dz_row) + kDwRows * sizeof(float) + 8 * (1 + 2 * kDwStages) + 1024;
@@ -328,6 +329,35 @@ __device__ __forceinline__ void pair_load(uint32_t dst, const unsigned char *src
     mbar_expect_tx(full, two ? 2 * half : half);
     bulk_copy(dst, src + (size_t)j * step, half, full);
     if (two) bulk_copy(dst + half, src + (size_t)(j + HC) * step, half, full);
+}
+
+/* The chip kernels' first pass over a tile's HC stages from i on: z = A B^T (m64n64k16, float32
+ * sums overwritten), A's chunk c of 64 rows at a0 + c 8 KB and B this warpgroup's 64 rows of the
+ * stage's half that holds chunk c (both K-major), one group of products in flight; every stage
+ * given back */
+template <int F16>
+__device__ __forceinline__ void z_pass(float (&z)[32], uint32_t a0, uint32_t ring, int depth, uint32_t full0,
+                                       uint32_t empty0, int &i, int KC, int HC, int wgi, int lane) {
+    for (int j = 0; j < HC; ++j, ++i) {
+        const int s = i % depth;
+        mbar_wait(full0 + 8 * s, (uint32_t)((i / depth) & 1));
+        wgmma_fence();
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            const int c = j + h2 * HC;
+            if (c >= KC) break;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                mma_n64<F16, 0>(z, desc_of(a0 + c * 8192 + kk * 32),
+                                desc_of(ring + (s * 2 + h2) * kStage + wgi * 8192 + kk * 32), j > 0 || h2 > 0 || kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>(); /* the previous stage's products retired: it is given back */
+        if (j > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % depth));
+    }
+    wgmma_wait<0>();
+    pin_n(z);
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % depth));
 }
 
 /* A consumer thread's row hf of its 5 x 32 float32 sums (mn_pass's: d[j] of chunk j + wgi HC,
@@ -426,27 +456,8 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         const int64_t n0 = nt * kDwNodes;
         rows_load<kDwNodes>(rc, rows, n0, count, tid); /* the tile's coefficients */
         cp_commit();
-        /* z^T = W h^T: this warpgroup's 64 nodes, a stage a pair of chunks */
-        for (int j = 0; j < HC; ++j, ++i) {
-            const int s = i % kDwStages;
-            mbar_wait(full0 + 8 * s, (uint32_t)((i / kDwStages) & 1));
-            wgmma_fence();
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int c = j + h2 * HC;
-                if (c >= KC) break;
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-                    mma_n64<F16, 0>(z, desc_of(w0 + c * kDwChunk + kk * 32),
-                                    desc_of(rb + (s * 2 + h2) * kStage + wgi * 8192 + kk * 32), j > 0 || h2 > 0 || kk > 0);
-            }
-            wgmma_commit();
-            wgmma_wait<1>(); /* the previous stage's products retired: it is given back */
-            if (j > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDwStages));
-        }
-        wgmma_wait<0>();
-        pin_n(z);
-        if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDwStages));
+        /* z^T = W h^T: this warpgroup's 64 nodes */
+        z_pass<F16>(z, w0, rb, kDwStages, full0, empty0, i, KC, HC, wgi, lane);
         cp_wait<0>();
         /* both warpgroups past their products on the last P^T, and the coefficients in */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
@@ -508,6 +519,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
  * of 128 token values, two chunks), then add P W_tile on the second (mn_pass, W read MN-major:
  * 5 x 32 float32 sums a thread) and store d h (float32, pitch H) at the end. */
 const int kDhNodes = 64, kDhStages = 3, kDhThreads = 384;
+static_assert(kDhNodes * 128 == 8192, "z_pass takes A's chunks 8 KB apart");
 inline size_t dh_smem_of(int64_t H) {
     return (size_t)chunks_of(H) * kDhNodes * 128 + 2 * (size_t)kDhNodes * 128 + (size_t)kDhStages * 2 * kStage +
            kDhNodes * sizeof(tdt_wgmma_dz_row) + 8 * 2 * kDhStages + 1024;
@@ -573,27 +585,8 @@ __global__ void __launch_bounds__(kDhThreads, 1)
     const uint32_t h0 = saddr(hs), p0 = saddr(ps), rb = saddr(ring);
     int i = 0;
     for (int t = 0; t < tiles; ++t) {
-        /* z = h W^T for this warpgroup's 64 of the tile's rows, a stage a pair of chunks */
-        for (int j = 0; j < HC; ++j, ++i) {
-            const int s = i % kDhStages;
-            mbar_wait(full0 + 8 * s, (uint32_t)((i / kDhStages) & 1));
-            wgmma_fence();
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-                const int c = j + h2 * HC;
-                if (c >= KC) break;
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-                    mma_n64<F16, 0>(z, desc_of(h0 + c * chunk + kk * 32),
-                                    desc_of(rb + (s * 2 + h2) * kStage + wgi * chunk + kk * 32), j > 0 || h2 > 0 || kk > 0);
-            }
-            wgmma_commit();
-            wgmma_wait<1>(); /* the previous stage's products retired: it is given back */
-            if (j > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDhStages));
-        }
-        wgmma_wait<0>();
-        pin_n(z);
-        if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kDhStages));
+        /* z = h W^T for this warpgroup's 64 of the tile's rows */
+        z_pass<F16>(z, h0, rb, kDhStages, full0, empty0, i, KC, HC, wgi, lane);
         /* both warpgroups past their products on the last P */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* P: node row warp 16 + lane / 4 (+ 8), token row o = t 128 + wgi 64 + 8 j + 2 (lane % 4) + e,
