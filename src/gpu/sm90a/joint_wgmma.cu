@@ -331,6 +331,21 @@ __device__ __forceinline__ void pair_load(uint32_t dst, const unsigned char *src
     if (two) bulk_copy(dst + half, src + (size_t)(j + HC) * step, half, full);
 }
 
+/* The producer's loop of the chip kernels: each of tiles tiles of src (KC chunks of 16 KB from
+ * src + t KC 16 KB on) twice (the two passes), a chunk pair a stage (pair_load) through the ring
+ * at ring of depth stages of 32 KB, each stage first waited for on its empty barrier once used */
+__device__ __forceinline__ void stream_pairs(uint32_t ring, const unsigned char *src, int64_t tiles, int KC, int HC,
+                                             int depth, uint32_t full0, uint32_t empty0) {
+    int i = 0;
+    for (int64_t t = 0; t < tiles; ++t)
+        for (int pass = 0; pass < 2; ++pass)
+            for (int j = 0; j < HC; ++j, ++i) {
+                const int s = i % depth;
+                if (i >= depth) mbar_wait(empty0 + 8 * s, (uint32_t)((i / depth - 1) & 1));
+                pair_load(ring + s * 2 * kStage, src + (size_t)t * KC * kStage, kStage, j, KC, HC, kStage, full0 + 8 * s);
+            }
+}
+
 /* The chip kernels' first pass over a tile's HC stages from i on: z = A B^T (m64n64k16, float32
  * sums overwritten), A's chunk c of 64 rows at a0 + c 8 KB and B this warpgroup's 64 rows of the
  * stage's half that holds chunk c (both K-major), one group of products in flight; every stage
@@ -423,15 +438,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
             mbar_expect_tx(wfull, KC * kDwChunk);
             for (int kc = 0; kc < KC; ++kc)
                 bulk_copy(saddr(ws + kc * kDwChunk), Wp + (tile * KC + kc) * (size_t)kStage + half, kDwChunk, wfull);
-            int i = 0;
-            for (int64_t nt = 0; nt < tiles; ++nt)
-                for (int pass = 0; pass < 2; ++pass)
-                    for (int j = 0; j < HC; ++j, ++i) {
-                        const int s = i % kDwStages;
-                        if (i >= kDwStages) mbar_wait(empty0 + 8 * s, (uint32_t)((i / kDwStages - 1) & 1));
-                        pair_load(saddr(ring + s * 2 * kStage), hp + (size_t)nt * KC * kStage, kStage, j, KC, HC,
-                                  kStage, full0 + 8 * s);
-                    }
+            stream_pairs(saddr(ring), hp, tiles, KC, HC, kDwStages, full0, empty0);
         }
         return;
     }
@@ -552,15 +559,7 @@ __global__ void __launch_bounds__(kDhThreads, 1)
     __syncthreads();
     if (wgi == 2) { /* the producer: each tile of W's rows twice */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (tid == 256)
-            for (int t = 0, i = 0; t < tiles; ++t)
-                for (int pass = 0; pass < 2; ++pass)
-                    for (int j = 0; j < HC; ++j, ++i) {
-                        const int s = i % kDhStages;
-                        if (i >= kDhStages) mbar_wait(empty0 + 8 * s, (uint32_t)((i / kDhStages - 1) & 1));
-                        pair_load(saddr(ring + s * 2 * kStage), Wp + (size_t)t * KC * kStage, kStage, j, KC, HC,
-                                  kStage, full0 + 8 * s);
-                    }
+        if (tid == 256) stream_pairs(saddr(ring), Wp, tiles, KC, HC, kDhStages, full0, empty0);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
