@@ -1070,6 +1070,37 @@ TEST(GpuJoint, WgmmaBackwardVariableRefusedAndSkipBelowOnCublasLt) {
     EXPECT_TRUE(w.raw == g.raw) << "skip_below: the wgmma backward ran";
 }
 
+// The chip layout's other paths: with skip_below the backward is the GEMM schedule's, in chunks
+// that fit the chip layout's bytes (after a forward that put W padded in the chip's area), and
+// with TDT_GPU_JOINT_FWD=gemm the forward is cuBLASLt's in those chunks before the chip
+// backward: both within the dtype's tolerance of the default.
+TEST(GpuJoint, ChipLayoutWithSkipBelowAndCublasLtForward) {
+    REQUIRE_GPU();
+    EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD"), fwd("TDT_GPU_JOINT_FWD");
+    setenv("TDT_GPU_JOINT", "gemm", 1);
+    const Case c = wgmma_cases()[0];
+    const tdt_dtype_t dt = TDT_DTYPE_BFLOAT16;
+    const Data d = make_data(c, dt);
+    const Tol t = tol_of(dt);
+    RunOpts ro;
+    ro.skip_below = 1e-3;
+    setenv("TDT_GPU_JOINT_BWD", "chip", 1);
+    const Out w = run(c, d, dt, TDT_LOCATION_GPU, ro);
+    setenv("TDT_GPU_JOINT_FWD", "gemm", 1);
+    const Out f = run(c, d, dt, TDT_LOCATION_GPU);
+    unsetenv("TDT_GPU_JOINT_FWD");
+    unsetenv("TDT_GPU_JOINT_BWD");
+    const Out g = run(c, d, dt, TDT_LOCATION_GPU, ro), u = run(c, d, dt, TDT_LOCATION_GPU);
+    for (const Out *o : {&w, &f, &g, &u}) ASSERT_EQ(o->st, TDT_STATUS_SUCCESS) << o->err;
+    expect_close(w.costs, g.costs, t, "costs, chip layout with skip_below");
+    expect_close(w.enc_g, g.enc_g, t, "enc_grad, chip layout with skip_below");
+    expect_close(w.W_g, g.W_g, t, "weight_grad, chip layout with skip_below");
+    expect_close(f.costs, u.costs, t, "costs, the cuBLASLt forward in the chip layout");
+    expect_close(f.enc_g, u.enc_g, t, "enc_grad, the chip backward after the cuBLASLt forward");
+    expect_close(f.W_g, u.W_g, t, "weight_grad, the chip backward after the cuBLASLt forward");
+    expect_close(f.bias_g, u.bias_g, t, "bias_grad, the chip backward after the cuBLASLt forward");
+}
+
 TEST(GpuJoint, WgmmaForwardVariableRefused) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), fwd("TDT_GPU_JOINT_FWD");
