@@ -1071,9 +1071,10 @@ TEST(GpuJoint, WgmmaBackwardVariableRefusedAndSkipBelowOnCublasLt) {
 }
 
 // The chip layout's other paths: with skip_below the backward is the GEMM schedule's, in chunks
-// that fit the chip layout's bytes (after a forward that put W padded in the chip's area), and
-// with TDT_GPU_JOINT_FWD=gemm the forward is cuBLASLt's in those chunks before the chip
-// backward: both within the dtype's tolerance of the default.
+// that fit the chip layout's bytes (after a forward that put W padded in the chip's area); with
+// TDT_GPU_JOINT_FWD=gemm the forward is cuBLASLt's in those chunks before the chip backward;
+// with TDT_GPU_JOINT=tiles the tiles' schedule runs in chunks that fit the same bytes: each
+// within the dtype's tolerance of the default.
 TEST(GpuJoint, ChipLayoutWithSkipBelowAndCublasLtForward) {
     REQUIRE_GPU();
     EnvGuard sched("TDT_GPU_JOINT"), bwd("TDT_GPU_JOINT_BWD"), fwd("TDT_GPU_JOINT_FWD");
@@ -1099,6 +1100,13 @@ TEST(GpuJoint, ChipLayoutWithSkipBelowAndCublasLtForward) {
     expect_close(f.enc_g, u.enc_g, t, "enc_grad, the chip backward after the cuBLASLt forward");
     expect_close(f.W_g, u.W_g, t, "weight_grad, the chip backward after the cuBLASLt forward");
     expect_close(f.bias_g, u.bias_g, t, "bias_grad, the chip backward after the cuBLASLt forward");
+    setenv("TDT_GPU_JOINT", "tiles", 1);
+    setenv("TDT_GPU_JOINT_BWD", "chip", 1);
+    const Out l = run(c, d, dt, TDT_LOCATION_GPU);
+    ASSERT_EQ(l.st, TDT_STATUS_SUCCESS) << l.err;
+    expect_close(l.costs, u.costs, t, "costs, the tiles in the chip layout's bytes");
+    expect_close(l.enc_g, u.enc_g, t, "enc_grad, the tiles in the chip layout's bytes");
+    expect_close(l.W_g, u.W_g, t, "weight_grad, the tiles in the chip layout's bytes");
 }
 
 TEST(GpuJoint, WgmmaForwardVariableRefused) {
