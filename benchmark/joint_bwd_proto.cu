@@ -6,7 +6,10 @@
  * holds 64 x 640 float32 sums a block (two warpgroups' 2 x 80 values a thread), so the two
  * products run as two passes:
  *   - d h = P W (dh_kernel): a block keeps 64 nodes' rows of h and d h; W streams through, a tile
- *     of 128 token rows at a time, twice: as the forward packs it (z) and transposed (d h);
+ *     of 128 token rows at a time, twice: as the forward packs it (z) and transposed (d h); or
+ *     (dh_kernel<true>, the library's chip layout has no room for W^T) as the forward packs it
+ *     both times, d h's stages slabs of 32 rows across all of H read MN-major by m64n256k16 and
+ *     m64n64k16 (the library's d h reads each 64-column chunk apart, m64n64k16);
  *   - d W = P^T h (dw_kernel): a block keeps 64 of W's rows and their d W; h streams through, a
  *     tile of 64 nodes at a time, twice: as the forward packs W (z^T = W h^T) and transposed
  *     (d W), over a chunk of node tiles a launch (the chunk's h in L2), each block adding its rows
@@ -64,6 +67,7 @@ const int kZStages = 3;
 const int kBlock = 160;                  /* d h's columns a wgmma */
 const int kHStage = 2 * kBlock * 128;    /* one stage of W^T for d h: 2 x 160 rows x 64 values (40 KB) */
 const int kHStages = 2;
+const int kAtom = 32 * 128;              /* dh_kernel<true>: 32 rows x 64 values of W, one of a stage's ten */
 const int kThreads = 384;                /* warpgroups 0, 1: consumers; 2: the producer */
 const float kLog2e = 1.4426950408889634f;
 /* shared memory: h, P (two chunks), the rings, then the barriers; 1024-aligned */
@@ -104,6 +108,48 @@ __device__ __forceinline__ void mma_bf16(float (&d)[80], uint64_t da, uint64_t d
                  : "l"(da), "l"(db), "r"(acc));
 #else
     (void)d, (void)da, (void)db, (void)acc;
+    __trap();
+#endif
+}
+
+/* d += A B, A 64 x 16 (K-major) and B 16 x 256 bfloat16 read MN-major (wgmma's transposed B: four
+ * 64-column atoms of the 128-byte swizzle, desc_mn's leading byte offset apart), float32 sums */
+__device__ __forceinline__ void mma_bf16_mn(float (&d)[128], uint64_t da, uint64_t db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17,"
+                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33,"
+                 "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49,"
+                 "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65,"
+                 "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81,"
+                 "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97,"
+                 "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124,"
+                 "%125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+                   "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+                   "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+                   "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+                   "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+                   "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+                   "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+                   "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),
+                   "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
+                   "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
+                   "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+                   "+f"(d[127])
+                 : "l"(da), "l"(db), "n"(1));
+#else
+    (void)d, (void)da, (void)db;
     __trap();
 #endif
 }
@@ -163,6 +209,37 @@ __device__ __forceinline__ void ring_blocks(float (&d0)[80], float (&d1)[80], ui
     if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
 }
 
+/* The MN-major form of d h's stages (dh_kernel<true>): stage q of a tile holds its token rows
+ * 32 q to 32 q + 31 across all of H, ten 4 KB atoms of 64 columns as the forward's pack has them
+ * (no W^T); warpgroup w adds P's 32 values of those rows (two k-steps of chunk q / 2, (q % 2) 64
+ * bytes on, at a) times its columns w 320 on: atoms 5 w to 5 w + 3 into dA (m64n256k16) and atom
+ * 5 w + 4 into dB (m64n64k16), both B operands read MN-major (atoms 4 KB apart). */
+__device__ __forceinline__ void ring_slabs(float (&dA)[128], float (&dB)[32], uint32_t a, uint32_t ring, int wgi,
+                                           uint32_t full0, uint32_t empty0, int &i, int lane) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q, ++i) {
+        const int s = i % kHStages;
+        mbar_wait(full0 + 8 * s, (uint32_t)((i / kHStages) & 1));
+        pin_n(dA);
+        pin_n(dB);
+        wgmma_fence();
+        const uint32_t st = ring + s * kHStage + wgi * 5 * kAtom;
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            const uint64_t da = desc_of(a + (q >> 1) * kHChunk + (q & 1) * 64 + ks * 32);
+            mma_bf16_mn(dA, da, desc_mn(st + ks * 2048, kAtom));
+            mma_n64<0, 1>(dB, da, desc_mn(st + 4 * kAtom + ks * 2048, kAtom), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (q > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
+    }
+    wgmma_wait<0>();
+    pin_n(dA);
+    pin_n(dB);
+    if (lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kHStages));
+}
+
 /* A matrix's rows (16-bit values, pitch ld, H columns, `rows` of them) transposed into the
  * second operand of a product whose inner dimension runs over those rows: for each tile t of
  * kcs 64 rows, chunk kc of 64 of them and block pair jj, a stage of 320 rows of 64 values (row r:
@@ -201,7 +278,10 @@ __global__ void pack_t_kernel(const uint16_t *__restrict__ M, int64_t ld, int64_
  * adds P's chunk kc times its 160 columns of the stage to its block jj of d h (m64n160k16, 2 x 80
  * values a thread: d h's columns w 320 + jj 160 on). A barrier of the two warpgroups before P
  * is written (the other's products on the last P done) and after (both chunks in).
+ * MN (dh_kernel<true>): no W^T; d h's stages are slabs of the tile's rows as Wz holds them, read
+ * MN-major (ring_slabs: m64n256k16 and m64n64k16, 128 + 32 values a thread).
  */
+template <bool MN>
 __global__ void __launch_bounds__(kThreads, 1)
     dh_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wz,
               const unsigned char *__restrict__ Wt, const float *__restrict__ lse, const float *__restrict__ g,
@@ -237,7 +317,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int q = 0; q < 4; ++q, ++ti) {
                     const int s = ti % kHStages;
                     if (ti >= kHStages) mbar_wait(tempty + 8 * s, (uint32_t)((ti / kHStages - 1) & 1));
-                    bulk_load(saddr(ts + s * kHStage), Wt + (size_t)ti * kHStage, kHStage, tfull + 8 * s);
+                    if (!MN) {
+                        bulk_load(saddr(ts + s * kHStage), Wt + (size_t)ti * kHStage, kHStage, tfull + 8 * s);
+                        continue;
+                    }
+                    mbar_expect_tx(tfull + 8 * s, KC * kAtom);
+                    for (int kc = 0; kc < KC; ++kc)
+                        bulk_copy(saddr(ts + s * kHStage + kc * kAtom), Wz + ((size_t)t * KC + kc) * kZStage + q * kAtom,
+                                  kAtom, tfull + 8 * s);
                 }
             }
         return;
@@ -263,9 +350,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         gr[hf] = n < count ? g[n] : 0.f;
         lr[hf] = n < count ? lse[n] * kLog2e : 0.f;
     }
-    float z[32], d0[80], d1[80];
+    float z[32], d0[MN ? 128 : 80], d1[MN ? 32 : 80];
 #pragma unroll
-    for (int i = 0; i < 80; ++i) d0[i] = d1[i] = 0.f;
+    for (int i = 0; i < (MN ? 128 : 80); ++i) d0[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (MN ? 32 : 80); ++i) d1[i] = 0.f;
     const uint32_t a0 = saddr(hs), p0 = saddr(ps), zb = saddr(zs), tb = saddr(ts);
     for (int t = 0, zi = 0, ti = 0; t < tiles; ++t) {
         ring_product(z, a0, zb, kZStage, kZStages, wgi * 64 * 128, zfull, zempty, zi, lane);
@@ -286,8 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        /* d h's four stages: (kc, jj) = (0, 0), (0, 1), (1, 0), (1, 1) */
-        ring_blocks<4>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
+        /* d h's four stages: (kc, jj) = (0, 0), (0, 1), (1, 0), (1, 1), or MN four slabs of 32 rows */
+        if constexpr (MN) ring_slabs(d0, d1, p0, tb, wgi, tfull, tempty, ti, lane);
+        else ring_blocks<4>(d0, d1, p0, tb, wgi * kBlock * 128, tfull, tempty, ti, lane);
     }
     /* d h: this thread's rows, columns wgi 320 + jj 160 + 8 j + 2 (lane % 4) + c */
 #pragma unroll
@@ -295,11 +385,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int64_t n = node0 + warp * 16 + hf * 8 + (lane >> 2);
         if (n >= count) continue;
         float *row = dh + n * ldo + wgi * 2 * kBlock + 2 * (lane & 3);
+        /* MN: d0's 256 columns, then d1's 64 */
+        const int n0 = MN ? 32 : 20, n1 = MN ? 8 : 20, off1 = MN ? 256 : kBlock;
 #pragma unroll
-        for (int j = 0; j < 20; ++j) {
+        for (int j = 0; j < n0; ++j)
             *reinterpret_cast<float2 *>(row + 8 * j) = make_float2(d0[4 * j + 2 * hf], d0[4 * j + 2 * hf + 1]);
-            *reinterpret_cast<float2 *>(row + kBlock + 8 * j) = make_float2(d1[4 * j + 2 * hf], d1[4 * j + 2 * hf + 1]);
-        }
+#pragma unroll
+        for (int j = 0; j < n1; ++j)
+            *reinterpret_cast<float2 *>(row + off1 + 8 * j) = make_float2(d1[4 * j + 2 * hf], d1[4 * j + 2 * hf + 1]);
     }
 }
 
@@ -818,13 +911,19 @@ int main(int argc, char **argv) {
     packs_w();
     packs_h();
     CK(cudaGetLastError());
-    CK(cudaFuncSetAttribute(dh_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+    CK(cudaFuncSetAttribute(dh_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+    CK(cudaFuncSetAttribute(dh_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
     CK(cudaFuncSetAttribute(dw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemW));
     auto fused_dh = [&]() {
-        dh_kernel<<<(unsigned)ntiles, kThreads, kSmem>>>(reinterpret_cast<const uint16_t *>(h), (int64_t)H,
-                                                         static_cast<const unsigned char *>(Wz),
-                                                         static_cast<const unsigned char *>(Wt), lse, g, V, nodes, dh,
-                                                         (int64_t)H);
+        dh_kernel<false><<<(unsigned)ntiles, kThreads, kSmem>>>(reinterpret_cast<const uint16_t *>(h), (int64_t)H,
+                                                                static_cast<const unsigned char *>(Wz),
+                                                                static_cast<const unsigned char *>(Wt), lse, g, V,
+                                                                nodes, dh, (int64_t)H);
+    };
+    auto fused_dh_mn = [&]() {
+        dh_kernel<true><<<(unsigned)ntiles, kThreads, kSmem>>>(reinterpret_cast<const uint16_t *>(h), (int64_t)H,
+                                                               static_cast<const unsigned char *>(Wz), NULL, lse, g, V,
+                                                               nodes, dh, (int64_t)H);
     };
     /* d W a chunk of 128 node tiles at a time (8192 nodes: the chunk's h in L2), added in order */
     const int64_t tiles_a_chunk = 128;
@@ -843,6 +942,11 @@ int main(int argc, char **argv) {
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     bool ok_dh = compare("d h", dh, dh_ref, (size_t)nodes * H, H, 2e-3);
+    CK(cudaMemset(dh, 0xff, (size_t)nodes * H * 4));
+    fused_dh_mn();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    ok_dh = compare("d h (W read MN-major, slabs of 32 rows)", dh, dh_ref, (size_t)nodes * H, H, 2e-3) && ok_dh;
     bool ok_dw = compare("d W", dW, dW_ref, (size_t)V * H, H, 2e-3);
     /* d W with h built on the chip, all the nodes in one launch: its rows built from L1/L2 or
      * from rows prefetched into shared memory, its sums added out at the end or every 128 tiles
@@ -906,8 +1010,11 @@ int main(int argc, char **argv) {
     };
     const double flop = 4.0 * (double)nodes * V * H; /* z and one product */
     const float tua = time([&] { unfused(true); }), tub = time([&] { unfused(false); });
-    const float ta = time(fused_dh), tb = time(fused_dw);
+    const float ta = time(fused_dh), tb = time(fused_dw), tam = time(fused_dh_mn);
     printf("d h: fused z + P + d h  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f)\n", ta, flop / ta / 1e9, ta / tua);
+    printf("d h: fused, W read MN-major in slabs (m64n256k16 + m64n64k16)  %8.3f ms  %6.1f TFLOP/s  (fused / "
+           "cuBLAS's %.2f)\n",
+           tam, flop / tam / 1e9, tam / tua);
     printf("d W: fused z + P + d W  %8.3f ms  %6.1f TFLOP/s  (fused / cuBLAS's %.2f; %lld launches of %lld node "
            "tiles)\n",
            tb, flop / tb / 1e9, tb / tub, (long long)((ntiles + tiles_a_chunk - 1) / tiles_a_chunk),
