@@ -1,9 +1,10 @@
 /*
  * wgmma.cuh - Hopper's building blocks for the sm_90a kernels (src/gpu/sm90a/, and the
  * prototypes of benchmark/joint_lse_proto.cu and joint_bwd_proto.cu): shared-memory addresses,
- * cp.async, the 128-byte-swizzle descriptors (K-major and MN-major operands), the m64n128k16,
- * m64n64k16 and m64n32k16 products, mbarriers and bulk copies, and a running log-sum-exp. Only
- * for translation units compiled for sm_90a: the products trap elsewhere.
+ * cp.async, the 128-byte-swizzle descriptors (K-major and MN-major operands), the m64n256k16 (B
+ * MN-major), m64n128k16, m64n64k16 and m64n32k16 products, mbarriers and bulk copies, and a
+ * running log-sum-exp. Only for translation units compiled for sm_90a: the products trap
+ * elsewhere.
  */
 #ifndef TDT_GPU_SM90A_WGMMA_CUH
 #define TDT_GPU_SM90A_WGMMA_CUH
@@ -32,6 +33,23 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+/* The wider products' operand lists: accumulator registers %0 to %63 and %64 to %127, and the
+ * asm outputs d[o] to d[o + 15] (float32 sums read and written) */
+#define TDT_WGMMA_R0_63 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63"
+#define TDT_WGMMA_R64_127 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
+    "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, " \
+    "%100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, " \
+    "%115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define TDT_WGMMA_D16(d, o) \
+    "+f"(d[(o) + 0]), "+f"(d[(o) + 1]), "+f"(d[(o) + 2]), "+f"(d[(o) + 3]), "+f"(d[(o) + 4]), "+f"(d[(o) + 5]), \
+        "+f"(d[(o) + 6]), "+f"(d[(o) + 7]), "+f"(d[(o) + 8]), "+f"(d[(o) + 9]), "+f"(d[(o) + 10]), "+f"(d[(o) + 11]), \
+        "+f"(d[(o) + 12]), "+f"(d[(o) + 13]), "+f"(d[(o) + 14]), "+f"(d[(o) + 15])
+
 /* the shared-memory descriptor of a K-major operand in the 128-byte swizzle: start, leading
  * offset 1 (unused by the layout), stride 1024 bytes (8 rows of 128 bytes) */
 __device__ __forceinline__ uint64_t desc_of(uint32_t a) {
@@ -47,40 +65,20 @@ __device__ __forceinline__ void pin(float (&d)[64]) {
 /* d (+)= A B^T, A 64 x 16 and B 128 x 16 of the 16-bit type F16 (1: float16, 0: bfloat16) from
  * their descriptors; d overwritten where !acc */
 template <int F16> __device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db, int acc) {
-#define TDT_WGMMA_REGS                                                                                  \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "  \
-    "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "   \
-    "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "   \
-    "%59, %60, %61, %62, %63}"
-#define TDT_WGMMA_OUT                                                                                   \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),     \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),        \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),      \
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),      \
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),      \
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),      \
-        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),      \
-        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),      \
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define TDT_WGMMA_N128(T)                                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " {" TDT_WGMMA_R0_63                 \
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                          \
+                 : TDT_WGMMA_D16(d, 0), TDT_WGMMA_D16(d, 16), TDT_WGMMA_D16(d, 32), TDT_WGMMA_D16(d, 48)     \
+                 : "l"(da), "l"(db), "r"(acc))
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    if (F16)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " TDT_WGMMA_REGS
-                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : TDT_WGMMA_OUT
-                     : "l"(da), "l"(db), "r"(acc));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TDT_WGMMA_REGS
-                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : TDT_WGMMA_OUT
-                     : "l"(da), "l"(db), "r"(acc));
+    if (F16) TDT_WGMMA_N128("f16");
+    else TDT_WGMMA_N128("bf16");
 #else
     (void)d, (void)da, (void)db, (void)acc;
     __trap();
 #endif
-#undef TDT_WGMMA_REGS
-#undef TDT_WGMMA_OUT
+#undef TDT_WGMMA_N128
 }
 
 /* the shared-memory descriptor of an MN-major operand in the 128-byte swizzle (rows of 64 values
@@ -99,9 +97,7 @@ template <int F16> __device__ __forceinline__ void mma_n32(float (&d)[16], uint6
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " {"                                   \
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, " \
                  "0, 0;\n}\n"                                                                                \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
-                   "+f"(d[14]), "+f"(d[15])                                                                 \
+                 : TDT_WGMMA_D16(d, 0)                                                                     \
                  : "l"(da), "l"(db), "r"(acc))
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (F16) TDT_WGMMA_N32("f16");
@@ -122,11 +118,7 @@ template <int F16, int TB> __device__ __forceinline__ void mma_n64(float (&d)[32
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {"                                   \
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
                  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                       \
+                 : TDT_WGMMA_D16(d, 0), TDT_WGMMA_D16(d, 16)                                              \
                  : "l"(da), "l"(db), "r"(acc), "n"(TB))
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (F16) TDT_WGMMA_N64("f16");
@@ -136,6 +128,28 @@ template <int F16, int TB> __device__ __forceinline__ void mma_n64(float (&d)[32
     __trap();
 #endif
 #undef TDT_WGMMA_N64
+}
+
+/* d (+)= A B, A 64 x 16 (K-major) and B 16 x 256 of the 16-bit type F16 read MN-major (four
+ * 64-column atoms lbo bytes apart: desc_mn), float32 sums: the accumulators of four m64n64k16
+ * products side by side (a thread's value 4 e + 2 h + c at column 8 e + 2 (lane % 4) + c); d
+ * overwritten where !acc */
+template <int F16> __device__ __forceinline__ void mma_n256_mn(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+#define TDT_WGMMA_N256(T) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " {" TDT_WGMMA_R0_63 ", " \
+                 TDT_WGMMA_R64_127 "}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
+                 : TDT_WGMMA_D16(d, 0), TDT_WGMMA_D16(d, 16), TDT_WGMMA_D16(d, 32), TDT_WGMMA_D16(d, 48), \
+                   TDT_WGMMA_D16(d, 64), TDT_WGMMA_D16(d, 80), TDT_WGMMA_D16(d, 96), TDT_WGMMA_D16(d, 112) \
+                 : "l"(da), "l"(db), "r"(acc))
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (F16) TDT_WGMMA_N256("f16");
+    else TDT_WGMMA_N256("bf16");
+#else
+    (void)d, (void)da, (void)db, (void)acc;
+    __trap();
+#endif
+#undef TDT_WGMMA_N256
 }
 
 template <int N> __device__ __forceinline__ void pin_n(float (&d)[N]) {
