@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
  * values) and walks the count nodes in tiles of 128, their rows of h packed as W is
  * (tdt_gpu_wgmma_pack: a tile of 128 nodes, a chunk of it 16 KB). Warp 8 streams each tile's
  * chunks of h twice through a ring of kDwStages stages, a pair of chunks a stage (pair_load);
- * the two consumer warpgroups (232 registers) form z^T = W h^T on the first pass (m64n64k16:
+ * the two consumer warpgroups (240 registers) form z^T = W h^T on the first pass (m64n64k16:
  * warpgroup w the tile's nodes 64 w on), dz^T's 64 x 128 values in the 16-bit type into P^T
  * (K-major: token rows of 128 node values, two chunks) and d bias's row sums, then add P^T h on
  * the second (mn_pass, h read MN-major: 5 x 32 float32 sums a thread, kept from the first tile
@@ -279,6 +279,15 @@ __device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const float
     if (o == blank) return kn[n * kp];
     if (o == c.y) return kn[n * kp + 1];
     return dz_bulk(c, z + bias_o);
+}
+
+/* dw_value for a row o whose kind is known beforehand (known: kn's index of its values a node,
+ * -1 for a token row but the blank's, -2 for none) at node n (in: n < count), x = z + bias_o */
+__device__ __forceinline__ float dw_known(const tdt_wgmma_dz_row &c, const float *kn, int64_t n, int kp, int known,
+                                          bool in, int64_t o, float x) {
+    if (!in || !c.valid || known == -2) return 0.f;
+    if (known >= 0) return kn[n * kp + known];
+    return o == c.y ? kn[n * kp + 1] : dz_bulk(c, x);
 }
 
 /* The chip kernels' rings hold chunks in pairs: stage j of a pass holds chunk j of the streamed
@@ -432,7 +441,7 @@ __global__ void __launch_bounds__(kDwThreads, 1)
     }
     __syncthreads();
     if (wgi == 2) { /* the producer: W's rows once, then each tile's chunks of h twice */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (tid == 256) {
             const size_t half = (size_t)(blockIdx.x & 1) * kDwChunk, tile = blockIdx.x >> 1;
             mbar_expect_tx(wfull, KC * kDwChunk);
@@ -442,14 +451,17 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     /* this thread's token rows: warp 16 + lane / 4 and 8 more; their biases */
     int64_t orow[2];
     float brow[2];
+    int known[2]; /* where a row's values are the nodes' known ones: kn's index a node, else -1 (a
+                   * token row but the blank's: the formula's, but at a node's label); -2: no row */
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         orow[hf] = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
         brow[hf] = bias && orow[hf] < V ? to_f<F16>(__ldg(bias + orow[hf])) : 0.f;
+        known[hf] = orow[hf] >= O ? -2 : orow[hf] >= V ? 2 + (int)(orow[hf] - V) : orow[hf] == blank ? 0 : -1;
     }
     float z[32], d[5][32], bs[2] = {0.f, 0.f};
 #pragma unroll
@@ -470,19 +482,18 @@ __global__ void __launch_bounds__(kDwThreads, 1)
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* P^T: token row warp 16 + lane / 4 (+ 8), node wgi 64 + 8 j + 2 (lane % 4) + e, in chunk
          * wgi at unit j of the row (swizzled) */
+        const int in = (int)min(count - n0, (int64_t)kDwNodes); /* the tile's nodes below count */
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int c0 = wgi * 64 + 8 * j + 2 * (lane & 3);
+            const tdt_wgmma_dz_row c[2] = {rc[c0], rc[c0 + 1]};
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 float v[2];
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int64_t n = n0 + c0 + e;
-                    v[e] = n < count ? dw_value(rc[c0 + e], kn, n, kp, orow[hf], z[4 * j + 2 * hf + e], brow[hf],
-                                                V, O, blank)
-                                     : 0.f;
-                }
+                for (int e = 0; e < 2; ++e)
+                    v[e] = dw_known(c[e], kn, n0 + c0 + e, kp, known[hf], c0 + e < in, orow[hf],
+                                    z[4 * j + 2 * hf + e] + brow[hf]);
                 const uint32_t pair =
                     F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
                 /* d bias sums the values as rounded for the product */
@@ -558,11 +569,11 @@ __global__ void __launch_bounds__(kDhThreads, 1)
     }
     __syncthreads();
     if (wgi == 2) { /* the producer: each tile of W's rows twice */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         if (tid == 256) stream_pairs(saddr(ring), Wp, tiles, KC, HC, kDhStages, full0, empty0);
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     /* the block's rows of h (columns from H on and rows from count on zero) and coefficients */
     for (int i = tid; i < KC * kDhNodes * 8; i += 256) {
         const int c = i / (kDhNodes * 8), r = (i / 8) % kDhNodes, u = i % 8;
@@ -590,6 +601,32 @@ __global__ void __launch_bounds__(kDhThreads, 1)
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* P: node row warp 16 + lane / 4 (+ 8), token row o = t 128 + wgi 64 + 8 j + 2 (lane % 4) + e,
          * into chunk wgi at unit j of the row (swizzled) */
+        /* a tile of token rows alone and not the blank's: each value the formula's but at a node's
+         * label (the two rows' coefficients read once) */
+        const int64_t ot = (int64_t)t * kRows;
+        if (ot + kRows <= V && (blank < ot || blank >= ot + kRows)) {
+            const int r0 = warp * 16 + (lane >> 2);
+            const tdt_wgmma_dz_row c[2] = {rc[r0], rc[r0 + 8]};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int64_t o0 = ot + wgi * 64 + 8 * j + 2 * (lane & 3);
+                float b[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) b[e] = bias ? to_f<F16>(__ldg(bias + o0 + e)) : 0.f;
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int r = r0 + hf * 8;
+                    float v[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        v[e] = dw_known(c[hf], kn, node0 + r, kp, -1, true, o0 + e, z[4 * j + 2 * hf + e] + b[e]);
+                    const uint32_t pair =
+                        F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
+                    *reinterpret_cast<uint32_t *>(ps + wgi * chunk + r * 128 + ((j ^ (r & 7)) << 4) + (lane & 3) * 4) =
+                        pair;
+                }
+            }
+        } else
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int64_t o0 = (int64_t)t * kRows + wgi * 64 + 8 * j + 2 * (lane & 3);
