@@ -543,6 +543,40 @@ inline size_t dh_smem_of(int64_t H) {
            kDhNodes * sizeof(tdt_wgmma_dz_row) + 8 * 2 * kDhStages + 1024;
 }
 
+/* d h's P of a tile of token rows from ot on (ps: two chunks of node rows of 128 values): this
+ * thread's values at node rows r = warp 16 + lane / 4 and r + 8, token rows o = ot + wgi 64 + 8 j +
+ * 2 (lane % 4) + e, into chunk wgi at unit j of the row (swizzled). PLAIN: the tile's rows are
+ * token rows alone and not the blank's, so each value is the formula's but at a node's label,
+ * and the two rows' coefficients are read once. */
+template <int F16, bool PLAIN>
+__device__ __forceinline__ void dh_p(unsigned char *ps, const float (&z)[32], const tdt_wgmma_dz_row *rc,
+                                     const float *kn, int kp, const uint16_t *bias, int64_t ot, int64_t node0,
+                                     int64_t V, int64_t O, int64_t blank, int wgi, int warp, int lane) {
+    const int r0 = warp * 16 + (lane >> 2);
+    tdt_wgmma_dz_row c[2];
+    if (PLAIN) c[0] = rc[r0], c[1] = rc[r0 + 8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int64_t o0 = ot + wgi * 64 + 8 * j + 2 * (lane & 3);
+        float b[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) b[e] = bias && (PLAIN || o0 + e < V) ? to_f<F16>(__ldg(bias + o0 + e)) : 0.f;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int r = r0 + hf * 8;
+            float v[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                v[e] = PLAIN ? dw_known(c[hf], kn, node0 + r, kp, -1, true, o0 + e, z[4 * j + 2 * hf + e] + b[e])
+                             : dw_value(rc[r], kn, node0 + r, kp, o0 + e, z[4 * j + 2 * hf + e], b[e], V, O, blank);
+            const uint32_t pair =
+                F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
+            *reinterpret_cast<uint32_t *>(ps + wgi * (kDhNodes * 128) + r * 128 + ((j ^ (r & 7)) << 4) +
+                                          (lane & 3) * 4) = pair;
+        }
+    }
+}
+
 template <int F16>
 __global__ void __launch_bounds__(kDhThreads, 1)
     wgmma_dh_kernel(const uint16_t *__restrict__ h, int64_t ldh, const unsigned char *__restrict__ Wp,
@@ -599,53 +633,12 @@ __global__ void __launch_bounds__(kDhThreads, 1)
         z_pass<F16>(z, h0, rb, kDhStages, full0, empty0, i, KC, HC, wgi, lane);
         /* both warpgroups past their products on the last P */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        /* P: node row warp 16 + lane / 4 (+ 8), token row o = t 128 + wgi 64 + 8 j + 2 (lane % 4) + e,
-         * into chunk wgi at unit j of the row (swizzled) */
-        /* a tile of token rows alone and not the blank's: each value the formula's but at a node's
-         * label (the two rows' coefficients read once) */
+        /* P of the tile's 128 token rows */
         const int64_t ot = (int64_t)t * kRows;
-        if (ot + kRows <= V && (blank < ot || blank >= ot + kRows)) {
-            const int r0 = warp * 16 + (lane >> 2);
-            const tdt_wgmma_dz_row c[2] = {rc[r0], rc[r0 + 8]};
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int64_t o0 = ot + wgi * 64 + 8 * j + 2 * (lane & 3);
-                float b[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) b[e] = bias ? to_f<F16>(__ldg(bias + o0 + e)) : 0.f;
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int r = r0 + hf * 8;
-                    float v[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        v[e] = dw_known(c[hf], kn, node0 + r, kp, -1, true, o0 + e, z[4 * j + 2 * hf + e] + b[e]);
-                    const uint32_t pair =
-                        F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
-                    *reinterpret_cast<uint32_t *>(ps + wgi * chunk + r * 128 + ((j ^ (r & 7)) << 4) + (lane & 3) * 4) =
-                        pair;
-                }
-            }
-        } else
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int64_t o0 = (int64_t)t * kRows + wgi * 64 + 8 * j + 2 * (lane & 3);
-            float b[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) b[e] = bias && o0 + e < V ? to_f<F16>(__ldg(bias + o0 + e)) : 0.f;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                /* this thread's node: row r (rc[r]'s coefficients; none from count on) */
-                const int r = warp * 16 + hf * 8 + (lane >> 2);
-                float v[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    v[e] = dw_value(rc[r], kn, node0 + r, kp, o0 + e, z[4 * j + 2 * hf + e], b[e], V, O, blank);
-                const uint32_t pair =
-                    F16 ? bits_of(__floats2half2_rn(v[0], v[1])) : bits_of(__floats2bfloat162_rn(v[0], v[1]));
-                *reinterpret_cast<uint32_t *>(ps + wgi * chunk + r * 128 + ((j ^ (r & 7)) << 4) + (lane & 3) * 4) = pair;
-            }
-        }
+        if (ot + kRows <= V && (blank < ot || blank >= ot + kRows))
+            dh_p<F16, true>(ps, z, rc, kn, kp, bias, ot, node0, V, O, blank, wgi, warp, lane);
+        else
+            dh_p<F16, false>(ps, z, rc, kn, kp, bias, ot, node0, V, O, blank, wgi, warp, lane);
         fence_proxy_async();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         /* d h += P W_tile over the tile's 128 rows: the second pass */
