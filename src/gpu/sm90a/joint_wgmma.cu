@@ -392,13 +392,19 @@ __device__ __forceinline__ void sums_out(const float (&d)[5][32], float *row, in
 #pragma unroll
     for (int j = 0; j < 5; ++j) {
         if (j >= HC || j + wgi * HC >= KC) break;
+        const int64_t col0 = (j + wgi * HC) * 64 + 2 * (lane & 3);
+        float x[16]; /* ADD: the chunk's 16 values read before any is written, so that the loads
+                      * overlap (a store between them would order each after the last) */
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
+        for (int u = 0; u < 16; ++u) {
+            const int64_t col = col0 + 8 * (u >> 1) + (u & 1);
+            x[u] = ADD && col < H ? row[col] : 0.f;
+        }
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int64_t col = (j + wgi * HC) * 64 + 8 * e + 2 * (lane & 3) + c;
-                if (col < H) row[col] = ADD ? row[col] + d[j][4 * e + 2 * hf + c] : d[j][4 * e + 2 * hf + c];
-            }
+        for (int u = 0; u < 16; ++u) {
+            const int64_t col = col0 + 8 * (u >> 1) + (u & 1);
+            if (col < H) row[col] = ADD ? x[u] + d[j][4 * (u >> 1) + 2 * hf + (u & 1)] : d[j][4 * (u >> 1) + 2 * hf + (u & 1)];
+        }
     }
 }
 
