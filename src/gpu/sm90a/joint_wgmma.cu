@@ -267,27 +267,28 @@ inline size_t dw_smem_of(int64_t H) {
            kDwNodes * sizeof(tdt_wgmma_dz_row) + kDwRows * sizeof(float) + 8 * (1 + 2 * kDwStages) + 1024;
 }
 
-/* dz[n, o] for token or duration row o < O of W and node n of coefficients c, from z = (W
- * h^T)[o, n] and bias_o: the formula for the token columns but the blank's and the label's; for
- * those and the durations the node's known values (kn[n kp + i]: the blank's, the label's, then
- * the D durations', kp = 2 + D); 0 for a row that is not valid (a rare row's values are
- * tdt_gpu_wgmma_dw's caller's) or o >= O */
-__device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const float *kn, int64_t n, int kp, int64_t o,
-                                          float z, float bias_o, int64_t V, int64_t O, int64_t blank) {
-    if (o >= O || !c.valid) return 0.f;
-    if (o >= V) return kn[n * kp + 2 + (o - V)];
-    if (o == blank) return kn[n * kp];
-    if (o == c.y) return kn[n * kp + 1];
-    return dz_bulk(c, z + bias_o);
+/* Where dz's values of row o of W come from: kn's index of the node's known value (the blank's
+ * 0, the label's 1, the D durations' 2 to 1 + D: kn[n kp + i], kp = 2 + D), -1 for a token row
+ * but the blank's (the formula's, but at a node's label), -2 for no row (o >= O) */
+__device__ __forceinline__ int row_kind(int64_t o, int64_t V, int64_t O, int64_t blank) {
+    return o >= O ? -2 : o >= V ? 2 + (int)(o - V) : o == blank ? 0 : -1;
 }
 
-/* dw_value for a row o whose kind is known beforehand (known: kn's index of its values a node,
- * -1 for a token row but the blank's, -2 for none) at node n (in: n < count), x = z + bias_o */
+/* dz[n, o] for a row o of kind known (row_kind's) and node n of coefficients c (in: n < count),
+ * x = z + bias_o with z = (W h^T)[o, n]: the node's known value, the formula's, or 0 for a node
+ * out of range, a row that is not valid (a rare row's values are tdt_gpu_wgmma_dw's caller's) or
+ * no row */
 __device__ __forceinline__ float dw_known(const tdt_wgmma_dz_row &c, const float *kn, int64_t n, int kp, int known,
                                           bool in, int64_t o, float x) {
     if (!in || !c.valid || known == -2) return 0.f;
     if (known >= 0) return kn[n * kp + known];
     return o == c.y ? kn[n * kp + 1] : dz_bulk(c, x);
+}
+
+/* dw_known for a row o whose kind is found here */
+__device__ __forceinline__ float dw_value(const tdt_wgmma_dz_row &c, const float *kn, int64_t n, int kp, int64_t o,
+                                          float z, float bias_o, int64_t V, int64_t O, int64_t blank) {
+    return dw_known(c, kn, n, kp, row_kind(o, V, O, blank), true, o, z + bias_o);
 }
 
 /* The chip kernels' rings hold chunks in pairs: stage j of a pass holds chunk j of the streamed
@@ -461,13 +462,12 @@ __global__ void __launch_bounds__(kDwThreads, 1)
     /* this thread's token rows: warp 16 + lane / 4 and 8 more; their biases */
     int64_t orow[2];
     float brow[2];
-    int known[2]; /* where a row's values are the nodes' known ones: kn's index a node, else -1 (a
-                   * token row but the blank's: the formula's, but at a node's label); -2: no row */
+    int known[2]; /* their kinds (row_kind) */
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
         orow[hf] = vrow0 + warp * 16 + hf * 8 + (lane >> 2);
         brow[hf] = bias && orow[hf] < V ? to_f<F16>(__ldg(bias + orow[hf])) : 0.f;
-        known[hf] = orow[hf] >= O ? -2 : orow[hf] >= V ? 2 + (int)(orow[hf] - V) : orow[hf] == blank ? 0 : -1;
+        known[hf] = row_kind(orow[hf], V, O, blank);
     }
     float z[32], d[5][32], bs[2] = {0.f, 0.f};
 #pragma unroll
