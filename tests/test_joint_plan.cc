@@ -192,7 +192,7 @@ void expect_chip_use(const tdt_gpu_joint_plan_t &p, int use, int64_t rows, int64
         tdt_gpu_chip_chunk_t c;
         const size_t at = p.c_area + (use == 1 ? (wsum + TDT_WS_ALIGN - 1) / TDT_WS_ALIGN * TDT_WS_ALIGN : 0);
         ASSERT_TRUE(tdt_gpu_chip_chunk(at, (int64_t)n, H, D, p.g_ldh, p.g_ldz, use == 1, use == 2, &c));
-        parts = {{c.h, n * (size_t)p.g_ldh * 2},
+        parts = {{c.h, use == 1 ? 0 : n * (size_t)p.g_ldh * 2},  // the d W sweep: h packed alone
                  {c.rows, n * TDT_JOINT_CHIP_ROW},
                  {c.kn, n * (size_t)(2 + D) * 4},
                  {c.rare, 4},

@@ -451,12 +451,23 @@ __device__ __forceinline__ void fwd_keys(const joint_args &a, const node_info &n
     row[a.H + 1] = TE::from_double(-c / fwd_unit<DT>());
 }
 
+/* Where column k of node j's h is in h packed as tdt_gpu_wgmma_pack packs W (the chip backward's
+ * d W sweep): tiles of 128 nodes, kc chunks of 64 columns a tile, a chunk 128 rows of 128 bytes
+ * whose 16-byte units are swizzled (unit u of row r at u ^ (r % 8)); in 16-bit values */
+__device__ __forceinline__ int64_t chip_h_at(int64_t j, int64_t k, int kc) {
+    const int64_t r = j & 127;
+    return (((j >> 7) * kc + (k >> 6)) * 128 + r) * 64 + ((((k >> 3) & 7) ^ (r & 7)) << 3) + (k & 7);
+}
+
 /* The h kernel's blocks an SM, for its registers: 4 for float16 and bfloat16 (64 registers and
  * a few bytes spilled, for 80 and 3 blocks without the bound: at huge-joint in bfloat16 the
  * forward's h kernels took 1.20 ms for 1.32, the backward's 0.69 for 0.80, docs/joint.md), none
  * for float32 and float64 (the bound raised their registers, and float32's step took up to 1 %
- * longer). */
-template <int DT> constexpr int h_min_blocks() { return sizeof(typename tdt_elem<DT>::T) == 2 ? 4 : 0; }
+ * longer). The packed form (gemm_h_kernel's PACKED) takes 3: 80 registers, where 4 spilled 108
+ * bytes. */
+template <int DT, bool PACKED = false> constexpr int h_min_blocks() {
+    return PACKED ? 3 : sizeof(typename tdt_elem<DT>::T) == 2 ? 4 : 0;
+}
 
 /* Warp w of block i: node first + j's h (j = 8 i + w < count; in the backward the chunk's node j,
  * chunk_node) into row j of hs (pitch ldh, the dtype), each lane 16 bytes at a time, zero where the
@@ -471,22 +482,28 @@ template <int DT> constexpr int h_min_blocks() { return sizeof(typename tdt_elem
  * stacked + stack_ld and stacked + 2 stack_ld as well: parts 2, 1 and 0, pitch ldh (the d W
  * products' operand). In the forward of float16 and bfloat16 (fwd_shifted) the node's exact
  * logits and its shift c go into its block and -c / unit into column H + 1 (fwd_keys; W padded
- * is wp, pitch ldh). */
-template <int DT>
-__global__ void __launch_bounds__(256, h_min_blocks<DT>())
+ * is wp, pitch ldh). PACKED (the chip backward's d W sweep, 16-bit dtypes): hs holds h packed
+ * instead (chip_h_at: tiles of 128 nodes, pack_kc chunks of 64 columns), the columns below H,
+ * zeros after them and in the last tile's nodes from count on, which the launch's blocks cover
+ * too. */
+template <int DT, bool PACKED = false>
+__global__ void __launch_bounds__(256, h_min_blocks<DT, PACKED>())
     gemm_h_kernel(const __grid_constant__ joint_args a, int64_t first, int64_t limit, int64_t count,
                   typename tdt_elem<DT>::T *hs, int64_t ldh, int backward, uint16_t *split, uint16_t *stacked,
-                  int64_t stack_ld, const typename tdt_elem<DT>::T *wp) {
+                  int64_t stack_ld, const typename tdt_elem<DT>::T *wp, int pack_kc) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
     enum { N = zvec<E>::N };
     const int lane = threadIdx.x & 31;
     const int64_t j = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (j >= count) return; /* warp-uniform */
+    if (j >= (PACKED ? (count + 127) / 128 * 128 : count)) return; /* warp-uniform */
     node_info ni; /* every lane decodes the node: the same loads */
     int take;
     double nlse = 0.0; /* -lse, or 0 */
-    if (backward) {
+    if (PACKED && j >= count) { /* a packed tile's padding: zeros */
+        ni = node_info{};
+        take = 0;
+    } else if (backward) {
         int64_t lim;
         const int64_t n = chunk_node(a, first, limit, j, &lim);
         take = node_bwd(a, n, lim, &ni);
@@ -499,11 +516,13 @@ __global__ void __launch_bounds__(256, h_min_blocks<DT>())
         node_decode(a, first + j, limit, &ni, &Tb, &Ub);
         take = ni.valid;
     }
-    E *const row = hs + j * ldh;
+    /* packed: the start of the node's row in its tile's first chunk */
+    E *const row = PACKED ? hs + chip_h_at(j, 0, pack_kc) - ((j & 7) << 3) : hs + j * ldh;
     /* enc's and pred's rows: 16-byte loads where both rows start 16-byte aligned */
     const E *er, *pr;
     const bool vec = hidden_rows<DT, N>(a, ni, &er, &pr) && take;
-    for (int64_t k0 = (int64_t)lane * N; k0 < ldh; k0 += 32 * N) { /* ldh: a multiple of 8 */
+    const int64_t width = PACKED ? (int64_t)pack_kc * 64 : ldh; /* a multiple of 8 */
+    for (int64_t k0 = (int64_t)lane * N; k0 < width; k0 += 32 * N) {
         zvec<E> out;
         if (vec && k0 + N <= a.H) { /* hidden()'s values */
             hidden_vals<DT, N> hv;
@@ -516,8 +535,8 @@ __global__ void __launch_bounds__(256, h_min_blocks<DT>())
                 const int64_t k = k0 + e;
                 acc_t<DT> h = 0, x, keep;
                 if (take && k < a.H) h = hidden<DT>(a, ni, k, &x, &keep);
-                E v = TE::from_acc(k == a.H ? (acc_t<DT>)1 : h);
-                if (k > a.H && k <= a.H + TDT_JOINT_LSE_PARTS) {
+                E v = TE::from_acc(k == a.H && !PACKED ? (acc_t<DT>)1 : h);
+                if (!PACKED && k > a.H && k <= a.H + TDT_JOINT_LSE_PARTS) {
                     double rest = nlse / lse_unit<DT>();
                     for (int64_t i = a.H; i < k; ++i) {
                         v = TE::from_double(rest);
@@ -533,6 +552,10 @@ __global__ void __launch_bounds__(256, h_min_blocks<DT>())
                 if (stacked) store_parts<3, reversed_part>(stacked + j * ldh, stack_ld, k0, out.v);
                 continue;
             }
+        }
+        if constexpr (PACKED) { /* at chip_h_at(j, k0, pack_kc) */
+            out.store(row + (k0 >> 6) * 8192 + ((((k0 >> 3) & 7) ^ (j & 7)) << 3));
+            continue;
         }
         out.store(row + k0);
     }
@@ -976,16 +999,16 @@ __global__ void __launch_bounds__(256) gemm_dz_fix_kernel(const __grid_constant_
  * is past the base-2 reference's range (gemm_coef_kernel<true> flagged them in wrow and counted
  * them in *nrare; the chip's kernels took their rows as zeros), one at a time in node order by
  * one block of 256 threads, as gemm_dz_fix_kernel has them: the node's row of z (h's row in hs,
- * pitch ldh, against W's rows, float32 sums, plus the bias, less lse where lp_shift) in the dtype
- * into zr (ldz values), dz_row over it, then where not NULL d h's row into dx (float32, pitch H,
- * written) and the row's terms of d W and d bias into wacc (pitch ldw, added). Nothing where
- * *nrare is 0, which it is again after. */
+ * pitch ldh, or h packed where pack_kc > 0: chip_h_at; against W's rows, float32 sums, plus the
+ * bias, less lse where lp_shift) in the dtype into zr (ldz values), dz_row over it, then where
+ * not NULL d h's row into dx (float32, pitch H, written) and the row's terms of d W and d bias
+ * into wacc (pitch ldw, added). Nothing where *nrare is 0, which it is again after. */
 template <int DT>
 __global__ void __launch_bounds__(256) chip_rare_kernel(const __grid_constant__ joint_args a, int64_t first,
                                                         int64_t limit, int64_t count, const tdt_wgmma_dz_row *wrow,
                                                         int *nrare, const typename tdt_elem<DT>::T *hs, int64_t ldh,
                                                         typename tdt_elem<DT>::T *zr, int64_t ldz, float *dx,
-                                                        float *wacc, int64_t ldw) {
+                                                        float *wacc, int64_t ldw, int pack_kc) {
     typedef tdt_elem<DT> TE;
     typedef typename TE::T E;
     typedef acc_t<DT> A;
@@ -1004,7 +1027,9 @@ __global__ void __launch_bounds__(256) chip_rare_kernel(const __grid_constant__ 
         for (int i = 0; i < 256; ++i) {
             if (!flag[i]) continue; /* block-uniform */
             const int64_t j = base + i;
-            const E *const hr = hs + j * ldh;
+            const auto hat = [&](int64_t k) {
+                return TE::to_acc(hs[pack_kc > 0 ? chip_h_at(j, k, pack_kc) : j * ldh + k]);
+            };
             if (tid == 0) {
                 int64_t lim;
                 const int64_t n = chunk_node(a, first, limit, j, &lim);
@@ -1017,7 +1042,7 @@ __global__ void __launch_bounds__(256) chip_rare_kernel(const __grid_constant__ 
             for (int64_t o = warp; o < ldz; o += 8) { /* zeros from O on */
                 float v = 0.f;
                 for (int64_t k = lane; k < a.H && o < a.O; k += 32)
-                    v = fmaf(TE::to_acc(hr[k]), TE::to_acc(W[o * a.W_s + k]), v);
+                    v = fmaf(hat(k), TE::to_acc(W[o * a.W_s + k]), v);
                 for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
                 if (lane == 0 && o >= a.O) zr[o] = TE::from_double(0.0);
                 else if (lane == 0) {
@@ -1042,7 +1067,7 @@ __global__ void __launch_bounds__(256) chip_rare_kernel(const __grid_constant__ 
             if (wacc)
                 for (int64_t e = tid; e < a.O * (a.H + 1); e += 256) {
                     const int64_t o = e / (a.H + 1), k = e - o * (a.H + 1);
-                    wacc[o * ldw + k] += TE::to_acc(zr[o]) * (k < a.H ? TE::to_acc(hr[k]) : 1.f);
+                    wacc[o * ldw + k] += TE::to_acc(zr[o]) * (k < a.H ? hat(k) : 1.f);
                 }
             __syncthreads(); /* zr and c, before the next row's */
         }
@@ -1321,7 +1346,7 @@ template <int DT> struct gemm_run {
         const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, n = nodes(backward);
         gemm_h_kernel<DT><<<(unsigned)((n + 7) / 8), 256, 0, stream>>>(
             ka, first, limit, n, hs(), plan.g_ldh, backward, hsplit(), backward ? hstacked() : NULL, n * plan.g_ldh,
-            wp());
+            wp(), 0);
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         /* the forward writes (z - c) / fwd_unit (fwd_shifted; 256 for float16, else 1) */
@@ -1395,7 +1420,7 @@ template <int DT> struct gemm_run {
             const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row, count = rows * a.row;
             const unsigned blocks = (unsigned)((count + 7) / 8);
             gemm_h_kernel<DT><<<blocks, 256, 0, stream>>>(a, first, limit, count, h, plan.g_ldh, 0, NULL, NULL, 0,
-                                                          wp());
+                                                          wp(), 0);
             st = cuda(cudaGetLastError(), "launching the joint's h kernel");
             if (st == TDT_STATUS_SUCCESS)
                 st = cuda(tdt_gpu_wgmma_lse(DT == TDT_DTYPE_FLOAT16, h, plan.g_ldh, zb, a.bias, a.V, a.H, count, lse,
@@ -1436,39 +1461,40 @@ template <int DT> struct gemm_run {
         E *zr;
         float *dx;
     };
-    /* A chip chunk of nb nodes from first: h's rows (the h kernel), the nodes' coefficients and
-     * known values (gemm_coef_kernel<true>), then d W and d bias (h packed, tdt_gpu_wgmma_dw:
-     * where want_w, into wacc) or d h (tdt_gpu_wgmma_dh: where want_x, into dx) from z
-     * recomputed on the chip against W's O rows packed at c_wpk, then the rare rows' terms
-     * (chip_rare_kernel). */
+    /* A chip chunk of nb nodes from first: h (the h kernel: where dw packed, as
+     * tdt_gpu_wgmma_pack packs W, into hp; else h's rows), the nodes' coefficients and known
+     * values (gemm_coef_kernel<true>), then where dw d W and d bias (tdt_gpu_wgmma_dw, into wacc),
+     * else d h (tdt_gpu_wgmma_dh, into dx), from z recomputed on the chip against W's O rows
+     * packed at c_wpk, then the rare rows' terms (chip_rare_kernel). */
     tdt_status_t chip_chunk(const joint_args &ka, int64_t first, int64_t limit, int64_t nb, const chip_parts &cp,
-                            bool want_w, bool want_x, float *wacc, float *dx) const {
+                            bool dw, float *wacc, float *dx) const {
         if constexpr (fwd_shifted<DT>()) {
-            gemm_h_kernel<DT><<<(unsigned)((nb + 7) / 8), 256, 0, stream>>>(ka, first, limit, nb, cp.h, plan.g_ldh, 1,
-                                                                             NULL, NULL, 0, NULL);
+            const int kc = dw ? (int)((a.H + 63) / 64) : 0;
+            E *const h = dw ? static_cast<E *>(cp.hp) : cp.h;
+            const unsigned hb = (unsigned)(((dw ? (nb + 127) / 128 * 128 : nb) + 7) / 8); /* packed: whole tiles */
+            if (dw)
+                gemm_h_kernel<DT, true><<<hb, 256, 0, stream>>>(ka, first, limit, nb, h, plan.g_ldh, 1, NULL, NULL, 0,
+                                                                NULL, kc);
+            else
+                gemm_h_kernel<DT><<<hb, 256, 0, stream>>>(ka, first, limit, nb, h, plan.g_ldh, 1, NULL, NULL, 0, NULL, 0);
             gemm_coef_kernel<true><<<(unsigned)((nb + 63) / 64), 64, 0, stream>>>(ka, first, limit, nb, NULL, cp.wrow,
                                                                                   cp.kn, cp.nrare);
             tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h and coefficient kernels");
             const int f16 = DT == TDT_DTYPE_FLOAT16, kp = 2 + (int)a.D;
             const void *const wpk = s + plan.c_wpk;
-            if (st == TDT_STATUS_SUCCESS && want_w &&
-                ((st = cuda(tdt_gpu_wgmma_pack(cp.h, plan.g_ldh, nb, a.H, cp.hp, num_sms, stream),
-                            "launching the joint's h packing")) != TDT_STATUS_SUCCESS ||
-                 (st = cuda(tdt_gpu_wgmma_dw(f16, cp.hp, wpk, a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow, cp.kn, kp,
-                                             wacc, plan.g_ldw, stream),
-                            "launching the joint's d W on the chip")) != TDT_STATUS_SUCCESS))
-                return st;
-            if (st == TDT_STATUS_SUCCESS && want_x)
-                st = cuda(tdt_gpu_wgmma_dh(f16, cp.h, plan.g_ldh, wpk, a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow,
-                                           cp.kn, kp, dx, stream),
-                          "launching the joint's d h on the chip");
+            if (st == TDT_STATUS_SUCCESS)
+                st = dw ? cuda(tdt_gpu_wgmma_dw(f16, cp.hp, wpk, a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow, cp.kn, kp,
+                                                wacc, plan.g_ldw, stream),
+                               "launching the joint's d W on the chip")
+                        : cuda(tdt_gpu_wgmma_dh(f16, cp.h, plan.g_ldh, wpk, a.bias, a.V, a.O, a.blank, a.H, nb, cp.wrow,
+                                                cp.kn, kp, dx, stream),
+                               "launching the joint's d h on the chip");
             if (st != TDT_STATUS_SUCCESS) return st;
-            chip_rare_kernel<DT><<<1, 256, 0, stream>>>(ka, first, limit, nb, cp.wrow, cp.nrare, cp.h, plan.g_ldh,
-                                                        cp.zr, plan.g_ldz, want_x ? dx : NULL,
-                                                        want_w ? wacc : NULL, plan.g_ldw);
+            chip_rare_kernel<DT><<<1, 256, 0, stream>>>(ka, first, limit, nb, cp.wrow, cp.nrare, h, plan.g_ldh, cp.zr,
+                                                        plan.g_ldz, dw ? NULL : dx, dw ? wacc : NULL, plan.g_ldw, kc);
             return cuda(cudaGetLastError(), "launching the joint's rare rows on the chip");
         } else {
-            (void)ka, (void)first, (void)limit, (void)nb, (void)cp, (void)want_w, (void)want_x, (void)wacc, (void)dx;
+            (void)ka, (void)first, (void)limit, (void)nb, (void)cp, (void)dw, (void)wacc, (void)dx;
             return TDT_STATUS_SUCCESS;
         }
     }
@@ -1520,7 +1546,7 @@ template <int DT> struct gemm_run {
             for (int64_t r0 = 0; r0 < all && st == TDT_STATUS_SUCCESS; r0 += rows_c) {
                 const int64_t rows = all - r0 < rows_c ? all - r0 : rows_c;
                 const int64_t first = r0 * a.row, limit = (r0 + rows) * a.row;
-                if ((st = chip_chunk(ch, first, limit, nb, cp, dw, !dw, dw ? reinterpret_cast<float *>(area) : NULL,
+                if ((st = chip_chunk(ch, first, limit, nb, cp, dw, dw ? reinterpret_cast<float *>(area) : NULL,
                                      dw ? NULL : cp.dx)) != TDT_STATUS_SUCCESS || dw)
                     continue;
                 const int64_t count = rows * a.row;
@@ -1545,7 +1571,7 @@ template <int DT> struct gemm_run {
                           tdt_wgmma_dz_row *wrow) const {
         const unsigned blocks = (unsigned)((count + 7) / 8);
         gemm_h_kernel<DT><<<blocks, 256, 0, stream>>>(ka, first, limit, count, hs(), plan.g_ldh, 1, NULL, NULL, 0,
-                                                      wp());
+                                                      wp(), 0);
         tdt_status_t st = cuda(cudaGetLastError(), "launching the joint's h kernel");
         if (st != TDT_STATUS_SUCCESS) return st;
         dz_coef *const coef = reinterpret_cast<dz_coef *>(s + plan.g_coef);

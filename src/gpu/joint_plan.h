@@ -122,8 +122,9 @@ typedef struct tdt_gpu_chip_chunk {
 } tdt_gpu_chip_chunk_t;
 
 /* The parts of a chip chunk of n nodes from byte at on, each TDT_WS_ALIGN-aligned: h's rows
- * (pitch ldh, 16-bit values), where packed h packed as joint_wgmma.h's tdt_gpu_wgmma_pack packs
- * W (tiles of 128 nodes, ceil(H / 64) chunks of 16 KB a tile), the nodes' coefficients
+ * (pitch ldh, 16-bit values) or, where packed, h packed instead as joint_wgmma.h's
+ * tdt_gpu_wgmma_pack packs W (tiles of 128 nodes, ceil(H / 64) chunks of 16 KB a tile; h takes
+ * no bytes then, at hp), the nodes' coefficients
  * (TDT_JOINT_CHIP_ROW bytes each), their known values (2 + D float32 each: the blank's, the
  * label's, the durations' dz), the count of rare rows (an int32) and a row of z for them (ldz
  * 16-bit values), where dx d h (H float32 a node); end: the byte after. 0 on overflow. */
@@ -131,7 +132,8 @@ TDT_HD int tdt_gpu_chip_chunk(size_t at, int64_t n, int64_t H, int64_t D, int64_
                               int dx, tdt_gpu_chip_chunk_t *c) {
     size_t cur = at;
     const size_t tiles = packed ? ((size_t)n + 127) / 128 : 0, kc = (size_t)(H + 63) / 64;
-    if (!tdt_ws_take(&cur, (size_t)n, (size_t)ldh * 2, &c->h) || !tdt_ws_take(&cur, tiles * kc, 16384, &c->hp) ||
+    if (!tdt_ws_take(&cur, packed ? 0 : (size_t)n, (size_t)ldh * 2, &c->h) ||
+        !tdt_ws_take(&cur, tiles * kc, 16384, &c->hp) ||
         !tdt_ws_take(&cur, (size_t)n, TDT_JOINT_CHIP_ROW, &c->rows) ||
         !tdt_ws_take(&cur, (size_t)n, (size_t)(2 + D) * 4, &c->kn) || !tdt_ws_take(&cur, 1, 4, &c->rare) ||
         !tdt_ws_take(&cur, (size_t)ldz, 2, &c->zr) || !tdt_ws_take(&cur, dx ? (size_t)n : 0, (size_t)H * 4, &c->dx))
