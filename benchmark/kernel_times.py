@@ -19,6 +19,7 @@ library.
 
 import argparse
 import csv
+import signal
 import sys
 
 METRIC = "gpu__time_duration.sum"
@@ -70,4 +71,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     sys.exit(main())
