@@ -552,8 +552,8 @@ TDT_API tdt_status_t tdt_gpu_device_count(int *count);
  * smaller workspace, W packed, d pred's float32 sums and one area of TDT_GPU_JOINT_CHUNK_KB
  * (default 28 MB), and a backward that recomputes the logits on the chip twice instead of
  * writing a chunk of their gradient: 63 MB beyond the gradients instead of 188 at huge-joint
- * (B 8, T 375, U 100, V 8193) in bfloat16, at 2.2x the default's time; "wgmma" and "gemm" (the
- * default) keep the default's workspace. TDT_GPU_JOINT_FWD "gemm" takes the forward's products
+ * (B 8, T 375, U 100, V 8193) in bfloat16, at about 1.9x the default's time; "wgmma" and
+ * "gemm" (the default) keep the default's workspace. TDT_GPU_JOINT_FWD "gemm" takes the forward's products
  * from cuBLASLt on every device ("wgmma", the default, from Hopper's tensor cores where the
  * "chip" conditions hold). Both are read by the size query and the call alike; anything else
  * gives TDT_STATUS_INVALID_OPTION.
